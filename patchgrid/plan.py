@@ -1,0 +1,186 @@
+"""What one engine request asks for, checked before anything runs.
+
+A request is one forward pass over `tokens`. It may
+- overwrite sites with values captured earlier from another prompt (`patches`, read from the
+  `sources` handed to the engine call, by source name and site key),
+- add seeded Gaussian noise to the embedding output at given positions (`noise`),
+- capture sites over all positions (`capture`, site keys such as `resid.3`), recorded after
+  this request's own patches are applied,
+- read the logits of `answers` at the last position, and the top `top_k` tokens.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .sites import LAYER_SITES, SITE_KINDS, ModelShape, parse_key, site_key
+
+
+class PlanError(ValueError):
+    """A request that cannot run as asked; the message names the field."""
+
+
+@dataclass(frozen=True)
+class Patch:
+    site: str
+    layer: int | None  # None only for embed
+    source: str  # name of a capture in the call's `sources`
+    positions: tuple[int, ...] | None = None  # None: every position
+    head: int | None = None  # only for site == "head"
+
+    @property
+    def key(self) -> str:
+        return site_key(self.site, self.layer)
+
+
+@dataclass(frozen=True)
+class Noise:
+    positions: tuple[int, ...]
+    std: float
+    seed: int
+
+
+@dataclass(frozen=True)
+class Request:
+    tokens: tuple[int, ...]
+    answers: tuple[int, ...] = ()
+    patches: tuple[Patch, ...] = ()
+    noise: tuple[Noise, ...] = ()
+    capture: tuple[str, ...] = ()
+    top_k: int = 0
+
+
+@dataclass
+class Result:
+    answer_logits: torch.Tensor  # [len(answers)] float32
+    logsumexp: float  # of the last position's logits, so p(answer) = exp(logit - logsumexp)
+    top_ids: list[int] = field(default_factory=list)
+    top_logits: list[float] = field(default_factory=list)
+    captures: dict[str, torch.Tensor] = field(default_factory=dict)  # key -> [tokens, width]
+
+    @property
+    def answer_probs(self) -> torch.Tensor:
+        return torch.exp(self.answer_logits - self.logsumexp)
+
+
+def gaussian_noise(noise: Noise, width: int) -> torch.Tensor:
+    """[len(positions), width] float32, the same on every backend and machine for a seed."""
+    g = torch.Generator().manual_seed(int(noise.seed))
+    return torch.randn(len(noise.positions), width, generator=g, dtype=torch.float32) * float(noise.std)
+
+
+def validate(requests, sources, shape: ModelShape) -> None:
+    """Refuse any out-of-range plan before anything runs."""
+    for i, req in enumerate(requests):
+        where = f"request {i}"
+        n = len(req.tokens)
+        if n == 0:
+            raise PlanError(f"{where}: tokens is empty")
+        if n > shape.max_len:
+            raise PlanError(f"{where}: tokens has {n} tokens, more than the model's {shape.max_len}")
+        for t in req.tokens:
+            if not 0 <= int(t) < shape.vocab_size:
+                raise PlanError(f"{where}: token id {t} is outside the vocabulary (0..{shape.vocab_size - 1})")
+        for a in req.answers:
+            if not 0 <= int(a) < shape.vocab_size:
+                raise PlanError(f"{where}: answer id {a} is outside the vocabulary (0..{shape.vocab_size - 1})")
+        if req.top_k < 0:
+            raise PlanError(f"{where}: top_k {req.top_k} is negative")
+        for key in req.capture:
+            try:
+                site, layer = parse_key(key)
+            except ValueError as exc:
+                raise PlanError(f"{where}: capture {exc}") from None
+            _check_layer(where, "capture", layer, shape)
+        for p in req.patches:
+            _check_patch(where, p, n, sources, shape)
+        for z in req.noise:
+            _check_positions(where, "noise.positions", z.positions, n)
+            if not z.std >= 0:
+                raise PlanError(f"{where}: noise.std {z.std} must be >= 0")
+
+
+def _check_layer(where, field_name, layer, shape):
+    if layer is not None and not 0 <= layer < shape.n_layers:
+        raise PlanError(f"{where}: {field_name} layer {layer} is out of range (model has {shape.n_layers} layers)")
+
+
+def _check_positions(where, field_name, positions, n):
+    for pos in positions:
+        if not 0 <= int(pos) < n:
+            raise PlanError(f"{where}: {field_name} position {pos} is out of range (prompt has {n} tokens)")
+
+
+def _check_patch(where, p: Patch, n: int, sources, shape: ModelShape):
+    if p.site not in SITE_KINDS:
+        raise PlanError(f"{where}: patch site {p.site!r} is unknown; use one of {', '.join(SITE_KINDS)}")
+    if p.site in LAYER_SITES:
+        if p.layer is None:
+            raise PlanError(f"{where}: patch layer is missing for site {p.site}")
+        _check_layer(where, "patch", p.layer, shape)
+    if p.site == "head":
+        if p.head is None or not 0 <= p.head < shape.n_heads:
+            raise PlanError(f"{where}: patch head {p.head} is out of range (model has {shape.n_heads} heads)")
+    elif p.head is not None:
+        raise PlanError(f"{where}: patch head is set for site {p.site}, which has no heads")
+    if p.positions is not None:
+        _check_positions(where, "patch.positions", p.positions, n)
+    if p.source not in sources:
+        raise PlanError(f"{where}: patch source {p.source!r} is not among the call's sources")
+    src = sources[p.source].get(p.key)
+    if src is None:
+        raise PlanError(f"{where}: patch source {p.source!r} holds no {p.key}")
+    if src.dim() != 2 or src.shape[1] != shape.width(p.site):
+        raise PlanError(f"{where}: patch source {p.source!r} {p.key} has shape {tuple(src.shape)}, "
+                        f"expected [tokens, {shape.width(p.site)}]")
+    needed = n if p.positions is None else max(p.positions) + 1
+    if src.shape[0] < needed:
+        raise PlanError(f"{where}: patch source {p.source!r} {p.key} has {src.shape[0]} positions, "
+                        f"the patch needs {needed}")
+
+
+def resolve_positions(p_positions, n: int) -> list[int]:
+    return list(range(n)) if p_positions is None else [int(x) for x in p_positions]
+
+
+# ---- a plan as plain data, for SamplingParams.extra_args (msgpack in multiprocess mode) ----
+
+def to_wire(req: Request, tag: str) -> dict:
+    return {
+        "tag": tag,
+        "answers": [int(a) for a in req.answers],
+        "top_k": int(req.top_k),
+        "capture": list(req.capture),
+        "patches": [[p.site, p.layer, p.source, None if p.positions is None else list(p.positions), p.head]
+                    for p in req.patches],
+        "noise": [[list(z.positions), float(z.std), int(z.seed)] for z in req.noise],
+    }
+
+
+def from_wire(d: dict) -> tuple[str, Request]:
+    req = Request(
+        tokens=(),
+        answers=tuple(d["answers"]),
+        patches=tuple(Patch(s, l, src, None if pos is None else tuple(pos), h) for s, l, src, pos, h in d["patches"]),
+        noise=tuple(Noise(tuple(pos), std, seed) for pos, std, seed in d["noise"]),
+        capture=tuple(d["capture"]),
+        top_k=d["top_k"],
+    )
+    return d["tag"], req
+
+
+# ---- tensors as plain data: collective_rpc crosses a process boundary in multiprocess mode ----
+
+def encode_tensor(t: torch.Tensor) -> list:
+    t = t.detach().contiguous().cpu()
+    dtype = str(t.dtype).removeprefix("torch.")
+    raw = t.view(torch.int16) if t.dtype == torch.bfloat16 else t
+    return [dtype, list(t.shape), raw.numpy().tobytes()]
+
+
+def decode_tensor(enc) -> torch.Tensor:
+    dtype, shape, data = enc
+    if dtype == "bfloat16":
+        return torch.frombuffer(bytearray(data), dtype=torch.int16).view(torch.bfloat16).reshape(shape)
+    return torch.frombuffer(bytearray(data), dtype=getattr(torch, dtype)).reshape(shape)

@@ -1,0 +1,99 @@
+"""Site names and where each lives in a model family.
+
+A site is a place in the forward pass whose activation can be read or overwritten:
+
+    embed      token embedding output              [tokens, d_model]
+    resid      a layer's output, the whole stream  [tokens, d_model]
+    attn_out   a layer's attention output          [tokens, d_model]
+    mlp_out    a layer's MLP output                [tokens, d_model]
+    head       one head's slice of z (o_proj input) [tokens, head_dim] of z [tokens, n_heads*head_dim]
+
+Adding a model family is adding one `Family` entry below: module paths are the same in
+Hugging Face transformers and vLLM for these families, so both backends read one mapping.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SITE_KINDS = ("embed", "resid", "attn_out", "mlp_out", "head")
+LAYER_SITES = ("resid", "attn_out", "mlp_out", "head")
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    layers: str  # dotted path from the causal-LM module to the list of layers
+    embed: str  # dotted path from the causal-LM module to the token embedding
+    attn: str  # relative to a layer
+    mlp: str  # relative to a layer
+    o_proj: str  # relative to a layer; its input is z
+    # vLLM's layers of this family return (hidden, residual) whose sum is the stream.
+    split_residual: bool
+
+
+LLAMA = Family("llama", "model.layers", "model.embed_tokens", "self_attn", "mlp", "self_attn.o_proj", True)
+GPT2 = Family("gpt2", "transformer.h", "transformer.wte", "attn", "mlp", "attn.c_proj", False)
+
+FAMILIES = {
+    "llama": LLAMA,
+    "mistral": LLAMA,
+    "qwen2": LLAMA,
+    "qwen3": LLAMA,
+    "gpt2": GPT2,
+}
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What plans are validated against."""
+
+    family: Family
+    n_layers: int
+    n_heads: int
+    head_dim: int
+    d_model: int
+    vocab_size: int
+    max_len: int
+
+    def width(self, site: str) -> int:
+        return self.n_heads * self.head_dim if site == "head" else self.d_model
+
+
+def family_of(model_type: str) -> Family:
+    try:
+        return FAMILIES[model_type]
+    except KeyError:
+        raise ValueError(
+            f"model type {model_type!r} has no site mapping; supported: {', '.join(sorted(FAMILIES))}"
+        ) from None
+
+
+def shape_of(config) -> ModelShape:
+    """ModelShape from a transformers config."""
+    family = family_of(config.model_type)
+    n_heads = config.num_attention_heads
+    d_model = config.hidden_size
+    head_dim = getattr(config, "head_dim", None) or d_model // n_heads
+    max_len = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", 2048)
+    return ModelShape(family, config.num_hidden_layers, n_heads, head_dim, d_model, config.vocab_size, max_len)
+
+
+def site_key(site: str, layer: int | None) -> str:
+    """Name of a captured tensor: `embed`, `resid.3`, `attn_out.3`, `mlp_out.3`, `head.3` (z)."""
+    return "embed" if site == "embed" else f"{site}.{layer}"
+
+
+def parse_key(key: str) -> tuple[str, int | None]:
+    if key == "embed":
+        return "embed", None
+    site, _, layer = key.partition(".")
+    if site not in LAYER_SITES or not layer.isdigit():
+        raise ValueError(f"bad site key {key!r}: expected embed or one of {LAYER_SITES} with a layer, e.g. resid.3")
+    return site, int(layer)
+
+
+def get_module(root, dotted: str):
+    mod = root
+    for part in dotted.split("."):
+        mod = mod[int(part)] if part.isdigit() else getattr(mod, part)
+    return mod
