@@ -34,7 +34,10 @@ def load_engine(model: str, backend: str = "vllm", *, dtype: str = "auto", **opt
     if backend == "hf":
         from .backends.hf import HFEngine
 
-        return HFEngine(folder, shape, dtype=dtype, **options)
-    from .backends.vllm import VllmEngine
+        engine = HFEngine(folder, shape, dtype=dtype, **options)
+    else:
+        from .backends.vllm import VllmEngine
 
-    return VllmEngine(folder, shape, dtype=dtype, **options)
+        engine = VllmEngine(folder, shape, dtype=dtype, **options)
+    engine.folder = folder
+    return engine

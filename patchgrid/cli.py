@@ -1,0 +1,158 @@
+"""The `patchgrid` command line. Input is validated here; the library takes plain values."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from .sites import SITE_KINDS
+
+DEMO = dict(clean="The capital of France is", corrupt="The capital of Germany is",
+            clean_answer=" Paris", corrupt_answer=" Berlin")
+
+
+class UsageError(Exception):
+    pass
+
+
+def _positions(text: str | None):
+    if text is None or text == "all":
+        return None
+    try:
+        return [int(p) for p in text.split(",")]
+    except ValueError:
+        raise UsageError(f"--position {text!r} is not a position number, a comma list, or 'all'") from None
+
+
+def _quiet_vllm():
+    # vLLM logs every engine setting at INFO; a researcher at the terminal wants the table.
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def _load(model: str, backend: str, dtype: str):
+    _quiet_vllm()
+    from transformers import AutoTokenizer
+
+    from .engine import load_engine
+
+    engine = load_engine(model, backend, dtype=dtype)
+    tokenizer = AutoTokenizer.from_pretrained(engine.folder)
+    return engine, tokenizer
+
+
+def cmd_models_prepare(args) -> int:
+    from .models import prepare
+
+    print(prepare(args.name))
+    return 0
+
+
+def cmd_patch(args) -> int:
+    from .patching import sweep_pair, tokenize_pair
+
+    positions = _positions(args.position)
+    engine, tokenizer = _load(args.model, args.backend, args.dtype)
+    try:
+        pair = tokenize_pair(tokenizer, args.clean, args.corrupt, args.clean_answer, args.corrupt_answer)
+        out = sweep_pair(engine, pair, args.site, positions)
+    finally:
+        engine.close()
+    if args.json:
+        print(json.dumps(out))
+    else:
+        print(format_table(out, pair.clean_strs))
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from .patching import recovery, sweep_pair, tokenize_pair
+
+    engine, tokenizer = _load(args.model, args.backend, "auto")
+    try:
+        pair = tokenize_pair(tokenizer, **DEMO)
+        out = sweep_pair(engine, pair, "resid")
+    finally:
+        engine.close()
+    toks = pair.clean_strs
+    subject = next(i for i, (a, b) in enumerate(zip(pair.clean, pair.corrupt)) if a != b)
+    last = len(toks) - 1
+    base = out["baseline"]
+    print(f"model {args.model}: clean {DEMO['clean']!r} -> {DEMO['clean_answer']!r}, "
+          f"corrupt {DEMO['corrupt']!r} -> {DEMO['corrupt_answer']!r}")
+    print(f"logit difference (Paris - Berlin): clean {base['clean']:+.3f}, corrupt {base['corrupt']:+.3f}")
+    print("recovery = (patched - corrupt) / (clean - corrupt) after patching the clean resid stream into the "
+          "corrupt run")
+    print(f"{'layer':>5}  {'subject ' + repr(toks[subject]):>18}  {'last ' + repr(toks[last]):>14}")
+    by = {(e["layer"], e["position"]): e["logit_diff"] for e in out["effects"]}
+    for layer in range(engine.shape.n_layers):
+        print(f"{layer:>5}  {recovery(by[layer, subject], base):>18.2f}  {recovery(by[layer, last], base):>14.2f}")
+    return 0
+
+
+def format_table(out: dict, token_strs) -> str:
+    effects = out["effects"]
+    base = out["baseline"]
+    positions = sorted({e["position"] for e in effects})
+    lines = [f"baseline logit difference: clean {base['clean']:+.3f}, corrupt {base['corrupt']:+.3f}",
+             "patched logit difference by layer (rows) and position (columns):"]
+    head_site = effects and effects[0]["head"] is not None
+    label = "layer.head" if head_site else "layer"
+    cols = [f"{p}:{token_strs[p]!r}" if p < len(token_strs) else str(p) for p in positions]
+    width = max(10, *(len(c) for c in cols))
+    lines.append(f"{label:>10} " + " ".join(f"{c:>{width}}" for c in cols))
+    rows = {}
+    for e in effects:
+        rows.setdefault((e["layer"], e["head"]), {})[e["position"]] = e["logit_diff"]
+    for (layer, head), vals in rows.items():
+        name = "embed" if layer is None else (f"{layer}.{head}" if head is not None else str(layer))
+        lines.append(f"{name:>10} " + " ".join(f"{vals[p]:>{width}.3f}" for p in positions))
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="patchgrid", description="Activation-patching studies on vLLM.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    models = sub.add_parser("models", help="model folders")
+    msub = models.add_subparsers(dest="models_command", required=True)
+    prep = msub.add_parser("prepare", help="build a model folder if missing and print its path")
+    prep.add_argument("name", help="smollm2-135m, tiny-llama, tiny-qwen3, tiny-gpt2, a folder or a hub id")
+    prep.set_defaults(func=cmd_models_prepare)
+
+    patch = sub.add_parser("patch", help="patch one clean/corrupt pair at every layer and position")
+    patch.add_argument("--model", default="smollm2-135m")
+    patch.add_argument("--clean", required=True)
+    patch.add_argument("--corrupt", required=True)
+    patch.add_argument("--clean-answer", required=True)
+    patch.add_argument("--corrupt-answer", required=True)
+    patch.add_argument("--site", required=True, choices=SITE_KINDS)
+    patch.add_argument("--position", default="all", help="a position, a comma list, or all (each separately)")
+    patch.add_argument("--backend", default="vllm", choices=("vllm", "hf"))
+    patch.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
+    patch.add_argument("--json", action="store_true", help="print the result as JSON")
+    patch.set_defaults(func=cmd_patch)
+
+    demo = sub.add_parser("demo", help="the France/Germany example on the default model")
+    demo.add_argument("--model", default="smollm2-135m")
+    demo.add_argument("--backend", default="vllm", choices=("vllm", "hf"))
+    demo.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv=None) -> int:
+    from .models import ModelError
+    from .patching import PairError
+    from .plan import PlanError
+
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (UsageError, ModelError, PairError, PlanError, ValueError) as exc:
+        print(f"patchgrid: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
