@@ -1,0 +1,51 @@
+from __future__ import annotations
+
+import torch
+
+from patchgrid.plan import Noise, Patch, Request
+from patchgrid.sites import site_key
+
+TOL = 1e-4
+
+
+def all_keys(shape):
+    return ["embed"] + [site_key(s, layer) for s in ("resid", "attn_out", "mlp_out", "head")
+                        for layer in range(shape.n_layers)]
+
+
+def every_site_requests(shape, corrupt, answers, source="clean"):
+    """One request per (site, layer[, head]) patch at a couple of positions, plus noise and all-position patches."""
+    n = len(corrupt)
+    pos = (1, n - 1)
+    reqs = [Request(tokens=corrupt, answers=answers, top_k=5)]
+    reqs.append(Request(tokens=corrupt, answers=answers, patches=(Patch("embed", None, source, pos),)))
+    for layer in range(shape.n_layers):
+        for site in ("resid", "attn_out", "mlp_out"):
+            reqs.append(Request(tokens=corrupt, answers=answers, patches=(Patch(site, layer, source, pos),)))
+            reqs.append(Request(tokens=corrupt, answers=answers, patches=(Patch(site, layer, source, None),)))
+        for head in range(shape.n_heads):
+            reqs.append(Request(tokens=corrupt, answers=answers, patches=(Patch("head", layer, source, pos, head),)))
+    # causal-tracing shape: noise on the subject, restore one layer's stream
+    reqs.append(Request(tokens=corrupt, answers=answers, noise=(Noise((1, 2), 0.7, 11),)))
+    reqs.append(Request(tokens=corrupt, answers=answers, noise=(Noise((1, 2), 0.7, 11),),
+                        patches=(Patch("resid", shape.n_layers // 2, source, (2,)),)))
+    return reqs
+
+
+def assert_results_close(a, b, tol=TOL):
+    assert len(a) == len(b)
+    for i, (x, y) in enumerate(zip(a, b)):
+        diff = (x.answer_logits - y.answer_logits).abs().max().item()
+        assert diff <= tol, f"request {i}: answer logits differ by {diff}"
+        assert abs(x.logsumexp - y.logsumexp) <= tol, f"request {i}: logsumexp differs"
+        assert x.top_ids == y.top_ids, f"request {i}: top-k ids differ"
+        assert set(x.captures) == set(y.captures)
+        for k in x.captures:
+            d = (x.captures[k].float() - y.captures[k].float()).abs().max().item()
+            assert d <= tol, f"request {i}: capture {k} differs by {d}"
+
+
+def effect_spread(results):
+    """How far patches moved the answer: a comparison of unmoved logits would prove nothing."""
+    lds = torch.stack([r.answer_logits[0] - r.answer_logits[1] for r in results])
+    return float(lds.max() - lds.min())

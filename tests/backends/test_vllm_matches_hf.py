@@ -1,0 +1,72 @@
+"""The vLLM backend gives the Hugging Face reference's numbers, site by site, on every family."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from patchgrid.plan import Patch, Request
+from tests.conftest import TINY, needs_vllm
+
+from .helpers import all_keys, assert_results_close, effect_spread, every_site_requests
+
+pytestmark = needs_vllm
+
+CLEAN = (21, 7, 143, 88, 301, 12, 9, 40)
+CORRUPT = (21, 7, 250, 61, 301, 12, 9, 40)
+ANSWERS = (5, 77)
+
+
+@pytest.fixture(scope="module", params=TINY)
+def pair_of_engines(request, engines):
+    model = request.param
+    return engines.get(model, "hf", dtype="float32"), engines.get(model, "vllm", dtype="float32")
+
+
+def test_captures_match(pair_of_engines):
+    hf, vl = pair_of_engines
+    req = Request(tokens=CLEAN, answers=ANSWERS, capture=tuple(all_keys(hf.shape)))
+    a, b = hf.run([req]), vl.run([req])
+    assert_results_close(a, b)
+    assert b[0].captures["resid.0"].shape == (len(CLEAN), hf.shape.d_model)
+    assert b[0].captures["head.0"].shape == (len(CLEAN), hf.shape.n_heads * hf.shape.head_dim)
+
+
+def test_every_site_kind_patches_match(pair_of_engines):
+    hf, vl = pair_of_engines
+    clean = hf.run([Request(tokens=CLEAN, answers=ANSWERS, capture=tuple(all_keys(hf.shape)))])[0]
+    sources = {"clean": clean.captures}
+    reqs = every_site_requests(hf.shape, CORRUPT, ANSWERS)
+    a, b = hf.run(reqs, sources), vl.run(reqs, sources)
+    assert_results_close(a, b)
+    assert effect_spread(b) > 0.05, "patches barely moved the answer; the comparison would prove little"
+
+
+def test_patching_all_positions_of_resid_reproduces_clean_run(pair_of_engines):
+    _, vl = pair_of_engines
+    keys = tuple(f"resid.{layer}" for layer in range(vl.shape.n_layers))
+    clean = vl.run([Request(tokens=CLEAN, answers=ANSWERS, capture=keys)])[0]
+    last = vl.shape.n_layers - 1
+    patched = vl.run([Request(tokens=CORRUPT, answers=ANSWERS, patches=(Patch("resid", last, "clean"),))],
+                     {"clean": clean.captures})[0]
+    assert torch.allclose(patched.answer_logits, clean.answer_logits, atol=1e-5)
+
+
+def test_top_k_and_probabilities(pair_of_engines):
+    hf, vl = pair_of_engines
+    req = Request(tokens=CLEAN, answers=ANSWERS, top_k=3)
+    a, b = hf.run([req])[0], vl.run([req])[0]
+    assert b.top_ids == a.top_ids and len(b.top_ids) == 3
+    assert torch.allclose(b.answer_probs, a.answer_probs, atol=1e-6)
+    assert float(b.answer_probs.sum()) < 1.0
+
+
+def test_hooks_removed_and_unpatched_run_is_bitwise_baseline(pair_of_engines):
+    hf, vl = pair_of_engines
+    plain = Request(tokens=CORRUPT, answers=ANSWERS, capture=("resid.1",))
+    before = vl.run([plain])[0]
+    clean = vl.run([Request(tokens=CLEAN, answers=ANSWERS, capture=tuple(all_keys(vl.shape)))])[0]
+    vl.run(every_site_requests(vl.shape, CORRUPT, ANSWERS), {"clean": clean.captures})
+    assert vl.hook_count() == 0 and hf.hook_count() == 0
+    after = vl.run([plain])[0]
+    assert torch.equal(before.answer_logits, after.answer_logits)
+    assert torch.equal(before.captures["resid.1"], after.captures["resid.1"])

@@ -1,0 +1,116 @@
+"""Correct however vLLM schedules: prompts split by chunked prefill, many steps, long prompts."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from patchgrid.plan import Noise, Patch, Request
+from tests.conftest import needs_vllm
+
+from .helpers import all_keys, assert_results_close, effect_spread
+
+pytestmark = needs_vllm
+MODEL = "tiny-llama"
+ANSWERS = (5, 77)
+
+
+def _prompt(rng, n):
+    return tuple(rng.randrange(3, 500) for _ in range(n))
+
+
+def _mixed_requests(shape, rng, corrupts, n):
+    reqs = []
+    for i in range(n):
+        corrupt = corrupts[i % len(corrupts)]
+        T = len(corrupt)
+        site = rng.choice(["resid", "attn_out", "mlp_out", "head", "embed"])
+        layer = None if site == "embed" else rng.randrange(shape.n_layers)
+        head = rng.randrange(shape.n_heads) if site == "head" else None
+        positions = tuple(sorted(rng.sample(range(T), k=min(3, T))))
+        noise = (Noise((0, 1), 0.5, i),) if i % 7 == 0 else ()
+        source = f"clean{i % len(corrupts)}"
+        reqs.append(Request(tokens=corrupt, answers=ANSWERS, noise=noise,
+                            patches=(Patch(site, layer, source, positions, head),)))
+    return reqs
+
+
+@pytest.fixture(scope="module")
+def hf(engines):
+    return engines.get(MODEL, "hf", dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def chunked(engines):
+    # A step holds at most 32 tokens: every prompt below is split across several steps and
+    # shares steps with pieces of other prompts.
+    return engines.get(MODEL, "vllm", dtype="float32", max_num_seqs=8, max_num_batched_tokens=32,
+                       enable_chunked_prefill=True, max_model_len=512)
+
+
+def _sources(engine, cleans):
+    keys = tuple(all_keys(engine.shape))
+    runs = engine.run([Request(tokens=c, answers=ANSWERS, capture=keys) for c in cleans])
+    return {f"clean{i}": r.captures for i, r in enumerate(runs)}
+
+
+def test_chunked_prefill_split_prompts_match_hf(hf, chunked):
+    rng = random.Random(1)
+    lengths = [45, 70, 97, 33]
+    cleans = [_prompt(rng, n) for n in lengths]
+    corrupts = [tuple(c[:5]) + _prompt(rng, 3) + tuple(c[8:]) for c in cleans]
+    sources = _sources(hf, cleans)
+    # captures split across steps are stitched together correctly
+    assert_results_close(hf.run([Request(tokens=c, answers=ANSWERS, capture=("resid.2", "head.1")) for c in cleans]),
+                         chunked.run([Request(tokens=c, answers=ANSWERS, capture=("resid.2", "head.1"))
+                                      for c in cleans]))
+    reqs = _mixed_requests(hf.shape, rng, corrupts, 40)
+    a, b = hf.run(reqs, sources), chunked.run(reqs, sources)
+    assert_results_close(a, b)
+    assert effect_spread(b) > 0.05
+
+
+def test_several_hundred_requests_over_many_steps(hf, engines):
+    vl = engines.get(MODEL, "vllm", dtype="float32", max_num_seqs=16)
+    rng = random.Random(2)
+    cleans = [_prompt(rng, rng.randrange(6, 20)) for _ in range(12)]
+    corrupts = [tuple(c[:2]) + _prompt(rng, 2) + tuple(c[4:]) for c in cleans]
+    sources = _sources(hf, cleans)
+    reqs = _mixed_requests(hf.shape, rng, corrupts, 360)
+    a, b = hf.run(reqs, sources), vl.run(reqs, sources)
+    assert_results_close(a, b)
+    assert effect_spread(b) > 0.05
+
+
+def test_prompts_longer_than_a_kv_block_read_no_stale_kv(hf, engines):
+    """Same long prompt patched and unpatched in one call: a prefix cache would mix their KV."""
+    vl = engines.get(MODEL, "vllm", dtype="float32")
+    rng = random.Random(3)
+    clean = _prompt(rng, 300)  # vLLM's CPU KV block is 128 tokens
+    corrupt = tuple(clean[:150]) + _prompt(rng, 10) + tuple(clean[160:])
+    sources = _sources(hf, [clean])
+    reqs = [Request(tokens=corrupt, answers=ANSWERS)]
+    reqs += [Request(tokens=corrupt, answers=ANSWERS, patches=(Patch("resid", 1, "clean0", (p,)),))
+             for p in (0, 20, 155)]
+    reqs += [Request(tokens=corrupt, answers=ANSWERS)]
+    a, b = hf.run(reqs, sources), vl.run(reqs, sources)
+    assert_results_close(a, b)
+    assert torch.equal(b[0].answer_logits, b[-1].answer_logits)
+    # The patch where the prompts differ moves the answer; HF agreeing with it (above) shows its
+    # KV was not taken from the unpatched copy of the same tokens.
+    assert (b[3].answer_logits - b[0].answer_logits).abs().max() > 1e-3
+
+
+def test_multiprocess_executor_matches_hf(hf, engines):
+    vl = engines.get(MODEL, "vllm", dtype="float32", multiprocess=True)
+    rng = random.Random(4)
+    cleans = [_prompt(rng, 12) for _ in range(3)]
+    corrupts = [tuple(c[:3]) + _prompt(rng, 2) + tuple(c[5:]) for c in cleans]
+    sources = _sources(hf, cleans)
+    reqs = _mixed_requests(hf.shape, rng, corrupts, 30)
+    a, b = hf.run(reqs, sources), vl.run(reqs, sources)
+    assert_results_close(a, b)
+    # captures cross the process boundary too
+    cap = Request(tokens=cleans[0], answers=ANSWERS, capture=("resid.1", "head.2"))
+    assert_results_close(hf.run([cap]), vl.run([cap]))
