@@ -28,18 +28,24 @@ def _positions(text: str | None):
 def _quiet_vllm():
     # vLLM logs every engine setting at INFO; a researcher at the terminal wants the table.
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    # stdout carries tables and JSON; vLLM's log lines go to stderr.
+    os.environ["VLLM_LOGGING_STREAM"] = "ext://sys.stderr"
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-def _load(model: str, backend: str, dtype: str):
+def _tokenizer(model: str):
     _quiet_vllm()
     from transformers import AutoTokenizer
 
+    from .models import prepare
+
+    return AutoTokenizer.from_pretrained(prepare(model), trust_remote_code=False)
+
+
+def _engine(model: str, backend: str, dtype: str):
     from .engine import load_engine
 
-    engine = load_engine(model, backend, dtype=dtype)
-    tokenizer = AutoTokenizer.from_pretrained(engine.folder)
-    return engine, tokenizer
+    return load_engine(model, backend, dtype=dtype)
 
 
 def cmd_models_prepare(args) -> int:
@@ -53,9 +59,13 @@ def cmd_patch(args) -> int:
     from .patching import sweep_pair, tokenize_pair
 
     positions = _positions(args.position)
-    engine, tokenizer = _load(args.model, args.backend, args.dtype)
+    # Everything about the pair is checked before an engine starts.
+    pair = tokenize_pair(_tokenizer(args.model), args.clean, args.corrupt, args.clean_answer, args.corrupt_answer)
+    for p in positions or ():
+        if not 0 <= p < len(pair.clean):
+            raise UsageError(f"--position {p} is out of range (the prompts have {len(pair.clean)} tokens)")
+    engine = _engine(args.model, args.backend, args.dtype)
     try:
-        pair = tokenize_pair(tokenizer, args.clean, args.corrupt, args.clean_answer, args.corrupt_answer)
         out = sweep_pair(engine, pair, args.site, positions)
     finally:
         engine.close()
@@ -69,9 +79,9 @@ def cmd_patch(args) -> int:
 def cmd_demo(args) -> int:
     from .patching import recovery, sweep_pair, tokenize_pair
 
-    engine, tokenizer = _load(args.model, args.backend, "auto")
+    pair = tokenize_pair(_tokenizer(args.model), **DEMO)
+    engine = _engine(args.model, args.backend, "auto")
     try:
-        pair = tokenize_pair(tokenizer, **DEMO)
         out = sweep_pair(engine, pair, "resid")
     finally:
         engine.close()

@@ -1,0 +1,66 @@
+"""The command line as a researcher runs it: real processes, real engines."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import needs_vllm
+
+PAIR = ["--clean", "The capital of France is", "--corrupt", "The capital of Spain is",
+        "--clean-answer", " Paris", "--corrupt-answer", " Madrid"]
+
+
+def run_cli(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "patchgrid", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@needs_vllm
+def test_patch_json_on_vllm_matches_hf():
+    args = ["patch", "--model", "tiny-llama", *PAIR, "--site", "resid", "--json"]
+    out_v = run_cli(*args, "--backend", "vllm")
+    assert out_v.returncode == 0, out_v.stderr
+    out_h = run_cli(*args, "--backend", "hf")
+    assert out_h.returncode == 0, out_h.stderr
+    v, h = json.loads(out_v.stdout), json.loads(out_h.stdout)
+    assert set(v) == {"baseline", "effects"}
+    assert set(v["baseline"]) == {"clean", "corrupt"}
+    n_tokens = len({e["position"] for e in v["effects"]})
+    assert len(v["effects"]) == 4 * n_tokens  # every layer x every position
+    e = v["effects"][0]
+    assert set(e) == {"site", "layer", "position", "head", "logit_diff", "p_clean_answer"}
+    assert e["head"] is None and e["site"] == "resid"
+    for a, b in zip(v["effects"], h["effects"]):
+        assert (a["layer"], a["position"]) == (b["layer"], b["position"])
+        assert abs(a["logit_diff"] - b["logit_diff"]) < 1e-4
+
+
+def test_patch_heads_table_on_hf():
+    out = run_cli("patch", "--model", "tiny-gpt2", *PAIR, "--site", "head", "--position", "3", "--backend", "hf")
+    assert out.returncode == 0, out.stderr
+    assert "baseline logit difference" in out.stdout
+    assert "3.2" in out.stdout  # layer 3, head 2 row
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--clean-answer", " Paris is", "--corrupt-answer", " Madrid"], "--clean-answer ' Paris is' is 2 tokens"),
+    (["--clean-answer", " Paris", "--corrupt-answer", " Paris"], "are the same token"),
+    (["--corrupt", "The capital of the United Kingdom is"], "tokenize to different lengths"),
+    (["--position", "99"], "--position 99 is out of range"),
+    (["--position", "x"], "--position 'x' is not a position"),
+    (["--model", "no-such-model"], "unknown model 'no-such-model'"),
+])
+def test_bad_input_is_one_clear_line(args, message):
+    base = dict(zip(PAIR[::2], PAIR[1::2]))
+    extra = dict(zip(args[::2], args[1::2]))
+    model = extra.pop("--model", "tiny-llama")
+    base.update(extra)
+    flat = [x for kv in base.items() for x in kv]
+    out = run_cli("patch", "--model", model, *flat, "--site", "resid", "--backend", "hf")
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert lines[-1].startswith("patchgrid: error:") and message in lines[-1], out.stderr
+    assert "Traceback" not in out.stderr

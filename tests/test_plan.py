@@ -1,0 +1,59 @@
+"""Plans out of range are refused before anything runs, naming the field."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from patchgrid.plan import Noise, Patch, PlanError, Request, decode_tensor, encode_tensor, validate
+from patchgrid.sites import LLAMA, ModelShape
+
+SHAPE = ModelShape(LLAMA, n_layers=4, n_heads=4, head_dim=32, d_model=128, vocab_size=500, max_len=64)
+TOKENS = (1, 2, 3, 4, 5)
+SOURCES = {"clean": {"resid.1": torch.zeros(5, 128), "head.2": torch.zeros(5, 128), "embed": torch.zeros(5, 128)}}
+
+
+def refused(req, match, sources=SOURCES):
+    with pytest.raises(PlanError, match=match):
+        validate([req], sources, SHAPE)
+
+
+def test_valid_plan_passes():
+    validate([Request(tokens=TOKENS, answers=(1, 2), capture=("resid.3", "embed", "head.0"),
+                      patches=(Patch("resid", 1, "clean", (0, 4)), Patch("head", 2, "clean", None, 3),
+                               Patch("embed", None, "clean", (1,))),
+                      noise=(Noise((1, 2), 1.0, 0),))], SOURCES, SHAPE)
+
+
+@pytest.mark.parametrize("req, match", [
+    (Request(tokens=TOKENS, patches=(Patch("resid", 4, "clean", (0,)),)), "layer 4 is out of range"),
+    (Request(tokens=TOKENS, patches=(Patch("resid", -1, "clean", (0,)),)), "layer -1 is out of range"),
+    (Request(tokens=TOKENS, patches=(Patch("resid", 1, "clean", (5,)),)), "position 5 is out of range"),
+    (Request(tokens=TOKENS, patches=(Patch("head", 2, "clean", (0,), 4),)), "head 4 is out of range"),
+    (Request(tokens=TOKENS, patches=(Patch("head", 2, "clean", (0,), None),)), "head None is out of range"),
+    (Request(tokens=TOKENS, patches=(Patch("resid", 1, "clean", (0,), 1),)), "head is set for site resid"),
+    (Request(tokens=TOKENS, patches=(Patch("mlp", 1, "clean", (0,)),)), "site 'mlp' is unknown"),
+    (Request(tokens=TOKENS, patches=(Patch("resid", 1, "other", (0,)),)), "source 'other' is not among"),
+    (Request(tokens=TOKENS, patches=(Patch("resid", 2, "clean", (0,)),)), "holds no resid.2"),
+    (Request(tokens=TOKENS, capture=("resid.9",)), "capture layer 9 is out of range"),
+    (Request(tokens=TOKENS, capture=("z.1",)), "bad site key 'z.1'"),
+    (Request(tokens=TOKENS, noise=(Noise((7,), 1.0, 0),)), "noise.positions position 7"),
+    (Request(tokens=TOKENS, noise=(Noise((1,), -1.0, 0),)), "noise.std"),
+    (Request(tokens=TOKENS, answers=(500,)), "answer id 500 is outside the vocabulary"),
+    (Request(tokens=(1, 999)), "token id 999 is outside"),
+    (Request(tokens=()), "tokens is empty"),
+    (Request(tokens=tuple(range(65))), "more than the model's 64"),
+    (Request(tokens=TOKENS, top_k=-1), "top_k -1 is negative"),
+])
+def test_out_of_range_is_refused(req, match):
+    refused(req, match)
+
+
+def test_source_shorter_than_patch_positions():
+    short = {"clean": {"resid.1": torch.zeros(3, 128)}}
+    refused(Request(tokens=TOKENS, patches=(Patch("resid", 1, "clean", (4,)),)), "has 3 positions", short)
+
+
+def test_tensor_codec_round_trips_every_dtype():
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        t = torch.randn(3, 5).to(dtype)
+        assert torch.equal(decode_tensor(encode_tensor(t)), t)
