@@ -1,0 +1,1 @@
+"""Prefect flows (patchgrid.flows): one flow per file."""

@@ -1,0 +1,1 @@
+"""Prefect tasks (patchgrid.tasks), thin over the library."""

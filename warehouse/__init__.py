@@ -1,0 +1,1 @@
+"""The DuckDB warehouse (patchgrid.warehouse): schema, views and loader."""
