@@ -6,6 +6,8 @@ import json
 import os
 import sys
 
+from .pairs.align import ANSWER_POLICIES
+from .pairs.sources import FORMATS
 from .sites import SITE_KINDS
 
 DEMO = dict(clean="The capital of France is", corrupt="The capital of Germany is",
@@ -101,6 +103,32 @@ def cmd_demo(args) -> int:
     return 0
 
 
+def cmd_pairs_check(args) -> int:
+    from .pairs import build_pairs, read_source, summary, write_pairs
+
+    tokenizer = _tokenizer(args.model)
+    fmt, records = read_source(args.source, args.format)
+    from transformers import AutoConfig
+
+    from .models import prepare
+    from .sites import shape_of
+
+    max_len = shape_of(AutoConfig.from_pretrained(prepare(args.model))).max_len
+    engine = _engine(args.model, args.backend, "auto") if args.require_known else None
+    try:
+        rows = build_pairs(records, tokenizer, max_len=max_len, seed=args.seed, answer_policy=args.answer_policy,
+                           engine=engine, require_known=args.require_known)
+    finally:
+        if engine is not None:
+            engine.close()
+    out = write_pairs(rows, args.out)
+    print(f"{args.source}: {len(records)} records, format {fmt}")
+    for (status, reason), n in summary(rows).items():
+        print(f"  {status:<9} {reason or '':<24} {n:>6}")
+    print(f"wrote {out}")
+    return 0
+
+
 def format_table(out: dict, token_strs) -> str:
     effects = out["effects"]
     base = out["baseline"]
@@ -144,6 +172,21 @@ def build_parser() -> argparse.ArgumentParser:
     patch.add_argument("--json", action="store_true", help="print the result as JSON")
     patch.set_defaults(func=cmd_patch)
 
+    pairs = sub.add_parser("pairs", help="prompt pairs")
+    psub = pairs.add_subparsers(dest="pairs_command", required=True)
+    check = psub.add_parser("check", help="pair and align a data set; print counts by status and reason")
+    check.add_argument("--model", default="smollm2-135m")
+    check.add_argument("--source", required=True, help="a .jsonl, .json or .parquet file, or a hub data-set name")
+    check.add_argument("--format", default=None, choices=FORMATS, help="default: detected from the fields")
+    check.add_argument("--require-known", action="store_true",
+                       help="keep pairs whose clean logit difference is positive and corrupt negative")
+    check.add_argument("--answer-policy", default="single", choices=ANSWER_POLICIES,
+                       help="single: reject multi-token answers; first-token: keep their first token (recorded)")
+    check.add_argument("--seed", type=int, default=0, help="seed for drawing subject-swap partners")
+    check.add_argument("--backend", default="vllm", choices=("vllm", "hf"))
+    check.add_argument("--out", default="pairs.parquet")
+    check.set_defaults(func=cmd_pairs_check)
+
     demo = sub.add_parser("demo", help="the France/Germany example on the default model")
     demo.add_argument("--model", default="smollm2-135m")
     demo.add_argument("--backend", default="vllm", choices=("vllm", "hf"))
@@ -153,13 +196,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     from .models import ModelError
+    from .pairs import SourceError
     from .patching import PairError
     from .plan import PlanError
 
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (UsageError, ModelError, PairError, PlanError, ValueError) as exc:
+    except (UsageError, ModelError, PairError, PlanError, SourceError, ValueError, OSError) as exc:
         print(f"patchgrid: error: {exc}", file=sys.stderr)
         return 2
 

@@ -1,0 +1,11 @@
+"""Prompt pairs from CounterFact-style data, aligned by the tokenizer.
+
+    read_source(path) -> records -> build_pairs(records, tokenizer, ...) -> rows -> write_pairs(rows, out)
+"""
+from .align import ROLES, position_roles
+from .build import build_pairs, summary
+from .sources import FORMATS, Record, SourceError, read_source
+from .table import SCHEMA, read_pairs, to_table, write_pairs
+
+__all__ = ["FORMATS", "ROLES", "SCHEMA", "Record", "SourceError", "build_pairs", "position_roles", "read_pairs",
+           "read_source", "summary", "to_table", "write_pairs"]
