@@ -227,7 +227,8 @@ def _from_known(row, i, line) -> Record:
 
 def _from_counterfact(row, i, line) -> Record:
     rid = row.get("case_id", i)
-    return _fact(i if rid is None else rid, line, _get(row, "requested_rewrite.relation_id"),
+    relation = row.get("relation") or _get(row, "requested_rewrite.relation_id")  # a name where one is given
+    return _fact(i if rid is None else rid, line, relation,
                  _get(row, "requested_rewrite.subject"), _get(row, "requested_rewrite.prompt"),
                  _get(row, "requested_rewrite.target_true.str"), row,
                  ["requested_rewrite.subject", "requested_rewrite.prompt", "requested_rewrite.target_true.str"])
