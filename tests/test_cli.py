@@ -64,3 +64,36 @@ def test_bad_input_is_one_clear_line(args, message):
     lines = out.stderr.strip().splitlines()
     assert lines[-1].startswith("patchgrid: error:") and message in lines[-1], out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_pairs_check_prints_counts_and_writes_table(tmp_path):
+    import pyarrow.parquet as pq
+
+    src = tmp_path / "facts.jsonl"
+    rows = [{"case_id": i, "requested_rewrite": {"prompt": "The capital of {} is", "relation_id": "P36",
+                                                 "subject": s, "target_true": {"str": a}}}
+            for i, (s, a) in enumerate([("France", "Paris"), ("Germany", "Berlin"), ("Japan", "Tokyo"), ("", "x")])]
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "pairs.parquet"
+    res = run_cli("pairs", "check", "--model", "smollm2-135m", "--source", str(src), "--out", str(out),
+                  "--require-known", "--backend", "hf")
+    assert res.returncode == 0, res.stderr
+    assert "4 records, format counterfact" in res.stdout
+    assert "empty_subject" in res.stdout
+    table = pq.read_table(out)
+    assert table.num_rows == 4
+    statuses = table.column("status").to_pylist()
+    assert statuses[3] == "rejected" and statuses.count("accepted") >= 2
+
+
+@pytest.mark.parametrize("content, message", [
+    ("", "facts.jsonl: holds no records"),
+    ('{"a": 1}\n{oops}\n', "facts.jsonl line 2: not valid JSON"),
+    ('{"a": 1}\n', "unknown format"),
+])
+def test_pairs_check_bad_source(tmp_path, content, message):
+    src = tmp_path / "facts.jsonl"
+    src.write_text(content)
+    res = run_cli("pairs", "check", "--model", "tiny-llama", "--source", str(src), "--out", str(tmp_path / "o.parquet"))
+    assert res.returncode == 2
+    assert message in res.stderr.strip().splitlines()[-1] and "Traceback" not in res.stderr

@@ -70,7 +70,7 @@ def _pair_facts(facts: dict[int, _Fact], rows, seed: int, engine) -> None:
     groups: dict[tuple, list[int]] = defaultdict(list)
     for i, f in facts.items():
         groups[(f.rec.relation, f.rec.template)].append(i)
-    logits = _fact_logits(facts, groups, engine) if engine is not None else None
+    logits = _fact_logits(facts, groups, engine) if engine is not None and facts else None
     for i, a in facts.items():
         span = a.prompt.span[1] - a.prompt.span[0]
         cands = [j for j in groups[(a.rec.relation, a.rec.template)]

@@ -1,0 +1,116 @@
+"""Pairing and alignment: each failure has its reason code; every record appears in the output."""
+from __future__ import annotations
+
+import pytest
+
+from patchgrid.pairs import build_pairs, position_roles, read_pairs, read_source, summary, write_pairs
+
+from .conftest import cf, write_jsonl
+
+CAPITALS = [("France", "Paris"), ("Germany", "Berlin"), ("Japan", "Tokyo"), ("Italy", "Rome"), ("Spain", "Madrid"),
+            ("Egypt", "Cairo"), ("Russia", "Moscow"), ("China", "Beijing")]
+
+
+def rows_for(tmp_path, tok, records, fmt=None, **kw):
+    _, recs = read_source(str(write_jsonl(tmp_path / "in.jsonl", records)), fmt)
+    return build_pairs(recs, tok, max_len=kw.pop("max_len", 2048), **kw)
+
+
+def test_roles():
+    assert position_roles(8, 2, 5) == ["before_subject", "before_subject", "subject_first", "subject_middle",
+                                       "subject_last", "after_subject", "further", "last"]
+    assert position_roles(5, 3, 4) == ["before_subject"] * 3 + ["subject_last", "last"]
+    assert position_roles(3, 0, 2) == ["subject_first", "subject_last", "last"]
+    assert position_roles(2, 0, 2) == ["subject_first", "last"]  # the last position is always last
+
+
+def test_subject_swap_pairs_line_up(tmp_path, tok):
+    rows = rows_for(tmp_path, tok, [cf(i, s, a) for i, (s, a) in enumerate(CAPITALS)])
+    assert [r["status"] for r in rows] == ["accepted"] * len(CAPITALS)
+    for r in rows:
+        assert r["corrupt_prompt"] != r["clean_prompt"] and r["corrupt_prompt"].startswith("The capital of ")
+        assert len(r["clean_ids"]) == len(r["corrupt_ids"]) == len(r["roles"])
+        s, e = r["subject_start"], r["subject_end"]
+        assert all(a == b for p, (a, b) in enumerate(zip(r["clean_ids"], r["corrupt_ids"])) if not s <= p < e)
+        assert r["clean_answer_id"] != r["corrupt_answer_id"]
+        assert r["roles"][-1] == "last" and r["roles"][e - 1] == "subject_last"
+        assert r["usable_alone"] and r["answer_policy"] == "single"
+    france = rows[0]
+    assert france["clean_ids"] == [504, 3575, 282, 4649, 314] and france["clean_answer_id"] == 7042
+
+
+def test_pairing_is_seeded_and_deterministic(tmp_path, tok):
+    records = [cf(i, s, a) for i, (s, a) in enumerate(CAPITALS)]
+    a = rows_for(tmp_path, tok, records, seed=1)
+    b = rows_for(tmp_path, tok, records, seed=1)
+    c = rows_for(tmp_path, tok, records, seed=2)
+    assert [r["corrupt_prompt"] for r in a] == [r["corrupt_prompt"] for r in b]
+    assert [r["corrupt_prompt"] for r in a] != [r["corrupt_prompt"] for r in c]
+
+
+def test_fact_level_rejections(tmp_path, tok):
+    records = [cf(0, "France", "Paris"), cf(1, "Germany", "Berlin"),
+               cf(2, "United Arab Emirates", "Abu Dhabi"),  # two-token answer
+               cf(3, "Kazakhstan", "Nur-Sultan"),
+               cf(4, "Italy", "Paris"),  # partner candidates must differ in answer
+               cf(5, "Peru", "Lima", prompt="The capital of {} is", relation="other")]  # alone in its relation
+    rows = rows_for(tmp_path, tok, records)
+    by = {r["pair_id"]: r for r in rows}
+    assert by["2"]["reason"] == "answer_multi_token" and "'Abu Dhabi' is 4 tokens" in by["2"]["detail"]
+    assert by["5"]["reason"] == "no_partner"
+    assert by["5"]["usable_alone"]  # still usable alone, for causal tracing
+    assert by["0"]["status"] == "accepted" and by["0"]["corrupt_answer"] != "Paris"
+    assert len(rows) == len(records)
+
+
+def test_first_token_policy_is_recorded(tmp_path, tok):
+    records = [cf(0, "United Arab Emirates", "Abu Dhabi"), cf(1, "United Kingdom", "London")]
+    rows = rows_for(tmp_path, tok, records, answer_policy="first-token")
+    uae = rows[0]
+    if uae["status"] == "accepted":
+        assert uae["answer_policy"] == "first-token"
+    else:  # subjects of different token counts cannot pair; the policy still let the answer through
+        assert uae["reason"] == "no_partner"
+
+
+def test_too_long_for_the_model(tmp_path, tok):
+    rows = rows_for(tmp_path, tok, [cf(0, "France", "Paris"), cf(1, "Germany", "Berlin")], max_len=4)
+    assert {r["reason"] for r in rows} == {"too_long"}
+
+
+def _pair(**kw):
+    base = {"clean_prompt": "The capital of France is", "corrupt_prompt": "The capital of Germany is",
+            "clean_answer": " Paris", "corrupt_answer": " Berlin"}
+    return dict(base, **kw)
+
+
+def test_explicit_pairs(tmp_path, tok):
+    records = [
+        _pair(id="ok", subject="France", corrupt_subject="Germany", relation="capital"),
+        _pair(id="nosubject"),
+        _pair(id="length", corrupt_prompt="The capital of the United States is", corrupt_answer=" Washington"),
+        _pair(id="outside", corrupt_prompt="The capital of Germany was", subject="France", corrupt_subject="Germany"),
+        _pair(id="same", corrupt_answer=" Paris"),
+        _pair(id="multi", clean_answer=" Paris, France"),
+        _pair(id="identical", corrupt_prompt="The capital of France is"),
+    ]
+    rows = rows_for(tmp_path, tok, records, "patchgrid")
+    by = {r["pair_id"]: r for r in rows}
+    assert by["ok"]["status"] == "accepted" and (by["ok"]["subject_start"], by["ok"]["subject_end"]) == (3, 4)
+    assert by["nosubject"]["status"] == "accepted" and by["nosubject"]["subject_start"] == 3
+    assert not by["nosubject"]["usable_alone"]  # no subject named: cannot noise it alone
+    assert by["length"]["reason"] == "length_mismatch"
+    assert by["outside"]["reason"] == "differs_outside_subject"
+    assert by["same"]["reason"] == "same_answer"
+    assert by["multi"]["reason"] == "answer_multi_token"
+    assert by["identical"]["reason"] == "identical_prompts"
+
+
+def test_table_round_trip_and_summary(tmp_path, tok):
+    rows = rows_for(tmp_path, tok, [cf(0, "France", "Paris"), cf(1, "Germany", "Berlin"), cf(2, "", "x")])
+    table = read_pairs(write_pairs(rows, tmp_path / "pairs.parquet"))
+    assert table.num_rows == 3
+    assert table.column("status").to_pylist() == ["accepted", "accepted", "rejected"]
+    assert summary(rows) == {("accepted", None): 2, ("rejected", "empty_subject"): 1}
+    with pytest.raises(ValueError, match="does not exist"):
+        write_pairs(rows, tmp_path / "no" / "pairs.parquet")
