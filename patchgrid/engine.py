@@ -4,6 +4,8 @@ Every backend takes the same `Request`s (patchgrid.plan) and returns `Result`s i
 """
 from __future__ import annotations
 
+import torch
+
 from .models import prepare
 from .sites import shape_of
 
@@ -40,4 +42,5 @@ def load_engine(model: str, backend: str = "vllm", *, dtype: str = "auto", **opt
 
         engine = VllmEngine(folder, shape, dtype=dtype, **options)
     engine.folder = folder
+    engine.dtype = getattr(torch, dtype)
     return engine

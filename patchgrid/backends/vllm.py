@@ -84,8 +84,12 @@ class VllmEngine:
         call = next(self._calls)
         tags = [f"{call}:{i}" for i in range(len(requests))]
         keys = sorted({p.key for r in requests for p in r.patches} | {k for r in requests for k in r.capture})
-        used = {p.source for r in requests for p in r.patches}
-        wire_sources = {name: {k: encode_tensor(v) for k, v in sources[name].items()} for name in used}
+        used: dict[str, set[str]] = {}
+        for r in requests:
+            for p in r.patches:
+                used.setdefault(p.source, set()).add(p.key)
+        # only what the patches read crosses to the worker
+        wire_sources = {name: {k: encode_tensor(sources[name][k]) for k in ks} for name, ks in used.items()}
         shape = {"vocab_size": self.shape.vocab_size, "d_model": self.shape.d_model,
                  "n_heads": self.shape.n_heads, "head_dim": self.shape.head_dim}
         self.llm.collective_rpc("pg_begin", args=(wire_sources, keys, self.shape.family.name, shape))

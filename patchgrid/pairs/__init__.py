@@ -4,8 +4,9 @@
 """
 from .align import ROLES, position_roles
 from .build import build_pairs, summary
+from .pair import Pair, accepted_pairs
 from .sources import FORMATS, Record, SourceError, read_source
 from .table import SCHEMA, read_pairs, to_table, write_pairs
 
-__all__ = ["FORMATS", "ROLES", "SCHEMA", "Record", "SourceError", "build_pairs", "position_roles", "read_pairs",
+__all__ = ["FORMATS", "Pair", "accepted_pairs", "ROLES", "SCHEMA", "Record", "SourceError", "build_pairs", "position_roles", "read_pairs",
            "read_source", "summary", "to_table", "write_pairs"]

@@ -1,0 +1,238 @@
+"""Clean (and corrupt) activations captured once per pair, cached as Arrow IPC files.
+
+Layout of one cache data set, a folder named by its key under the cache root:
+
+    manifest.json    what the key was made of, dtype, widths, pair order, sizes; written last
+    clean.arrow      one row per (pair, position); one column per site key (`resid.3`, `head.3`...),
+                     each a fixed-size list of the site's width in the model's dtype (bfloat16
+                     is stored as its uint16 bit pattern, since Arrow has no bfloat16)
+    corrupt.arrow    the same for the corrupt runs, when a sweep patches corrupt into clean
+    baselines.arrow  per pair: clean and corrupt logit differences and clean-answer probabilities
+
+The folder is written under a temporary name and renamed when complete, so a crash never leaves
+a folder that looks finished. Files are read memory-mapped: a pair's activations are tensors over
+the mapped file, never copied per sweep.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from .plan import Request
+from .sites import site_key
+
+RUNS = ("clean", "corrupt")
+CACHE_VERSION = 1
+
+_ARROW = {torch.bfloat16: (pa.uint16(), np.uint16), torch.float16: (pa.float16(), np.float16),
+          torch.float32: (pa.float32(), np.float32)}
+
+
+@dataclass(frozen=True)
+class CacheSpec:
+    """What a study's sweeps need captured."""
+
+    keys: tuple[str, ...]  # site keys, e.g. resid.0 ... resid.29, embed
+    runs: tuple[str, ...] = ("clean",)
+
+    def covered_by(self, other: "CacheSpec") -> bool:
+        return set(self.keys) <= set(other.keys) and set(self.runs) <= set(other.runs)
+
+
+def layer_keys(site: str, n_layers: int) -> tuple[str, ...]:
+    return tuple(site_key(site, layer) for layer in range(n_layers))
+
+
+def model_identity(folder: Path) -> dict:
+    """Hashes of the weights and tokenizer files: a changed model misses the cache."""
+    from .models import MANIFEST, weights_hash
+
+    manifest = folder / MANIFEST
+    weights = None
+    if manifest.is_file():
+        weights = json.loads(manifest.read_text()).get("weights_sha256")
+    weights = weights or weights_hash(folder)
+    tok = hashlib.sha256()
+    for name in sorted(os.listdir(folder)):
+        if name.startswith("tokenizer") or name in ("special_tokens_map.json", "vocab.json", "merges.txt"):
+            tok.update(name.encode())
+            tok.update((folder / name).read_bytes())
+    return {"weights_sha256": weights, "tokenizer_sha256": tok.hexdigest()}
+
+
+def pairs_identity(pairs) -> str:
+    h = hashlib.sha256()
+    for p in pairs:
+        h.update(json.dumps([p.pair_id, list(p.clean_ids), list(p.corrupt_ids), p.clean_answer_id,
+                             p.corrupt_answer_id]).encode())
+    return h.hexdigest()
+
+
+class ActivationCache:
+    """A complete cache data set, memory-mapped."""
+
+    def __init__(self, folder: Path):
+        self.folder = Path(folder)
+        self.manifest = json.loads((self.folder / "manifest.json").read_text())
+        self.dtype = getattr(torch, self.manifest["dtype"])
+        self.pair_ids: list[str] = self.manifest["pair_ids"]
+        self._index = {pid: i for i, pid in enumerate(self.pair_ids)}
+        self._tables = {run: _read_ipc(self.folder / f"{run}.arrow") for run in self.manifest["runs"]}
+        self._rows = {}  # run -> pair index -> (batch, row0, n)
+        self._batches = {run: t.to_batches() for run, t in self._tables.items()}
+        for run, batches in self._batches.items():
+            idx = {}
+            for b, batch in enumerate(batches):
+                pairs = batch.column("pair_index").to_numpy()
+                firsts = np.flatnonzero(np.r_[True, pairs[1:] != pairs[:-1]])
+                counts = np.diff(np.r_[firsts, len(pairs)])
+                for row0, n in zip(firsts, counts):
+                    idx[int(pairs[row0])] = (b, int(row0), int(n))
+            self._rows[run] = idx
+        base = _read_ipc(self.folder / "baselines.arrow").to_pylist()
+        self.baselines = {row["pair_id"]: row for row in base}
+
+    @property
+    def spec(self) -> CacheSpec:
+        return CacheSpec(tuple(self.manifest["keys"]), tuple(self.manifest["runs"]))
+
+    @property
+    def bytes_per_pair(self) -> float:
+        return self.manifest["bytes"] / max(1, len(self.pair_ids))
+
+    def captures(self, pair_id: str, run: str = "clean", keys=None) -> dict[str, torch.Tensor]:
+        """{site key: [tokens, width]} for one pair, as views over the mapped file."""
+        b, row0, n = self._rows[run][self._index[pair_id]]
+        batch = self._batches[run][b]
+        out = {}
+        for key in keys or self.manifest["keys"]:
+            out[key] = _tensor(batch.column(key), row0, n, self.manifest["widths"][key], self.dtype)
+        return out
+
+
+def load_or_build(engine, pairs, spec: CacheSpec, root: Path, *, batch_pairs: int = 64,
+                  log=print) -> tuple[ActivationCache, bool]:
+    """Find a complete cache data set covering `spec` for these pairs and model, or build one.
+
+    Returns (cache, built): built is False when the clean forwards were found, not run.
+    """
+    root = Path(root)
+    ident = {"version": CACHE_VERSION, **model_identity(engine.folder), "pairs_sha256": pairs_identity(pairs),
+             "dtype": str(engine.dtype).removeprefix("torch.")}
+    found = _find(root, ident, spec)
+    if found is not None:
+        return ActivationCache(found), False
+    key = hashlib.sha256(json.dumps({**ident, "keys": sorted(spec.keys), "runs": sorted(spec.runs)},
+                                    sort_keys=True).encode()).hexdigest()[:24]
+    folder = root / key
+    _build(engine, pairs, spec, ident, folder, batch_pairs, log)
+    return ActivationCache(folder), True
+
+
+def _find(root: Path, ident: dict, spec: CacheSpec) -> Path | None:
+    if not root.is_dir():
+        return None
+    for manifest in sorted(root.glob("*/manifest.json")):
+        try:
+            m = json.loads(manifest.read_text())
+        except (OSError, ValueError):
+            continue
+        if {k: m.get(k) for k in ident} == ident and spec.covered_by(CacheSpec(tuple(m["keys"]), tuple(m["runs"]))):
+            return manifest.parent
+    return None
+
+
+def _build(engine, pairs, spec: CacheSpec, ident: dict, folder: Path, batch_pairs: int, log) -> None:
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    try:
+        widths = {k: engine.shape.width(k.split(".")[0]) for k in spec.keys}
+        dtype_arrow, _ = _ARROW[engine.dtype]
+        fields = [pa.field("pair_index", pa.int32()), pa.field("position", pa.int32())]
+        fields += [pa.field(k, pa.list_(dtype_arrow, widths[k])) for k in spec.keys]
+        schema = pa.schema(fields, metadata={"dtype": str(engine.dtype)})
+        writers = {run: pa.ipc.new_file(str(tmp / f"{run}.arrow"), schema) for run in spec.runs}
+        baselines = []
+        try:
+            for start in range(0, len(pairs), batch_pairs):
+                chunk = pairs[start:start + batch_pairs]
+                reqs = []
+                for p in chunk:
+                    answers = (p.clean_answer_id, p.corrupt_answer_id)
+                    reqs.append(Request(tokens=p.clean_ids, answers=answers, capture=spec.keys))
+                    reqs.append(Request(tokens=p.corrupt_ids, answers=answers,
+                                        capture=spec.keys if "corrupt" in spec.runs else ()))
+                results = engine.run(reqs)
+                for run in spec.runs:
+                    off = RUNS.index(run)
+                    writers[run].write_batch(_batch(schema, spec.keys, start, chunk, results[off::2], engine.dtype))
+                for p, c, k in zip(chunk, results[0::2], results[1::2]):
+                    baselines.append({
+                        "pair_id": p.pair_id,
+                        "clean_logit_diff": float(c.answer_logits[0] - c.answer_logits[1]),
+                        "corrupt_logit_diff": float(k.answer_logits[0] - k.answer_logits[1]),
+                        "clean_p": float(c.answer_probs[0]),
+                        "corrupt_p": float(k.answer_probs[0]),
+                    })
+                log(f"cached clean runs of {min(start + batch_pairs, len(pairs))}/{len(pairs)} pairs")
+        finally:
+            for w in writers.values():
+                w.close()
+        with pa.ipc.new_file(str(tmp / "baselines.arrow"), _BASELINE_SCHEMA) as w:
+            w.write_table(pa.Table.from_pylist(baselines, schema=_BASELINE_SCHEMA))
+        size = sum(f.stat().st_size for f in tmp.iterdir())
+        manifest = {**ident, "keys": list(spec.keys), "runs": list(spec.runs), "widths": widths,
+                    "pair_ids": [p.pair_id for p in pairs], "bytes": size}
+        (tmp / "manifest.json").write_text(json.dumps(manifest))
+        if folder.exists():  # an earlier, incomplete or superseded copy under the same key
+            shutil.rmtree(folder)
+        os.replace(tmp, folder)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+_BASELINE_SCHEMA = pa.schema([("pair_id", pa.string()), ("clean_logit_diff", pa.float32()),
+                              ("corrupt_logit_diff", pa.float32()), ("clean_p", pa.float32()),
+                              ("corrupt_p", pa.float32())])
+
+
+def _batch(schema, keys, start, chunk, results, dtype) -> pa.RecordBatch:
+    pair_index = np.concatenate([np.full(len(p.clean_ids), start + i, np.int32) for i, p in enumerate(chunk)])
+    position = np.concatenate([np.arange(len(p.clean_ids), dtype=np.int32) for p in chunk])
+    cols = [pa.array(pair_index), pa.array(position)]
+    _, np_dtype = _ARROW[dtype]
+    for key in keys:
+        t = torch.cat([r.captures[key] for r in results]).to(dtype).contiguous()
+        raw = t.view(torch.int16).numpy().view(np.uint16) if dtype == torch.bfloat16 else t.numpy()
+        cols.append(pa.FixedSizeListArray.from_arrays(pa.array(raw.reshape(-1).astype(np_dtype, copy=False)),
+                                                      t.shape[1]))
+    return pa.RecordBatch.from_arrays(cols, schema=schema)
+
+
+def _read_ipc(path: Path) -> pa.Table:
+    return pa.ipc.open_file(pa.memory_map(str(path), "r")).read_all()
+
+
+def _tensor(column: pa.FixedSizeListArray, row0: int, n: int, width: int, dtype) -> torch.Tensor:
+    values = column.values
+    _, np_dtype = _ARROW[dtype]
+    item = np.dtype(np_dtype).itemsize
+    buf = values.buffers()[1]
+    start = (values.offset + (column.offset + row0) * width) * item
+    arr = np.frombuffer(buf, dtype=np_dtype, count=n * width, offset=start).reshape(n, width)
+    with warnings.catch_warnings():
+        # The mapped file is read-only; nothing writes to these tensors (engines copy what they send).
+        warnings.simplefilter("ignore", UserWarning)
+        t = torch.from_numpy(arr)
+    return t.view(torch.bfloat16) if dtype == torch.bfloat16 else t
