@@ -27,6 +27,7 @@ from .plan import Noise, Patch, Request
 SWEEPS = ("resid", "attn_out", "mlp_out", "heads", "trace")
 DIRECTIONS = ("denoise", "noise")
 HEAD_POSITION_ROLES = ("subject_last", "last")
+TRACE_SITES = ("resid", "mlp_out", "attn_out")
 
 
 @dataclass(frozen=True)
@@ -37,16 +38,20 @@ class SweepConfig:
     trace_samples: int = 10
     trace_window: int = 10
     trace_noise_scale: float = 3.0  # times the std of the subjects' embeddings over the data set
+    trace_sites: tuple[str, ...] = TRACE_SITES  # hidden state, and MLP / attention over a window
     seed: int = 0
     max_requests: int = 2048  # patched runs per engine call: bounds memory
 
     def __post_init__(self):
         bad = [s for s in self.sweeps if s not in SWEEPS]
         if bad or not self.sweeps:
-            raise ValueError(f"unknown sweep {bad[0] if bad else '(none)'}; use some of {', '.join(SWEEPS)}")
+            raise ValueError(f"unknown sweep {bad[0] if bad else '(none)'!r}; use some of {', '.join(SWEEPS)}")
         bad = [d for d in self.resid_directions if d not in DIRECTIONS]
         if bad:
             raise ValueError(f"unknown direction {bad[0]!r}; use {' or '.join(DIRECTIONS)}")
+        bad = [t for t in self.trace_sites if t not in TRACE_SITES]
+        if bad or not self.trace_sites:
+            raise ValueError(f"unknown trace site {bad[0] if bad else '(none)'}; use some of {', '.join(TRACE_SITES)}")
         if self.trace_samples < 1 or self.trace_window < 1 or self.max_requests < 1:
             raise ValueError("trace_samples, trace_window and max_requests must be at least 1")
 
@@ -64,7 +69,8 @@ def cache_spec(config: SweepConfig, n_layers: int) -> CacheSpec:
         elif sweep == "heads":
             keys += layer_keys("head", n_layers)
         elif sweep == "trace":
-            keys += layer_keys("resid", n_layers) + layer_keys("mlp_out", n_layers) + layer_keys("attn_out", n_layers)
+            for site in config.trace_sites:
+                keys += layer_keys(site, n_layers)
             keys.append("embed")
     return CacheSpec(tuple(dict.fromkeys(keys)), tuple(runs))
 
@@ -126,10 +132,11 @@ def _jobs(i: int, p: Pair, config: SweepConfig, n_layers: int, n_heads: int, std
                 for layer in layers:
                     window = trace_window(layer, config.trace_window, n_layers)
                     for pos in positions:
-                        yield (Request(tokens=p.clean_ids, answers=ans, noise=noise,
-                                       patches=(Patch("resid", layer, clean, (pos,)),)),
-                               _Meta(i, "trace", "resid", "denoise", layer, pos))
-                        for site in ("mlp_out", "attn_out"):
+                        if "resid" in config.trace_sites:
+                            yield (Request(tokens=p.clean_ids, answers=ans, noise=noise,
+                                           patches=(Patch("resid", layer, clean, (pos,)),)),
+                                   _Meta(i, "trace", "resid", "denoise", layer, pos))
+                        for site in [t for t in config.trace_sites if t != "resid"]:
                             patches = tuple(Patch(site, w, clean, (pos,)) for w in window)
                             yield (Request(tokens=p.clean_ids, answers=ans, noise=noise, patches=patches),
                                    _Meta(i, "trace", site, "denoise", layer, pos, None, config.trace_window))
@@ -148,7 +155,7 @@ def count_runs(pairs: list[Pair], config: SweepConfig, n_layers: int, n_heads: i
                 chosen = {None} | {p.roles.index(r) for r in config.head_position_roles if r in p.roles}
                 total += len(chosen) * n_layers * n_heads
             elif sweep == "trace":
-                total += config.trace_samples * (1 + 3 * n_layers * n)
+                total += config.trace_samples * (1 + len(config.trace_sites) * n_layers * n)
     return total
 
 

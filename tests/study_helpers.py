@@ -1,0 +1,27 @@
+"""Pairs from the shipped fact set, for cache and sweep tests."""
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+from patchgrid.pairs import accepted_pairs, build_pairs, read_source, to_table
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "pairs" / "facts.jsonl"
+
+
+def shipped_pairs(tokenizer, n, *, engine=None, max_len=1024, spread=True):
+    """The first n accepted pairs, taken round-robin over relations so every relation shows up."""
+    _, recs = read_source(str(DATA))
+    rows = build_pairs(recs, tokenizer, max_len=max_len, engine=engine, require_known=engine is not None)
+    pairs = accepted_pairs(to_table(rows))
+    if not spread:
+        return pairs[:n]
+    by = defaultdict(list)
+    for p in pairs:
+        by[p.relation].append(p)
+    out = []
+    while len(out) < n and any(by.values()):
+        for rel in sorted(by):
+            if by[rel] and len(out) < n:
+                out.append(by[rel].pop(0))
+    return out

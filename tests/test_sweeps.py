@@ -1,0 +1,134 @@
+"""Sweeps over many pairs: equal to the reference backend, chunk-independent, deterministic."""
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+
+import pytest
+
+from patchgrid.cache import load_or_build
+from patchgrid.sweeps import SweepConfig, cache_spec, count_runs, run_sweeps, trace_window
+from tests.conftest import TINY, needs_vllm
+from tests.study_helpers import shipped_pairs
+
+ALL = SweepConfig(sweeps=("resid", "attn_out", "mlp_out", "heads", "trace"), trace_samples=2, max_requests=700)
+
+
+def _key(row):
+    return (row["pair_id"], row["sweep"], row["site"], row["direction"], row["layer"], row["position"], row["head"],
+            row["window"])
+
+
+def _by_key(rows):
+    out = {_key(r): r for r in rows}
+    assert len(out) == len(rows), "effect rows are not unique by pair, sweep, site, direction, layer, position, head"
+    return out
+
+
+@needs_vllm
+@pytest.mark.parametrize("model", TINY)
+def test_every_sweep_kind_equals_the_hf_backend(tmp_path, engines, tokenizers, model):
+    vl = engines.get(model, "vllm", dtype="float32")
+    hf = engines.get(model, "hf", dtype="float32")
+    pairs = shipped_pairs(tokenizers(model), 3)
+    cache, _ = load_or_build(vl, pairs, cache_spec(ALL, vl.shape.n_layers), tmp_path, log=lambda *_: None)
+    a, b = _by_key(run_sweeps(vl, pairs, cache, ALL)), _by_key(run_sweeps(hf, pairs, cache, ALL))
+    assert a.keys() == b.keys()
+    assert {k[1] for k in a} == {"resid", "attn_out", "mlp_out", "heads", "trace"}
+    for k in a:
+        assert a[k]["patched_logit_diff"] == pytest.approx(b[k]["patched_logit_diff"], abs=1e-4), k
+        assert a[k]["patched_p"] == pytest.approx(b[k]["patched_p"], abs=1e-4), k
+    spread = max(r["patched_logit_diff"] for r in a.values()) - min(r["patched_logit_diff"] for r in a.values())
+    assert spread > 0.05
+
+
+def test_rows_are_complete_and_consistent(tmp_path, engines, tokenizers):
+    hf = engines.get("tiny-gpt2", "hf", dtype="float32")
+    pairs = shipped_pairs(tokenizers("tiny-gpt2"), 3)
+    cache, _ = load_or_build(hf, pairs, cache_spec(ALL, 4), tmp_path, log=lambda *_: None)
+    rows = run_sweeps(hf, pairs, cache, ALL)
+    non_trace = [r for r in rows if r["sweep"] != "trace"]
+    n_trace = sum(len(p.clean_ids) * 4 * 3 for p in pairs)  # positions x layers x (resid, mlp, attn)
+    assert len(non_trace) + n_trace * ALL.trace_samples + len(pairs) * ALL.trace_samples == \
+        count_runs(pairs, ALL, 4, 4)
+    assert len(rows) - len(non_trace) == n_trace  # one trace row per restored site, averaged over samples
+    for r in rows:
+        for field in ("patched_logit_diff", "patched_p", "effect", "clean_logit_diff", "corrupt_logit_diff"):
+            assert r[field] is not None, field
+        if r["metric"] == "logit_diff":
+            span = r["clean_logit_diff"] - r["corrupt_logit_diff"]
+            assert r["recovery"] == pytest.approx((r["patched_logit_diff"] - r["corrupt_logit_diff"]) / span)
+        else:
+            assert r["effect"] == pytest.approx(r["patched_p"] - r["corrupt_p"])
+        assert (r["position"] is None) == (r["position_role"] == "all")
+        assert (r["head"] is not None) == (r["sweep"] == "heads")
+        assert (r["window"] is not None) == (r["sweep"] == "trace" and r["site"] != "resid")
+    assert {r["direction"] for r in rows if r["sweep"] == "resid"} == {"denoise", "noise"}
+    heads_all = [r for r in rows if r["sweep"] == "heads" and r["position"] is None]
+    assert len(heads_all) == len(pairs) * 4 * 4
+    assert {r["position_role"] for r in rows if r["sweep"] == "heads"} == {"all", "subject_last", "last"}
+
+
+def test_chunking_and_reruns_do_not_change_a_number(tmp_path, engines, tokenizers):
+    hf = engines.get("tiny-llama", "hf", dtype="float32")
+    pairs = shipped_pairs(tokenizers("tiny-llama"), 3)
+    cfg = SweepConfig(sweeps=("resid", "trace"), trace_samples=3, max_requests=10_000)
+    cache, _ = load_or_build(hf, pairs, cache_spec(cfg, 4), tmp_path, log=lambda *_: None)
+    a = _by_key(run_sweeps(hf, pairs, cache, cfg))
+    b = _by_key(run_sweeps(hf, pairs, cache, SweepConfig(sweeps=("resid", "trace"), trace_samples=3, max_requests=37)))
+    assert a.keys() == b.keys()
+    for k in a:
+        assert a[k]["patched_p"] == pytest.approx(b[k]["patched_p"], abs=1e-6)
+    c = _by_key(run_sweeps(hf, pairs, cache, SweepConfig(sweeps=("resid", "trace"), trace_samples=3, seed=1)))
+    assert any(abs(a[k]["patched_p"] - c[k]["patched_p"]) > 1e-9 for k in a if k[1] == "trace")
+
+
+def test_trace_window_is_centred_and_cut():
+    assert list(trace_window(0, 10, 30)) == list(range(0, 5))
+    assert list(trace_window(15, 10, 30)) == list(range(10, 20))
+    assert list(trace_window(29, 10, 30)) == list(range(24, 30))
+
+
+def test_bad_configuration():
+    with pytest.raises(ValueError, match="unknown sweep 'everything'"):
+        SweepConfig(sweeps=("everything",))
+    with pytest.raises(ValueError, match="unknown direction 'sideways'"):
+        SweepConfig(resid_directions=("sideways",))
+    with pytest.raises(ValueError, match="unknown trace site"):
+        SweepConfig(trace_sites=("embed",))
+
+
+def _mean_by(rows, sweep, site):
+    acc = defaultdict(list)
+    for r in rows:
+        if r["sweep"] == sweep and r["site"] == site and r["direction"] == "denoise":
+            acc[(r["position_role"], r["layer"])].append(r["recovery"] if sweep != "trace" else r["effect"])
+    return {k: statistics.mean(v) for k, v in acc.items()}
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_smollm2_shapes_averaged_over_pairs(tmp_path, engines, tokenizers):
+    engine = engines.get("smollm2-135m", "vllm")
+    pairs = shipped_pairs(tokenizers("smollm2-135m"), 10, engine=engine, max_len=engine.shape.max_len)
+    assert len({p.relation for p in pairs}) >= 8
+    cfg = SweepConfig(sweeps=("resid", "trace"), resid_directions=("denoise",), trace_samples=2,
+                      trace_sites=("resid",))
+    cache, _ = load_or_build(engine, pairs, cache_spec(cfg, engine.shape.n_layers), tmp_path, log=lambda *_: None)
+    rows = run_sweeps(engine, pairs, cache, cfg)
+    n = engine.shape.n_layers
+    early, late = range(0, n // 3), range(n - 3, n)
+    resid = _mean_by(rows, "resid", "resid")
+    # the last subject token's stream carries the answer early and not late; the last token the reverse
+    assert min(resid[("subject_last", layer)] for layer in early) > 0.7
+    assert max(resid[("subject_last", layer)] for layer in late) < 0.2
+    assert max(resid[("last", layer)] for layer in early) < 0.2
+    assert min(resid[("last", layer)] for layer in late) > 0.7
+    # causal tracing: restoring the hidden state helps most at the last subject token, early to middle
+    # (the last token takes over in late layers, where the answer has moved there)
+    trace = _mean_by(rows, "trace", "resid")
+    peak_role, peak_layer = max((k for k in trace if k[0] != "last"), key=trace.get)
+    assert peak_role == "subject_last" and peak_layer < 2 * n // 3
+    for layer in range(n // 2):
+        others = [v for (role, lay), v in trace.items() if lay == layer and role != "subject_last"]
+        assert trace[("subject_last", layer)] > max(others)
