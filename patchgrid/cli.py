@@ -129,6 +129,48 @@ def cmd_pairs_check(args) -> int:
     return 0
 
 
+def cmd_sweep(args) -> int:
+    from pathlib import Path
+
+    from .cache import load_or_build
+    from .effects import write_effects
+    from .pairs import accepted_pairs, read_pairs
+    from .sweeps import SweepConfig, cache_spec, run_sweeps
+
+    config = SweepConfig(sweeps=_names(args.sweeps, "--sweeps"), trace_samples=args.trace_samples,
+                         seed=args.seed, max_requests=args.max_requests)
+    if args.limit is not None and args.limit < 1:
+        raise UsageError(f"--limit {args.limit} must be at least 1")
+    if not Path(args.pairs).is_file():
+        raise UsageError(f"--pairs {args.pairs}: no such file (make one with `patchgrid pairs check`)")
+    pairs = accepted_pairs(read_pairs(args.pairs), args.limit)
+    if not pairs:
+        raise UsageError(f"--pairs {args.pairs}: holds no accepted pairs")
+    _quiet_vllm()
+    engine = _engine(args.model, args.backend, "auto")
+    try:
+        log = lambda msg: print(msg, file=sys.stderr)  # noqa: E731
+        cache, built = load_or_build(engine, pairs, cache_spec(config, engine.shape.n_layers), Path(args.cache),
+                                     log=log)
+        print(f"cache {'built' if built else 'found'}: {cache.folder} ({cache.bytes_per_pair / 1e3:.1f} kB per pair)")
+        rows = run_sweeps(engine, pairs, cache, config,
+                          progress=lambda done, total: print(f"\r{done}/{total} patched runs", end="",
+                                                             file=sys.stderr))
+        print(file=sys.stderr)
+    finally:
+        engine.close()
+    write_effects(rows, args.out)
+    print(f"{len(pairs)} pairs, {len(rows)} effect rows -> {args.out}")
+    return 0
+
+
+def _names(text: str, flag: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    if not names:
+        raise UsageError(f"{flag} is empty")
+    return names
+
+
 def format_table(out: dict, token_strs) -> str:
     effects = out["effects"]
     base = out["baseline"]
@@ -186,6 +228,20 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--backend", default="vllm", choices=("vllm", "hf"))
     check.add_argument("--out", default="pairs.parquet")
     check.set_defaults(func=cmd_pairs_check)
+
+    sweep = sub.add_parser("sweep", help="cache clean activations and run sweeps over a pairs table")
+    sweep.add_argument("--model", default="smollm2-135m")
+    sweep.add_argument("--pairs", required=True, help="a pairs table written by `patchgrid pairs check`")
+    sweep.add_argument("--sweeps", default="resid,attn_out,mlp_out,heads",
+                       help="comma list of resid, attn_out, mlp_out, heads, trace")
+    sweep.add_argument("--limit", type=int, default=None, help="the first N accepted pairs")
+    sweep.add_argument("--trace-samples", type=int, default=10)
+    sweep.add_argument("--seed", type=int, default=0)
+    sweep.add_argument("--max-requests", type=int, default=2048, help="patched runs per engine call")
+    sweep.add_argument("--cache", default=".patchgrid-cache", help="activation cache folder")
+    sweep.add_argument("--backend", default="vllm", choices=("vllm", "hf"))
+    sweep.add_argument("--out", default="effects.parquet")
+    sweep.set_defaults(func=cmd_sweep)
 
     demo = sub.add_parser("demo", help="the France/Germany example on the default model")
     demo.add_argument("--model", default="smollm2-135m")

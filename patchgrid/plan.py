@@ -10,6 +10,7 @@ A request is one forward pass over `tokens`. It may
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 import torch
@@ -146,28 +147,31 @@ def resolve_positions(p_positions, n: int) -> list[int]:
 
 # ---- a plan as plain data, for SamplingParams.extra_args (msgpack in multiprocess mode) ----
 
-def to_wire(req: Request, tag: str) -> dict:
-    return {
-        "tag": tag,
-        "answers": [int(a) for a in req.answers],
-        "top_k": int(req.top_k),
-        "capture": list(req.capture),
-        "patches": [[p.site, p.layer, p.source, None if p.positions is None else list(p.positions), p.head]
-                    for p in req.patches],
-        "noise": [[list(z.positions), float(z.std), int(z.seed)] for z in req.noise],
-    }
+def to_wire(req: Request, tag: str) -> str:
+    """One JSON string: vLLM deep-copies and checks extra_args per request, and a string is cheap
+    to copy and crosses msgpack as it is."""
+    return json.dumps([
+        tag,
+        [int(a) for a in req.answers],
+        int(req.top_k),
+        list(req.capture),
+        [[p.site, p.layer, p.source, None if p.positions is None else [int(x) for x in p.positions], p.head]
+         for p in req.patches],
+        [[[int(x) for x in z.positions], float(z.std), int(z.seed)] for z in req.noise],
+    ], separators=(",", ":"))
 
 
-def from_wire(d: dict) -> tuple[str, Request]:
+def from_wire(text: str) -> tuple[str, Request]:
+    tag, answers, top_k, capture, patches, noise = json.loads(text)
     req = Request(
         tokens=(),
-        answers=tuple(d["answers"]),
-        patches=tuple(Patch(s, l, src, None if pos is None else tuple(pos), h) for s, l, src, pos, h in d["patches"]),
-        noise=tuple(Noise(tuple(pos), std, seed) for pos, std, seed in d["noise"]),
-        capture=tuple(d["capture"]),
-        top_k=d["top_k"],
+        answers=tuple(answers),
+        patches=tuple(Patch(s, l, src, None if pos is None else tuple(pos), h) for s, l, src, pos, h in patches),
+        noise=tuple(Noise(tuple(pos), std, seed) for pos, std, seed in noise),
+        capture=tuple(capture),
+        top_k=top_k,
     )
-    return d["tag"], req
+    return tag, req
 
 
 # ---- tensors as plain data: collective_rpc crosses a process boundary in multiprocess mode ----

@@ -9,6 +9,8 @@ import itertools
 import os
 from pathlib import Path
 
+import torch
+
 from ..plan import PlanError, Result, decode_tensor, encode_tensor, to_wire, validate
 from .vllm_worker import PLAN_KEY
 
@@ -135,7 +137,7 @@ def _on_cpu() -> bool:
 
 def _decode_result(d) -> Result:
     return Result(
-        answer_logits=decode_tensor(d["answer_logits"]),
+        answer_logits=torch.tensor(d["answer_logits"], dtype=torch.float32),
         logsumexp=d["logsumexp"],
         top_ids=list(d["top_ids"]),
         top_logits=list(d["top_logits"]),

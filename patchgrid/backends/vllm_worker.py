@@ -218,15 +218,18 @@ class _Session:
         return hook
 
     def _on_logits(self, module, args, out):
-        if not self.step.final:
+        final = self.step.final
+        if not final:
             return None
-        logits = out[..., : self.vocab].float()
-        for row, r in self.step.final:
-            lg = logits[row]
-            res = {"answer_logits": encode_tensor(lg[r.answers].clone()),
-                   "logsumexp": float(torch.logsumexp(lg, dim=0)),
+        # One gather and one float conversion for the whole step: logits are [requests, vocab].
+        rows = torch.tensor([row for row, _ in final])
+        logits = out[rows, : self.vocab].float()
+        lse = torch.logsumexp(logits, dim=1).tolist()
+        for k, (_, r) in enumerate(final):
+            lg = logits[k]
+            res = {"answer_logits": lg[r.answers].tolist() if r.answers else [], "logsumexp": lse[k],
                    "top_ids": [], "top_logits": [],
-                   "captures": {k: encode_tensor(v) for k, v in r.captures.items()}}
+                   "captures": {key: encode_tensor(v) for key, v in r.captures.items()}}
             if r.top_k:
                 vals, ids = torch.topk(lg, min(r.top_k, lg.shape[0]))
                 res["top_ids"], res["top_logits"] = ids.tolist(), vals.tolist()
