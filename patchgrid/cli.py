@@ -100,7 +100,10 @@ def cmd_demo(args) -> int:
     by = {(e["layer"], e["position"]): e["logit_diff"] for e in out["effects"]}
     for layer in range(engine.shape.n_layers):
         print(f"{layer:>5}  {recovery(by[layer, subject], base):>18.2f}  {recovery(by[layer, last], base):>14.2f}")
-    return 0
+    if args.quick:
+        return 0
+    print()
+    return cmd_demo_study(args)
 
 
 def cmd_pairs_check(args) -> int:
@@ -169,6 +172,130 @@ def _names(text: str, flag: str) -> tuple[str, ...]:
     if not names:
         raise UsageError(f"{flag} is empty")
     return names
+
+
+def _prefect_env(verbose: bool = False):
+    # Ephemeral Prefect: no server to run; its telemetry cannot reach out from these machines.
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    if not verbose:
+        os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    _quiet_vllm()
+
+
+class ProgressBar:
+    """Patched runs done in the current shard, on one refreshing line of stderr."""
+
+    def __init__(self):
+        self.shard, self.last = 0, None
+
+    def __call__(self, done: int, total: int):
+        if self.last is None or done < self.last:
+            self.shard += 1
+        self.last = done
+        width = 30
+        filled = int(width * done / max(total, 1))
+        print(f"\rshard {self.shard} [{'#' * filled}{'.' * (width - filled)}] {done}/{total} patched runs",
+              end="" if done < total else "\n", file=sys.stderr, flush=True)
+
+
+def _run_study(**params) -> str:
+    from .flows.study import study
+    from .tasks.sweeps import PROGRESS_HOOKS
+
+    bar = ProgressBar()
+    PROGRESS_HOOKS.append(bar)
+    try:
+        return study(**params)
+    finally:
+        PROGRESS_HOOKS.remove(bar)
+
+
+def _study_params(args) -> dict:
+    from pathlib import Path
+
+    if args.limit is not None and args.limit < 1:
+        raise UsageError(f"--limit {args.limit} must be at least 1")
+    if args.shard_size < 1:
+        raise UsageError(f"--shard-size {args.shard_size} must be at least 1")
+    if args.trace_samples < 1:
+        raise UsageError(f"--trace-samples {args.trace_samples} must be at least 1")
+    source = Path(args.pairs)
+    if not source.exists() and not (args.pairs.count("/") == 1 and not args.pairs.startswith((".", "/", "~"))):
+        raise UsageError(f"--pairs {args.pairs}: no such file (nor a hub data-set name owner/name)")
+    wh = Path(args.warehouse)
+    if wh.parent != Path("") and not wh.parent.is_dir():
+        raise UsageError(f"--warehouse {args.warehouse}: folder {wh.parent} does not exist")
+    from .sweeps import SweepConfig
+
+    SweepConfig(sweeps=_names(args.sweeps, "--sweeps"))
+    return dict(model=args.model, pairs=str(source.resolve()) if source.exists() else args.pairs,
+                sweeps=args.sweeps, limit=args.limit, warehouse=str(wh), workdir=args.workdir,
+                pairs_format=args.format, require_known=not args.no_require_known, seed=args.seed,
+                trace_samples=args.trace_samples, shard_size=args.shard_size, backend=args.backend)
+
+
+def cmd_study(args) -> int:
+    params = _study_params(args)
+    from .models import prepare
+
+    prepare(args.model)  # a bad model name fails here, before Prefect starts
+    _prefect_env(args.verbose)
+    run_id = _run_study(**params)
+    print(run_id)
+    return 0
+
+
+def cmd_demo_study(args) -> int:
+    from .flows.study import SHIPPED_PAIRS
+    from .warehouse.loader import query
+
+    _prefect_env(False)
+    run_id = _run_study(model=args.model, pairs=SHIPPED_PAIRS, sweeps="resid,attn_out,mlp_out,heads,trace",
+                        limit=args.limit, warehouse=args.warehouse, trace_samples=args.trace_samples,
+                        backend=args.backend)
+    cols, rows = query(args.warehouse, """
+        SELECT sweep, site, direction, layer, position_role, head, n_pairs, round(mean_recovery, 3) AS mean_recovery,
+               round(ci95_low, 3) AS ci95_low, round(ci95_high, 3) AS ci95_high
+        FROM effect_summary WHERE run_id = ? AND sweep IN ('resid', 'trace') AND site = 'resid'
+          AND direction = 'denoise' AND position_role IN ('subject_last', 'last') AND layer % 4 = 0
+        ORDER BY sweep, position_role DESC, layer""", [run_id])
+    print(f"\nrun {run_id} -> {args.warehouse}; effect_summary (resid and trace hidden state, every 4th layer):")
+    print(format_rows(cols, rows))
+    print(f"\nmore: patchgrid query --warehouse {args.warehouse} \"SELECT * FROM effect_summary LIMIT 20\"")
+    return 0
+
+
+def cmd_query(args) -> int:
+    from .warehouse.loader import query
+
+    cols, rows = query(args.warehouse, args.sql)
+    print(format_rows(cols, rows))
+    return 0
+
+
+def cmd_serve(args) -> int:
+    params = _study_params(args)
+    _prefect_env(True)
+    from .flows.study import study
+
+    study.serve(name=args.name, cron=args.cron, parameters=params)
+    return 0
+
+
+def format_rows(cols, rows) -> str:
+    def cell(v):
+        if v is None:
+            return ""
+        if isinstance(v, float):
+            return f"{v:.4g}"
+        return str(v)
+
+    cells = [[cell(v) for v in r] for r in rows]
+    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(cols)]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(cols, widths))]
+    lines += ["  ".join(v.rjust(w) for v, w in zip(r, widths)) for r in cells]
+    lines.append(f"({len(rows)} rows)")
+    return "\n".join(lines)
 
 
 def format_table(out: dict, token_strs) -> str:
@@ -243,9 +370,44 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--out", default="effects.parquet")
     sweep.set_defaults(func=cmd_sweep)
 
-    demo = sub.add_parser("demo", help="the France/Germany example on the default model")
+    def study_options(p):
+        p.add_argument("--model", default="smollm2-135m")
+        p.add_argument("--pairs", required=True, help="a data set: .jsonl, .json, .parquet or a hub name")
+        p.add_argument("--sweeps", default="resid,attn_out,mlp_out,heads",
+                       help="comma list of resid, attn_out, mlp_out, heads, trace")
+        p.add_argument("--limit", type=int, default=None, help="the first N accepted pairs")
+        p.add_argument("--warehouse", default="warehouse.duckdb")
+        p.add_argument("--workdir", default=".patchgrid", help="pairs tables, effect shards, activation cache")
+        p.add_argument("--format", default=None, choices=FORMATS)
+        p.add_argument("--no-require-known", action="store_true", help="keep pairs the model does not know")
+        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--trace-samples", type=int, default=10)
+        p.add_argument("--shard-size", type=int, default=8, help="pairs per sweep task")
+        p.add_argument("--backend", default="vllm", choices=("vllm", "hf"))
+        p.add_argument("--verbose", action="store_true", help="Prefect's run log on the console")
+
+    st = sub.add_parser("study", help="a whole study: data set -> pairs -> cache -> sweeps -> warehouse")
+    study_options(st)
+    st.set_defaults(func=cmd_study)
+
+    srv = sub.add_parser("serve", help="serve the study flow on a cron schedule from this process")
+    study_options(srv)
+    srv.add_argument("--cron", required=True, help='e.g. "0 3 * * *"')
+    srv.add_argument("--name", default="patchgrid-study")
+    srv.set_defaults(func=cmd_serve)
+
+    q = sub.add_parser("query", help="run SQL on the warehouse, read-only")
+    q.add_argument("--warehouse", default="warehouse.duckdb")
+    q.add_argument("sql")
+    q.set_defaults(func=cmd_query)
+
+    demo = sub.add_parser("demo", help="the France/Germany example, then a study of the shipped pairs")
     demo.add_argument("--model", default="smollm2-135m")
     demo.add_argument("--backend", default="vllm", choices=("vllm", "hf"))
+    demo.add_argument("--limit", type=int, default=12, help="accepted pairs in the demo study")
+    demo.add_argument("--trace-samples", type=int, default=3)
+    demo.add_argument("--warehouse", default="warehouse.duckdb")
+    demo.add_argument("--quick", action="store_true", help="only the France/Germany sweep")
     demo.set_defaults(func=cmd_demo)
     return parser
 
@@ -255,11 +417,12 @@ def main(argv=None) -> int:
     from .pairs import SourceError
     from .patching import PairError
     from .plan import PlanError
+    from .warehouse.loader import WarehouseError
 
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (UsageError, ModelError, PairError, PlanError, SourceError, ValueError, OSError) as exc:
+    except (UsageError, ModelError, PairError, PlanError, SourceError, WarehouseError, ValueError, OSError) as exc:
         print(f"patchgrid: error: {exc}", file=sys.stderr)
         return 2
 

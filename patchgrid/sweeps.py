@@ -160,10 +160,16 @@ def count_runs(pairs: list[Pair], config: SweepConfig, n_layers: int, n_heads: i
 
 
 def run_sweeps(engine, pairs: list[Pair], cache: ActivationCache, config: SweepConfig,
-               progress: Callable[[int, int], None] | None = None) -> list[dict]:
-    """All sweeps of `config` over `pairs`; returns effect rows (see module doc)."""
+               progress: Callable[[int, int], None] | None = None, noise_std: float | None = None) -> list[dict]:
+    """All sweeps of `config` over `pairs`; returns effect rows (see module doc).
+
+    noise_std: the trace noise scale, when `pairs` is one shard of a larger data set whose
+    subjects set it (trace_noise_std over all pairs); by default it is computed over `pairs`.
+    """
     shape = engine.shape
-    std = trace_noise_std(cache, pairs, config.trace_noise_scale) if "trace" in config.sweeps else 0.0
+    std = 0.0
+    if "trace" in config.sweeps:
+        std = noise_std if noise_std is not None else trace_noise_std(cache, pairs, config.trace_noise_scale)
     total = count_runs(pairs, config, shape.n_layers, shape.n_heads)
     rows: list[dict] = []
     trace = _TraceAccumulator()

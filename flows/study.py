@@ -1,0 +1,119 @@
+"""The `study` flow: data set -> aligned pairs -> clean-activation cache -> sweeps over shards of
+pairs -> DuckDB warehouse -> summary. Each step is a task in patchgrid.tasks; this file only
+orchestrates.
+
+    python -m patchgrid.flows.study          # the demo study, no Prefect server needed
+"""
+from __future__ import annotations
+
+import re
+import subprocess
+from datetime import datetime, timezone
+from pathlib import Path
+
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_progress_artifact, update_progress_artifact
+from prefect.runtime import flow_run
+
+from patchgrid.tasks.cache import cache_activations
+from patchgrid.tasks.engines import close_all
+from patchgrid.tasks.pairs import align_pairs
+from patchgrid.tasks.sweeps import sweep_shard
+from patchgrid.tasks.warehouse import load_warehouse, record_run, summarize
+
+SHIPPED_PAIRS = str(Path(__file__).resolve().parents[1] / "data" / "pairs" / "facts.jsonl")
+RUN_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+def validate(sweeps, limit, shard_size, trace_samples, backend, run_id):
+    """Flow parameters are the edge: check them here, pass plain values on."""
+    from patchgrid.sweeps import SweepConfig
+
+    names = [s.strip() for s in (sweeps.split(",") if isinstance(sweeps, str) else sweeps) if s.strip()]
+    SweepConfig(sweeps=tuple(names), trace_samples=trace_samples)  # raises ValueError naming the problem
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit {limit} must be at least 1")
+    if shard_size < 1:
+        raise ValueError(f"shard_size {shard_size} must be at least 1")
+    if backend not in ("vllm", "hf"):
+        raise ValueError(f"backend {backend!r} is not vllm or hf")
+    if run_id is not None and not RUN_ID.match(run_id):
+        raise ValueError(f"run_id {run_id!r} may hold only letters, digits, '.', '_' and '-' (64 at most)")
+    return names
+
+
+def code_version() -> str:
+    import patchgrid
+
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
+                             cwd=Path(__file__).parent).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        rev = ""
+    return f"{patchgrid.__version__}+{rev}" if rev else patchgrid.__version__
+
+
+@flow(name="study", log_prints=True)
+def study(model: str = "smollm2-135m", pairs: str = SHIPPED_PAIRS, sweeps: str = "resid,attn_out,mlp_out,heads",
+          limit: int | None = None, warehouse: str = "warehouse.duckdb", workdir: str = ".patchgrid",
+          pairs_format: str | None = None, require_known: bool = True, seed: int = 0, trace_samples: int = 10,
+          shard_size: int = 8, backend: str = "vllm", max_requests: int = 2048, run_id: str | None = None) -> str:
+    """Run a whole activation-patching study and load it into the warehouse; returns the run id."""
+    from patchgrid.cache import ActivationCache, model_identity
+    from patchgrid.fingerprint import fingerprint
+    from patchgrid.models import prepare
+    from patchgrid.pairs import accepted_pairs, read_pairs
+    from patchgrid.sweeps import trace_noise_std
+
+    logger = get_run_logger()
+    names = validate(sweeps, limit, shard_size, trace_samples, backend, run_id)
+    folder = prepare(model)
+    model_sha = model_identity(folder)["weights_sha256"]
+    params = dict(model=model, pairs=pairs, sweeps=names, limit=limit, pairs_format=pairs_format,
+                  require_known=require_known, seed=seed, trace_samples=trace_samples, backend=backend)
+    # The same inputs give the same run id: a rerun resumes and replaces, never duplicates.
+    run_id = run_id or "run-" + fingerprint(model_sha, params)[:12]
+    work = Path(workdir)
+    run_dir = work / "runs" / run_id
+    started = datetime.now(timezone.utc).replace(tzinfo=None)
+    record_run(warehouse, {"run_id": run_id, "flow_run_id": str(flow_run.get_id() or ""), "model": model,
+                           "model_hash": model_sha, "params": params, "code_version": code_version(),
+                           "started": started})
+    logger.info("run %s: model %s, pairs %s, sweeps %s", run_id, model, pairs, ",".join(names))
+    try:
+        table = align_pairs(model, pairs, str(run_dir / "pairs.parquet"), pairs_format=pairs_format,
+                            require_known=require_known, seed=seed, backend=backend, model_sha256=model_sha)
+        cache_folder = cache_activations(model, table, str(work / "cache"), names, limit, trace_samples,
+                                         backend=backend, model_sha256=model_sha)
+        accepted = accepted_pairs(read_pairs(table), limit)
+        if not accepted:
+            raise ValueError(f"no accepted pairs in {pairs}: see the rejections in {table}")
+        noise_std = 0.0
+        if "trace" in names:
+            noise_std = trace_noise_std(ActivationCache(Path(cache_folder)), accepted, 3.0)
+        shards = [accepted[k:k + shard_size] for k in range(0, len(accepted), shard_size)]
+        progress = create_progress_artifact(progress=0.0, key=f"sweeps-{run_id}".lower(),
+                                            description=f"Sweeps of run {run_id}: shards done")
+        effect_files = []
+        for k, shard in enumerate(shards):
+            out = str(run_dir / "effects" / f"shard-{k:05d}.parquet")
+            path = sweep_shard(model, table, cache_folder, [p.pair_id for p in shard], out, names, trace_samples,
+                               seed, noise_std, max_requests, backend=backend, model_sha256=model_sha)
+            if not Path(path).is_file():  # a cached result whose file was removed: compute it again
+                path = sweep_shard.with_options(refresh_cache=True)(
+                    model, table, cache_folder, [p.pair_id for p in shard], out, names, trace_samples, seed,
+                    noise_std, max_requests, backend=backend, model_sha256=model_sha)
+            effect_files.append(path)
+            update_progress_artifact(progress, progress=100.0 * (k + 1) / len(shards))
+        finished = datetime.now(timezone.utc).replace(tzinfo=None)
+        load_warehouse(warehouse, run_id, table, cache_folder, effect_files, finished)
+        top = summarize(warehouse, run_id)
+        logger.info("run %s done: %d pairs in %d shards; strongest: %s", run_id, len(accepted), len(shards),
+                    top[:1])
+    finally:
+        close_all()
+    return run_id
+
+
+if __name__ == "__main__":
+    print(study(limit=8))

@@ -1,0 +1,176 @@
+"""Open, version and load the DuckDB warehouse.
+
+Loads are idempotent (a run's rows for the loaded pairs are replaced, never duplicated), one
+writer at a time (an exclusive lock file queues concurrent writers, so nobody sees DuckDB's lock
+error), and atomic (one transaction: a failed load leaves the warehouse as it was).
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import time
+from contextlib import contextmanager
+from importlib import resources
+from pathlib import Path
+
+SCHEMA_VERSION = 1
+
+
+class WarehouseError(ValueError):
+    """A warehouse file that cannot be used; the message names the file and the problem."""
+
+
+def _sql(name: str) -> str:
+    return resources.files("patchgrid.warehouse").joinpath(name).read_text()
+
+
+@contextmanager
+def writer_lock(path: Path):
+    """Exclusive across processes: DuckDB allows one writing process per file."""
+    lock = Path(str(path) + ".lock")
+    with open(lock, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def connect(path: str | Path, *, read_only: bool = False, wait_s: float = 60.0):
+    """A connection to a warehouse whose schema this code knows; creates it when writing."""
+    import duckdb
+
+    path = Path(path)
+    if read_only and not path.exists():
+        raise WarehouseError(f"warehouse {path} does not exist (run a study first)")
+    if path.exists() and path.is_dir():
+        raise WarehouseError(f"warehouse {path} is a folder, not a DuckDB file")
+    if path.exists() and path.stat().st_size > 0:
+        with open(path, "rb") as f:
+            head = f.read(16)
+        if head[8:12] != b"DUCK":
+            raise WarehouseError(f"warehouse {path} is not a DuckDB file")
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            con = duckdb.connect(str(path), read_only=read_only)
+            break
+        except duckdb.IOException as exc:
+            msg = str(exc)
+            if "lock" in msg.lower() and time.monotonic() < deadline:
+                time.sleep(0.2)  # another process is writing: wait our turn
+                continue
+            if "Permission denied" in msg or "Read-only file system" in msg:
+                raise WarehouseError(f"warehouse {path} cannot be opened for writing: permission denied") from None
+            raise WarehouseError(f"warehouse {path} cannot be opened: {msg.splitlines()[0]}") from None
+        except duckdb.Error as exc:
+            raise WarehouseError(f"warehouse {path} cannot be opened: {str(exc).splitlines()[0]}") from None
+    try:
+        _check_schema(con, path, read_only)
+    except Exception:
+        con.close()
+        raise
+    return con
+
+
+def _check_schema(con, path: Path, read_only: bool) -> None:
+    tables = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+    if "patchgrid_schema" not in tables:
+        if tables:
+            raise WarehouseError(f"warehouse {path} is a DuckDB file but not a patchgrid warehouse")
+        if read_only:
+            raise WarehouseError(f"warehouse {path} is empty (run a study first)")
+        con.execute("BEGIN")
+        con.execute(_sql("schema.sql"))
+        con.execute("INSERT INTO patchgrid_schema VALUES (?)", [SCHEMA_VERSION])
+        con.execute(_sql("views.sql"))
+        con.execute("COMMIT")
+        return
+    row = con.execute("SELECT max(version) FROM patchgrid_schema").fetchone()
+    version = row[0] if row else None
+    if version is None:
+        raise WarehouseError(f"warehouse {path} has no schema version")
+    if version > SCHEMA_VERSION:
+        raise WarehouseError(f"warehouse {path} is from a newer patchgrid (schema v{version}; this one knows "
+                             f"v{SCHEMA_VERSION}): upgrade patchgrid")
+    if not read_only:
+        con.execute(_sql("views.sql"))  # views are code: refresh them on every write
+
+
+def start_run(path: str | Path, run: dict) -> None:
+    """Record a run as running (replacing an earlier attempt of the same run id)."""
+    with writer_lock(Path(path)):
+        con = connect(path)
+        try:
+            con.execute("BEGIN")
+            con.execute("DELETE FROM runs WHERE run_id = ?", [run["run_id"]])
+            con.execute("INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", [
+                run["run_id"], run.get("flow_run_id"), run["model"], run.get("model_hash"),
+                json.dumps(run.get("params", {})), run.get("code_version"), run.get("started"), None, "running"])
+            con.execute("COMMIT")
+        finally:
+            con.close()
+
+
+def load_run(path: str | Path, run_id: str, pairs, baselines, effect_files, *, finished=None,
+             status: str = "completed") -> dict:
+    """Load a run's pairs table, baselines and effect Parquet files in one transaction.
+
+    pairs: a pyarrow table in patchgrid.pairs' schema; baselines: a list of dicts; effect_files:
+    Parquet files in patchgrid.effects' schema. Rows of this run for the loaded pairs are
+    replaced. Returns counts of rows loaded.
+    """
+    import pyarrow as pa
+
+    path = Path(path)
+    base_table = pa.Table.from_pylist(baselines) if baselines else None
+    with writer_lock(path):
+        con = connect(path)
+        try:
+            con.execute("BEGIN")
+            con.register("new_pairs", pairs)
+            con.execute("CREATE TEMP TABLE loaded_ids AS SELECT DISTINCT pair_id FROM new_pairs")
+            for table in ("pairs", "baselines", "effects"):
+                con.execute(f"DELETE FROM {table} WHERE run_id = ? AND pair_id IN (SELECT pair_id FROM loaded_ids)",
+                            [run_id])
+            con.execute("""
+                INSERT INTO pairs SELECT ?, pair_id, relation, clean_prompt, corrupt_prompt, clean_answer,
+                    corrupt_answer, status, reason, detail, subject, subject_start, subject_end, roles
+                FROM new_pairs""", [run_id])
+            if base_table is not None:
+                con.register("new_baselines", base_table)
+                con.execute("""
+                    INSERT INTO baselines SELECT ?, pair_id, clean_logit_diff, corrupt_logit_diff, clean_p, corrupt_p
+                    FROM new_baselines""", [run_id])
+            n_effects = 0
+            for f in effect_files:
+                n_effects += con.execute("""
+                    INSERT INTO effects SELECT ?, pair_id, relation, sweep, site, direction, layer, position,
+                        position_role, head, "window", metric, patched_logit_diff, patched_p, clean_logit_diff,
+                        corrupt_logit_diff, clean_p, corrupt_p, effect, recovery
+                    FROM read_parquet(?)""", [run_id, str(f)]).fetchone()[0]
+            con.execute("UPDATE runs SET status = ?, finished = ? WHERE run_id = ?", [status, finished, run_id])
+            con.execute("DROP TABLE loaded_ids")
+            con.execute("COMMIT")
+        except Exception:
+            con.execute("ROLLBACK")
+            raise
+        finally:
+            con.close()
+    return {"pairs": pairs.num_rows, "baselines": len(baselines), "effects": n_effects}
+
+
+def query(path: str | Path, sql: str, params=None):
+    """Run SQL on a read-only connection: nothing a query says can change the warehouse."""
+    import duckdb
+
+    con = connect(path, read_only=True)
+    try:
+        cur = con.execute(sql, params or [])
+        cols = [d[0] for d in cur.description] if cur.description else []
+        return cols, cur.fetchall()
+    except duckdb.Error as exc:
+        first = str(exc).strip().splitlines()[0]
+        raise WarehouseError(f"query failed: {first}") from None
+    finally:
+        con.close()

@@ -1,0 +1,75 @@
+-- patchgrid warehouse schema. Applied and versioned by patchgrid.warehouse.loader: bump
+-- SCHEMA_VERSION there with every change here.
+
+CREATE TABLE IF NOT EXISTS patchgrid_schema (
+    version INTEGER NOT NULL
+);
+
+-- One row per study run.
+CREATE TABLE IF NOT EXISTS runs (
+    run_id       VARCHAR PRIMARY KEY,
+    flow_run_id  VARCHAR,
+    model        VARCHAR NOT NULL,
+    model_hash   VARCHAR,
+    params       JSON,
+    code_version VARCHAR,
+    started      TIMESTAMP,
+    finished     TIMESTAMP,
+    status       VARCHAR NOT NULL  -- running | completed | failed
+);
+
+-- Every input record of a run, accepted or rejected with its reason.
+CREATE TABLE IF NOT EXISTS pairs (
+    run_id         VARCHAR NOT NULL,
+    pair_id        VARCHAR NOT NULL,
+    relation       VARCHAR,
+    clean_prompt   VARCHAR,
+    corrupt_prompt VARCHAR,
+    clean_answer   VARCHAR,
+    corrupt_answer VARCHAR,
+    status         VARCHAR NOT NULL,  -- accepted | rejected
+    reason         VARCHAR,
+    detail         VARCHAR,
+    subject        VARCHAR,
+    subject_start  INTEGER,
+    subject_end    INTEGER,           -- exclusive
+    roles          VARCHAR[],         -- one per position
+    PRIMARY KEY (run_id, pair_id)
+);
+
+-- Unpatched runs of each accepted pair.
+CREATE TABLE IF NOT EXISTS baselines (
+    run_id             VARCHAR NOT NULL,
+    pair_id            VARCHAR NOT NULL,
+    clean_logit_diff   DOUBLE,
+    corrupt_logit_diff DOUBLE,
+    clean_p            DOUBLE,
+    corrupt_p          DOUBLE,
+    PRIMARY KEY (run_id, pair_id)
+);
+
+-- One row per (pair, patched site). `head` and "window" are NULL where they do not apply; a
+-- patch over every position has position NULL and position_role 'all'; for trace, one row per
+-- restored site averaged over the noise samples, with the noised run as the corrupt baseline.
+CREATE TABLE IF NOT EXISTS effects (
+    run_id             VARCHAR NOT NULL,
+    pair_id            VARCHAR NOT NULL,
+    relation           VARCHAR,           -- copied from pairs, so summaries need no join
+    sweep              VARCHAR NOT NULL,  -- resid | attn_out | mlp_out | heads | trace
+    site               VARCHAR NOT NULL,  -- resid | attn_out | mlp_out | head
+    direction          VARCHAR NOT NULL,  -- denoise | noise
+    layer              INTEGER,
+    position           INTEGER,
+    position_role      VARCHAR NOT NULL,
+    head               INTEGER,
+    "window"           INTEGER,
+    metric             VARCHAR NOT NULL,  -- what effect and recovery measure: logit_diff | p
+    patched_logit_diff DOUBLE,
+    patched_p          DOUBLE,
+    clean_logit_diff   DOUBLE,
+    corrupt_logit_diff DOUBLE,
+    clean_p            DOUBLE,
+    corrupt_p          DOUBLE,
+    effect             DOUBLE,
+    recovery           DOUBLE
+);
