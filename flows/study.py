@@ -53,6 +53,14 @@ def code_version() -> str:
     return f"{patchgrid.__version__}+{rev}" if rev else patchgrid.__version__
 
 
+def _produced(task, *args, **kwargs) -> str:
+    """Run a task whose result is a path; a cached result whose file is gone is computed again."""
+    path = task(*args, **kwargs)
+    if not Path(path).exists():
+        path = task.with_options(refresh_cache=True)(*args, **kwargs)
+    return path
+
+
 @flow(name="study", log_prints=True)
 def study(model: str = "smollm2-135m", pairs: str = SHIPPED_PAIRS, sweeps: str = "resid,attn_out,mlp_out,heads",
           limit: int | None = None, warehouse: str = "warehouse.duckdb", workdir: str = ".patchgrid",
@@ -73,7 +81,7 @@ def study(model: str = "smollm2-135m", pairs: str = SHIPPED_PAIRS, sweeps: str =
                   require_known=require_known, seed=seed, trace_samples=trace_samples, backend=backend)
     # The same inputs give the same run id: a rerun resumes and replaces, never duplicates.
     run_id = run_id or "run-" + fingerprint(model_sha, params)[:12]
-    work = Path(workdir)
+    work = Path(workdir).resolve()
     run_dir = work / "runs" / run_id
     started = datetime.now(timezone.utc).replace(tzinfo=None)
     record_run(warehouse, {"run_id": run_id, "flow_run_id": str(flow_run.get_id() or ""), "model": model,
@@ -81,10 +89,10 @@ def study(model: str = "smollm2-135m", pairs: str = SHIPPED_PAIRS, sweeps: str =
                            "started": started})
     logger.info("run %s: model %s, pairs %s, sweeps %s", run_id, model, pairs, ",".join(names))
     try:
-        table = align_pairs(model, pairs, str(run_dir / "pairs.parquet"), pairs_format=pairs_format,
-                            require_known=require_known, seed=seed, backend=backend, model_sha256=model_sha)
-        cache_folder = cache_activations(model, table, str(work / "cache"), names, limit, trace_samples,
-                                         backend=backend, model_sha256=model_sha)
+        table = _produced(align_pairs, model, pairs, str(run_dir / "pairs.parquet"), pairs_format=pairs_format,
+                          require_known=require_known, seed=seed, backend=backend, model_sha256=model_sha)
+        cache_folder = _produced(cache_activations, model, table, str(work / "cache"), names, limit, trace_samples,
+                                 backend=backend, model_sha256=model_sha)
         accepted = accepted_pairs(read_pairs(table), limit)
         if not accepted:
             raise ValueError(f"no accepted pairs in {pairs}: see the rejections in {table}")
@@ -97,13 +105,9 @@ def study(model: str = "smollm2-135m", pairs: str = SHIPPED_PAIRS, sweeps: str =
         effect_files = []
         for k, shard in enumerate(shards):
             out = str(run_dir / "effects" / f"shard-{k:05d}.parquet")
-            path = sweep_shard(model, table, cache_folder, [p.pair_id for p in shard], out, names, trace_samples,
-                               seed, noise_std, max_requests, backend=backend, model_sha256=model_sha)
-            if not Path(path).is_file():  # a cached result whose file was removed: compute it again
-                path = sweep_shard.with_options(refresh_cache=True)(
-                    model, table, cache_folder, [p.pair_id for p in shard], out, names, trace_samples, seed,
-                    noise_std, max_requests, backend=backend, model_sha256=model_sha)
-            effect_files.append(path)
+            effect_files.append(_produced(sweep_shard, model, table, cache_folder, [p.pair_id for p in shard], out,
+                                          names, trace_samples, seed, noise_std, max_requests, backend=backend,
+                                          model_sha256=model_sha))
             update_progress_artifact(progress, progress=100.0 * (k + 1) / len(shards))
         finished = datetime.now(timezone.utc).replace(tzinfo=None)
         load_warehouse(warehouse, run_id, table, cache_folder, effect_files, finished)

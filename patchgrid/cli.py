@@ -275,11 +275,28 @@ def cmd_query(args) -> int:
 
 def cmd_serve(args) -> int:
     params = _study_params(args)
+    _check_cron(args.cron)
     _prefect_env(True)
-    from .flows.study import study
+    from .serving import local_prefect_server
 
-    study.serve(name=args.name, cron=args.cron, parameters=params)
+    # Prefect's ephemeral mode cannot schedule: without a server to talk to, start one on loopback,
+    # before Prefect is imported here so that its settings see the server's address.
+    with local_prefect_server(args.port):
+        from .flows.study import study
+
+        study.serve(name=args.name, cron=args.cron, parameters=params)
     return 0
+
+
+def _check_cron(expr: str) -> None:
+    from datetime import datetime
+
+    from cronsim import CronSim, CronSimError  # what Prefect itself parses cron with
+
+    try:
+        CronSim(expr, datetime(2026, 1, 1))
+    except CronSimError:
+        raise UsageError(f"--cron {expr!r} is not a cron expression (five fields, e.g. \"0 3 * * *\")") from None
 
 
 def format_rows(cols, rows) -> str:
@@ -394,6 +411,7 @@ def build_parser() -> argparse.ArgumentParser:
     study_options(srv)
     srv.add_argument("--cron", required=True, help='e.g. "0 3 * * *"')
     srv.add_argument("--name", default="patchgrid-study")
+    srv.add_argument("--port", type=int, default=4200, help="for the local Prefect server, when PREFECT_API_URL is unset")
     srv.set_defaults(func=cmd_serve)
 
     q = sub.add_parser("query", help="run SQL on the warehouse, read-only")

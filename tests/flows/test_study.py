@@ -1,0 +1,89 @@
+"""The study flow, run by real Prefect (a temporary API and database), on a real vLLM engine and a
+real DuckDB file."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from patchgrid.sweeps import SweepConfig, count_runs
+from patchgrid.warehouse.loader import query
+from tests.conftest import needs_vllm
+from tests.study_helpers import DATA
+
+pytestmark = needs_vllm
+
+
+@pytest.fixture(scope="module")
+def prefect_api():
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+def _artifacts():
+    from prefect.client.orchestration import get_client
+
+    async def read():
+        async with get_client() as client:
+            return await client.read_artifacts()
+
+    return asyncio.run(read())
+
+
+def _task_states(flow_run_id):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    async def read():
+        async with get_client() as client:
+            runs = await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+            return {r.name.rsplit("-", 1)[0]: r.state.name.upper() for r in runs if r.flow_run_id == flow_run_id}
+
+    return asyncio.run(read())
+
+
+def test_study_end_to_end_then_rerun_replaces(prefect_api, tmp_path):
+    from patchgrid.flows.study import study
+
+    wh = str(tmp_path / "w.duckdb")
+    params = dict(model="tiny-llama", pairs=str(DATA), sweeps="resid,heads,trace", limit=4, warehouse=wh,
+                  workdir=str(tmp_path / "work"), require_known=False, trace_samples=2, shard_size=3)
+    state = study(**params, return_state=True)
+    run_id = state.result()
+    assert run_id.startswith("run-")
+
+    # every input record, accepted or rejected, with the run's baselines and effects
+    assert query(wh, "SELECT count(*) FROM pairs WHERE run_id = ?", [run_id])[1][0][0] == 1157
+    assert query(wh, "SELECT count(*) FROM baselines WHERE run_id = ?", [run_id])[1][0][0] == 4
+    from patchgrid.pairs import accepted_pairs, read_pairs
+
+    pairs = accepted_pairs(read_pairs(tmp_path / "work" / "runs" / run_id / "pairs.parquet"), 4)
+    cfg = SweepConfig(sweeps=("resid", "heads", "trace"), trace_samples=2)
+    n_trace_runs = sum(2 * (1 + 3 * 4 * len(p.clean_ids)) for p in pairs)
+    n_effects = query(wh, "SELECT count(*) FROM effects WHERE run_id = ?", [run_id])[1][0][0]
+    trace_rows = sum(3 * 4 * len(p.clean_ids) for p in pairs)  # one per restored site, samples averaged
+    assert n_effects == count_runs(pairs, cfg, 4, 4) - n_trace_runs + trace_rows
+    status = query(wh, "SELECT status, model, flow_run_id FROM runs WHERE run_id = ?", [run_id])[1][0]
+    assert status[0] == "completed" and status[1] == "tiny-llama" and status[2]
+    assert query(wh, "SELECT count(*) FROM rejections WHERE run_id = ?", [run_id])[1][0][0] >= 1
+    keys = {a.key for a in _artifacts()}
+    assert "study-summary" in keys and any(k.startswith("sweeps-") for k in keys)
+
+    # the same study again: the same run, found in the caches, replacing its rows
+    state2 = study(**params, return_state=True)
+    assert state2.result() == run_id
+    tasks = _task_states(state2.state_details.flow_run_id)
+    assert tasks["cache_activations"] == "CACHED" and tasks["align_pairs"] == "CACHED"
+    assert query(wh, "SELECT count(*) FROM effects WHERE run_id = ?", [run_id])[1][0][0] == n_effects
+    assert query(wh, "SELECT count(*) FROM runs")[1][0][0] == 1
+
+
+def test_flow_parameters_are_checked_at_the_edge(prefect_api, tmp_path):
+    from patchgrid.flows.study import study
+
+    with pytest.raises(ValueError, match="unknown sweep 'bogus'"):
+        study(model="tiny-llama", sweeps="resid,bogus", warehouse=str(tmp_path / "w.duckdb"))
+    with pytest.raises(ValueError, match="limit 0 must be at least 1"):
+        study(model="tiny-llama", limit=0, warehouse=str(tmp_path / "w.duckdb"))

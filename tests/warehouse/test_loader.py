@@ -1,0 +1,167 @@
+"""The DuckDB warehouse: schema versioning, idempotent atomic loads, views, read-only queries."""
+from __future__ import annotations
+
+import math
+import multiprocessing as mp
+import random
+import statistics
+
+import duckdb
+import pyarrow as pa
+import pytest
+
+from patchgrid.effects import write_effects
+from patchgrid.pairs import to_table as pairs_table
+from patchgrid.warehouse.loader import SCHEMA_VERSION, WarehouseError, connect, load_run, query, start_run
+
+ROLES = ["subject_first", "subject_last", "further", "further", "last"]
+
+
+def synthetic(n_pairs=6, seed=0, relations=("capital", "currency")):
+    rng = random.Random(seed)
+    pairs, baselines, effects = [], [], []
+    for i in range(n_pairs):
+        pid = f"p{i}"
+        rel = relations[i % len(relations)]
+        pairs.append({"pair_id": pid, "relation": rel, "status": "accepted", "clean_prompt": "a b c d e",
+                      "corrupt_prompt": "a x c d e", "clean_answer": " y", "corrupt_answer": " z",
+                      "subject": "b", "subject_start": 1, "subject_end": 2, "roles": ROLES, "clean_ids": [1, 2, 3, 4, 5],
+                      "corrupt_ids": [1, 9, 3, 4, 5], "clean_answer_id": 7, "corrupt_answer_id": 8})
+        baselines.append({"pair_id": pid, "clean_logit_diff": 2.0, "corrupt_logit_diff": -2.0, "clean_p": 0.5,
+                          "corrupt_p": 0.1})
+        for layer in range(3):
+            for pos, role in enumerate(ROLES):
+                rec = rng.uniform(-0.2, 1.2)
+                effects.append({"pair_id": pid, "relation": rel, "sweep": "resid", "site": "resid",
+                                "direction": "denoise", "layer": layer, "position": pos, "position_role": role,
+                                "head": None, "window": None, "metric": "logit_diff",
+                                "patched_logit_diff": -2 + 4 * rec, "patched_p": 0.3, "clean_logit_diff": 2.0,
+                                "corrupt_logit_diff": -2.0, "clean_p": 0.5, "corrupt_p": 0.1,
+                                "effect": 4 * rec, "recovery": rec})
+    pairs.append({"pair_id": "bad", "relation": "capital", "status": "rejected", "reason": "no_partner"})
+    return pairs_table(pairs), baselines, effects
+
+
+def load(tmp_path, wh, run_id="run-a", seed=0, **kw):
+    pairs, baselines, effects = synthetic(seed=seed, **kw)
+    f = write_effects(effects, tmp_path / f"{run_id}-{seed}.parquet")
+    start_run(wh, {"run_id": run_id, "model": "m", "params": {"x": 1}})
+    return load_run(wh, run_id, pairs, baselines, [f]), effects
+
+
+def count(wh, table, run_id=None):
+    sql = f"SELECT count(*) FROM {table}" + (" WHERE run_id = ?" if run_id else "")
+    return query(wh, sql, [run_id] if run_id else None)[1][0][0]
+
+
+def test_schema_applied_and_versioned(tmp_path):
+    wh = tmp_path / "w.duckdb"
+    con = connect(wh)
+    assert con.execute("SELECT version FROM patchgrid_schema").fetchall() == [(SCHEMA_VERSION,)]
+    views = {r[0] for r in con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()}
+    assert {"effect_summary", "relation_summary", "rejections"} <= views
+    con.close()
+    connect(wh).close()  # opening again applies nothing twice
+
+
+def test_load_is_idempotent_and_runs_coexist(tmp_path):
+    wh = tmp_path / "w.duckdb"
+    counts, effects = load(tmp_path, wh)
+    assert counts == {"pairs": 7, "baselines": 6, "effects": len(effects)}
+    load(tmp_path, wh)
+    assert count(wh, "effects") == len(effects) and count(wh, "pairs") == 7 and count(wh, "runs") == 1
+    load(tmp_path, wh, run_id="run-b", seed=1)
+    assert count(wh, "effects", "run-a") == len(effects) and count(wh, "effects", "run-b") == len(effects)
+    assert query(wh, "SELECT status FROM runs WHERE run_id = 'run-a'")[1] == [("completed",)]
+
+
+def test_a_failed_load_leaves_the_warehouse_as_it_was(tmp_path):
+    wh = tmp_path / "w.duckdb"
+    _, effects = load(tmp_path, wh)
+    pairs, baselines, _ = synthetic(seed=5)
+    with pytest.raises(duckdb.Error):
+        load_run(wh, "run-a", pairs, baselines, [tmp_path / "run-a-0.parquet", tmp_path / "missing.parquet"])
+    assert count(wh, "effects") == len(effects) and count(wh, "baselines") == 6
+
+
+def test_effect_summary_matches_a_direct_computation(tmp_path):
+    wh = tmp_path / "w.duckdb"
+    _, effects = load(tmp_path, wh)
+    # per pair, average its rows of a role first (two `further` positions), then across pairs
+    per_pair = {}
+    for e in effects:
+        if e["layer"] == 1 and e["position_role"] == "further":
+            per_pair.setdefault(e["pair_id"], []).append(e["recovery"])
+    values = [statistics.mean(v) for v in per_pair.values()]
+    cols, rows = query(wh, """SELECT n_pairs, mean_recovery, sd_recovery, se_recovery, ci95_low, ci95_high
+                              FROM effect_summary WHERE run_id = 'run-a' AND layer = 1 AND position_role = 'further'""")
+    n, mean, sd, se, lo, hi = rows[0]
+    assert n == 6
+    assert mean == pytest.approx(statistics.mean(values), rel=1e-5)
+    assert sd == pytest.approx(statistics.stdev(values), rel=1e-4)
+    assert se == pytest.approx(sd / math.sqrt(6)) and lo == pytest.approx(mean - 1.96 * se)
+    assert hi == pytest.approx(mean + 1.96 * se)
+    rel = query(wh, "SELECT relation, n_pairs FROM relation_summary WHERE layer = 1 AND position_role = 'last' "
+                    "ORDER BY relation")[1]
+    assert rel == [("capital", 3), ("currency", 3)]
+    assert query(wh, "SELECT run_id, reason, n FROM rejections")[1] == [("run-a", "no_partner", 1)]
+
+
+def test_views_unique_and_not_null(tmp_path):
+    """dbt-style tests: each summary row unique on its key; counts and means never null."""
+    wh = tmp_path / "w.duckdb"
+    load(tmp_path, wh)
+    dup = query(wh, """SELECT count(*) FROM (SELECT run_id, sweep, site, direction, layer, position_role, head,
+                        count(*) c FROM effect_summary GROUP BY ALL HAVING c > 1)""")[1][0][0]
+    assert dup == 0
+    nulls = query(wh, "SELECT count(*) FROM effect_summary WHERE n_pairs IS NULL OR mean_recovery IS NULL")[1][0][0]
+    assert nulls == 0
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda p: p.write_text("not a database"), "is not a DuckDB file"),
+    (lambda p: p.mkdir(), "is a folder"),
+    (lambda p: duckdb.connect(str(p)).execute("CREATE TABLE t (x INT)").close(), "not a patchgrid warehouse"),
+])
+def test_bad_warehouse_files(tmp_path, make, message):
+    wh = tmp_path / "w.duckdb"
+    make(wh)
+    with pytest.raises(WarehouseError, match=message):
+        connect(wh)
+
+
+def test_newer_schema_is_refused(tmp_path):
+    wh = tmp_path / "w.duckdb"
+    con = connect(wh)
+    con.execute("UPDATE patchgrid_schema SET version = ?", [SCHEMA_VERSION + 1])
+    con.close()
+    with pytest.raises(WarehouseError, match=f"newer patchgrid \\(schema v{SCHEMA_VERSION + 1}"):
+        connect(wh)
+
+
+def test_query_cannot_change_the_warehouse(tmp_path):
+    wh = tmp_path / "w.duckdb"
+    _, effects = load(tmp_path, wh)
+    for sql in ("DELETE FROM effects", "DROP TABLE runs", "INSERT INTO runs (run_id, model, status) VALUES ('x','y','z')",
+                "CREATE TABLE t (x INT)"):
+        with pytest.raises(WarehouseError, match="read-only"):
+            query(wh, sql)
+    assert count(wh, "effects") == len(effects)
+    with pytest.raises(WarehouseError, match="does not exist"):
+        query(tmp_path / "none.duckdb", "SELECT 1")
+
+
+def _writer(args):
+    path, run_id, seed, folder = args
+    from pathlib import Path
+
+    _, effects = load(Path(folder), path, run_id=run_id, seed=seed)
+    return len(effects)
+
+
+def test_concurrent_writers_queue_without_lock_errors(tmp_path):
+    wh = str(tmp_path / "w.duckdb")
+    with mp.get_context("spawn").Pool(3) as pool:
+        sizes = pool.map(_writer, [(wh, f"run-{i}", i, str(tmp_path)) for i in range(3)])
+    for i, n in enumerate(sizes):
+        assert count(wh, "effects", f"run-{i}") == n
