@@ -194,8 +194,10 @@ class ProgressBar:
         self.last = done
         width = 30
         filled = int(width * done / max(total, 1))
-        print(f"\rshard {self.shard} [{'#' * filled}{'.' * (width - filled)}] {done}/{total} patched runs",
-              end="" if done < total else "\n", file=sys.stderr, flush=True)
+        # sys.stderr.write, not print: the flow's log_prints would turn a print into a log record
+        sys.stderr.write(f"\rshard {self.shard} [{'#' * filled}{'.' * (width - filled)}] {done}/{total} patched runs"
+                         + ("" if done < total else "\n"))
+        sys.stderr.flush()
 
 
 def _run_study(**params) -> str:

@@ -1,0 +1,132 @@
+"""`patchgrid study`, `query` and `serve` as a researcher runs them: real processes."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import needs_vllm
+from tests.study_helpers import DATA
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def cli(*args, timeout=600, env=None, cwd=None):
+    return subprocess.run([sys.executable, "-m", "patchgrid", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=cwd)
+
+
+@needs_vllm
+def test_study_prints_run_id_then_query_reads_it(tmp_path):
+    wh = tmp_path / "w.duckdb"
+    res = cli("study", "--model", "tiny-llama", "--pairs", str(DATA), "--limit", "2", "--no-require-known",
+              "--sweeps", "resid,mlp_out", "--warehouse", str(wh), "--workdir", str(tmp_path / "work"),
+              cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    run_id = res.stdout.strip().splitlines()[-1]
+    assert run_id.startswith("run-")
+    assert "patched runs" in res.stderr  # the progress bar
+    q = cli("query", "--warehouse", str(wh),
+            f"SELECT sweep, count(*) AS n FROM effects WHERE run_id = '{run_id}' GROUP BY sweep ORDER BY sweep")
+    assert q.returncode == 0, q.stderr
+    lines = q.stdout.strip().splitlines()
+    assert lines[0].split() == ["sweep", "n"] and lines[1].split()[0] == "mlp_out" and lines[2].split()[0] == "resid"
+    assert lines[-1] == "(2 rows)"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--limit", "0"], "--limit 0 must be at least 1"),
+    (["--sweeps", "resid,everything"], "unknown sweep 'everything'"),
+    (["--pairs", "no/such/file.jsonl"], "--pairs no/such/file.jsonl: no such file"),
+    (["--warehouse", "/no/such/dir/w.duckdb"], "folder /no/such/dir does not exist"),
+    (["--model", "not-a-model"], "unknown model 'not-a-model'"),
+])
+def test_study_bad_arguments(tmp_path, args, message):
+    base = {"--model": "tiny-llama", "--pairs": str(DATA), "--warehouse": str(tmp_path / "w.duckdb")}
+    base.update(dict(zip(args[::2], args[1::2])))
+    res = cli("study", *[x for kv in base.items() for x in kv], cwd=tmp_path, timeout=120)
+    assert res.returncode == 2
+    assert message in res.stderr.strip().splitlines()[-1] and "Traceback" not in res.stderr
+
+
+def test_serve_refuses_a_bad_cron(tmp_path):
+    res = cli("serve", "--cron", "every night", "--pairs", str(DATA), "--model", "tiny-llama", timeout=60)
+    assert res.returncode == 2 and "--cron 'every night' is not a cron expression" in res.stderr
+
+
+@needs_vllm
+def test_serve_registers_a_scheduled_deployment_and_runs_it(tmp_path):
+    """`patchgrid serve` from one process: a deployment with the cron schedule, and a run of it works."""
+    import asyncio
+
+    port = 4391
+    env = dict(os.environ, PREFECT_HOME=str(tmp_path / "prefect"))
+    env.pop("PREFECT_API_URL", None)
+    proc = subprocess.Popen([sys.executable, "-m", "patchgrid", "serve", "--cron", "0 3 * * *", "--model",
+                             "tiny-llama", "--pairs", str(DATA), "--limit", "1", "--no-require-known", "--sweeps",
+                             "resid", "--warehouse", str(tmp_path / "w.duckdb"), "--workdir", str(tmp_path / "work"),
+                             "--port", str(port)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        from prefect.client.orchestration import PrefectClient
+
+        async def scenario():
+            client = PrefectClient(f"http://127.0.0.1:{port}/api")
+            deadline = time.monotonic() + 120
+            deployment = None
+            while deployment is None:
+                assert time.monotonic() < deadline, "the deployment never appeared"
+                assert proc.poll() is None, proc.stdout.read()
+                try:
+                    found = await client.read_deployments()
+                    deployment = next((d for d in found if d.name == "patchgrid-study"), None)
+                except Exception:
+                    pass
+                await asyncio.sleep(1)
+            assert [s.schedule.cron for s in deployment.schedules] == ["0 3 * * *"]
+            run = await client.create_flow_run_from_deployment(deployment.id)
+            while True:
+                assert time.monotonic() < deadline + 180, "the served run never finished"
+                run = await client.read_flow_run(run.id)
+                if run.state.is_final():
+                    return run.state
+                await asyncio.sleep(2)
+
+        state = asyncio.run(scenario())
+        assert state.is_completed(), state
+        import duckdb
+
+        con = duckdb.connect(str(tmp_path / "w.duckdb"), read_only=True)
+        assert con.execute("SELECT count(*) FROM effects").fetchone()[0] > 0
+        con.close()
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_prefect_yaml_deploys_the_study_flow_on_cron_schedules():
+    from cronsim import CronSim
+
+    spec = yaml.safe_load((REPO / "prefect.yaml").read_text())
+    assert spec["definitions"]["schedules"]
+    for dep in spec["deployments"]:
+        path, name = dep["entrypoint"].split(":")
+        assert (REPO / path).is_file() and name == "study"
+        assert dep["work_pool"]["name"] == "patchgrid-local"
+        for sched in dep["schedules"]:
+            CronSim(sched["cron"], __import__("datetime").datetime(2026, 1, 1))
+        assert dep["parameters"]["pairs"] == "data/pairs/facts.jsonl"
+    from patchgrid.flows.study import study
+
+    params = set(study.parameters.properties)
+    for dep in spec["deployments"]:
+        assert set(dep["parameters"]) <= params
