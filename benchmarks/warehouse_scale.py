@@ -1,0 +1,113 @@
+"""Load 10 million synthetic effect rows into a fresh warehouse and query effect_summary for one run.
+
+Prints rows loaded per second (target >= 1,000,000) and the query's seconds (target <= 2). The
+rows have a study's shape: 2,000 pairs x 30 layers x 8 positions x (resid denoise + noise,
+attn_out, mlp_out) ~ 1.9 M rows per run, over several runs.
+
+    .venv/bin/python benchmarks/warehouse_scale.py [--rows 10000000] [--runs 5]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+ROLES = np.array(["before_subject", "before_subject", "subject_first", "subject_last", "after_subject",
+                  "further", "further", "last"])
+SITES = [("resid", "resid", "denoise"), ("resid", "resid", "noise"), ("attn_out", "attn_out", "denoise"),
+         ("mlp_out", "mlp_out", "denoise")]
+
+
+def synthetic_run(n_rows: int, seed: int) -> pa.Table:
+    from patchgrid.effects import SCHEMA
+
+    rng = np.random.default_rng(seed)
+    i = np.arange(n_rows)
+    pos = i % 8
+    layer = (i // 8) % 30
+    site = (i // 240) % len(SITES)
+    pair = i // (240 * len(SITES))
+    recovery = rng.normal(0.3, 0.4, n_rows).astype(np.float32)
+    clean, corrupt = np.float32(3.0), np.float32(-2.0)
+    cols = {
+        "pair_id": pa.array(np.char.add("p", pair.astype(str))),
+        "relation": pa.array(np.array(["capital", "continent", "currency", "language"])[pair % 4]),
+        "sweep": pa.array(np.array([s[0] for s in SITES])[site]),
+        "site": pa.array(np.array([s[1] for s in SITES])[site]),
+        "direction": pa.array(np.array([s[2] for s in SITES])[site]),
+        "layer": pa.array(layer.astype(np.int32)),
+        "position": pa.array(pos.astype(np.int32)),
+        "position_role": pa.array(ROLES[pos]),
+        "head": pa.nulls(n_rows, pa.int32()),
+        "window": pa.nulls(n_rows, pa.int32()),
+        "metric": pa.array(np.full(n_rows, "logit_diff")),
+        "patched_logit_diff": pa.array(corrupt + recovery * (clean - corrupt)),
+        "patched_p": pa.array(rng.uniform(0, 1, n_rows).astype(np.float32)),
+        "clean_logit_diff": pa.array(np.full(n_rows, clean)),
+        "corrupt_logit_diff": pa.array(np.full(n_rows, corrupt)),
+        "clean_p": pa.array(np.full(n_rows, 0.6, np.float32)),
+        "corrupt_p": pa.array(np.full(n_rows, 0.1, np.float32)),
+        "effect": pa.array(recovery * (clean - corrupt)),
+        "recovery": pa.array(recovery),
+    }
+    return pa.table(cols, schema=SCHEMA)
+
+
+def pairs_for(table: pa.Table):
+    from patchgrid.pairs import to_table
+
+    ids = sorted(set(table.column("pair_id").to_pylist()))
+    return to_table([{"pair_id": p, "relation": "capital", "status": "accepted", "roles": list(ROLES),
+                      "subject_start": 2, "subject_end": 4} for p in ids])
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=10_000_000)
+    parser.add_argument("--runs", type=int, default=5)
+    args = parser.parse_args()
+
+    from patchgrid.warehouse.loader import load_run, query, start_run
+
+    work = Path(tempfile.mkdtemp())
+    wh = work / "scale.duckdb"
+    per_run = args.rows // args.runs
+    files, pairs = [], []
+    t0 = time.perf_counter()
+    for r in range(args.runs):
+        table = synthetic_run(per_run, r)
+        f = work / f"run{r}.parquet"
+        pq.write_table(table, f)
+        files.append(f)
+        pairs.append(pairs_for(table))
+    print(f"made {per_run * args.runs:,} synthetic rows in {time.perf_counter() - t0:.1f} s (not timed below)")
+
+    loaded = 0
+    t0 = time.perf_counter()
+    for r in range(args.runs):
+        start_run(wh, {"run_id": f"run-{r}", "model": "synthetic"})
+        loaded += load_run(wh, f"run-{r}", pairs[r], [], [files[r]])["effects"]
+    t_load = time.perf_counter() - t0
+
+    times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        _, rows = query(wh, "SELECT * FROM effect_summary WHERE run_id = ?", ["run-2"])
+        times.append(time.perf_counter() - t0)
+    t_query = sorted(times)[1]
+    print(f"loaded {loaded:,} effect rows in {t_load:.2f} s: {loaded / t_load:,.0f} rows/s (target >= 1,000,000)")
+    print(f"effect_summary for one run ({per_run:,} rows, {len(rows):,} summary rows): {t_query:.2f} s median of 3 "
+          f"(target <= 2)")
+    print(f"warehouse file: {wh.stat().st_size / 1e6:.0f} MB")
+
+
+if __name__ == "__main__":
+    main()
