@@ -424,7 +424,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="the France/Germany example, then a study of the shipped pairs")
     demo.add_argument("--model", default="smollm2-135m")
     demo.add_argument("--backend", default="vllm", choices=("vllm", "hf"))
-    demo.add_argument("--limit", type=int, default=12, help="accepted pairs in the demo study")
+    demo.add_argument("--limit", type=int, default=20, help="accepted pairs in the demo study")
     demo.add_argument("--trace-samples", type=int, default=3)
     demo.add_argument("--warehouse", default="warehouse.duckdb")
     demo.add_argument("--quick", action="store_true", help="only the France/Germany sweep")
