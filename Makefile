@@ -6,7 +6,7 @@ VLLM_EXTRA ?= cpu
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.patchgrid-installed-$(VLLM_EXTRA)
 
-.PHONY: install test test-fast demo bench clean
+.PHONY: install browser test test-fast demo bench clean
 
 install: $(STAMP)
 
@@ -22,7 +22,13 @@ $(STAMP): pyproject.toml Makefile
 	rm -f $(VENV)/.patchgrid-installed-*
 	touch $@
 
-test: install
+# The report test drives Debian's Chromium (Playwright's own browser download cannot run here).
+browser:
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && apt-get update -q && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; } || \
+		echo "chromium could not be installed: the browser test will be skipped"
+
+test: install browser
 	$(BIN)/python -m pytest -q -ra tests
 
 # The tests that need no pretrained model.

@@ -264,6 +264,20 @@ def cmd_demo_study(args) -> int:
     print(f"\nrun {run_id} -> {args.warehouse}; effect_summary (resid and trace hidden state, every 4th layer):")
     print(format_rows(cols, rows))
     print(f"\nmore: patchgrid query --warehouse {args.warehouse} \"SELECT * FROM effect_summary LIMIT 20\"")
+    from pathlib import Path
+
+    from .report import write_report
+
+    page = write_report(args.warehouse, Path(args.warehouse).resolve().parent / "report", run_id)
+    print(f"report: {page}")
+    return 0
+
+
+def cmd_report(args) -> int:
+    from .report import write_report
+
+    page = write_report(args.warehouse, args.out, args.run)
+    print(page)
     return 0
 
 
@@ -415,6 +429,12 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--name", default="patchgrid-study")
     srv.add_argument("--port", type=int, default=4200, help="for the local Prefect server, when PREFECT_API_URL is unset")
     srv.set_defaults(func=cmd_serve)
+
+    rep = sub.add_parser("report", help="an HTML page and PNGs of a study's heatmaps, from the warehouse's views")
+    rep.add_argument("--warehouse", default="warehouse.duckdb")
+    rep.add_argument("--run", default=None, help="a run id (default: the latest run)")
+    rep.add_argument("--out", required=True, help="folder for report.html and the PNGs")
+    rep.set_defaults(func=cmd_report)
 
     q = sub.add_parser("query", help="run SQL on the warehouse, read-only")
     q.add_argument("--warehouse", default="warehouse.duckdb")

@@ -43,3 +43,12 @@ SELECT run_id, reason, count(*) AS n
 FROM pairs
 WHERE status = 'rejected'
 GROUP BY run_id, reason;
+
+CREATE OR REPLACE VIEW run_overview AS
+SELECT
+    r.run_id, r.model, r.model_hash, r.params, r.code_version, r.started, r.finished, r.status,
+    (SELECT count(*) FROM pairs p WHERE p.run_id = r.run_id)                             AS n_records,
+    (SELECT count(*) FROM pairs p WHERE p.run_id = r.run_id AND p.status = 'accepted')   AS n_accepted,
+    (SELECT count(*) FROM pairs p WHERE p.run_id = r.run_id AND p.status = 'rejected')   AS n_rejected,
+    (SELECT count(*) FROM baselines b WHERE b.run_id = r.run_id)                         AS n_swept
+FROM runs r;

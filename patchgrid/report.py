@@ -1,0 +1,302 @@
+"""A study's pictures: one self-contained HTML page and a PNG of each figure, from the warehouse's views.
+
+The page has its styles, data and figures (inline SVG) inside it and makes no network request.
+Every heatmap's colour scale is centred at zero, its axes are labelled with layer numbers and role
+names, and each cell's hover text gives the mean, its 95% interval and the pair count.
+"""
+from __future__ import annotations
+
+import html
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .pairs.align import ROLES
+
+ROLE_ORDER = ROLES + ("all",)
+TRACE_PANELS = (("resid", "hidden state"), ("mlp_out", "MLP (window)"), ("attn_out", "attention (window)"))
+
+
+@dataclass
+class Heatmap:
+    key: str  # file stem of its PNG
+    title: str
+    rows: list  # row labels (top to bottom)
+    cols: list  # column labels (left to right)
+    values: list  # [row][col] -> float | None
+    notes: list  # [row][col] -> hover text
+    row_axis: str
+    col_axis: str
+    units: str
+    limit: float  # colour scale from -limit to +limit
+    caption: str = ""
+    small: bool = False
+    extra: dict = field(default_factory=dict)
+
+
+def _q(con, sql, params=()):
+    cur = con.execute(sql, list(params))
+    cols = [d[0] for d in cur.description]
+    return [dict(zip(cols, r)) for r in cur.fetchall()]
+
+
+def _note(row, what="recovery"):
+    mean = row["mean_recovery"] if what == "recovery" else row["mean_effect"]
+    text = f"{what} {mean:+.3f}"
+    if what == "recovery" and row["ci95_low"] is not None:
+        text += f" (95% CI {row['ci95_low']:+.3f} to {row['ci95_high']:+.3f})"
+    elif what == "effect" and row.get("sd_effect") is not None and row["n_pairs"] > 1:
+        se = row["sd_effect"] / row["n_pairs"] ** 0.5
+        text += f" (95% CI {mean - 1.96 * se:+.3f} to {mean + 1.96 * se:+.3f})"
+    return text + f", {row['n_pairs']} pairs"
+
+
+def _grid(rows, row_key, col_key, row_labels, col_labels, value, note):
+    index = {(r[row_key], r[col_key]): r for r in rows}
+    values = [[None if (a, b) not in index else value(index[(a, b)]) for b in col_labels] for a in row_labels]
+    notes = [[None if (a, b) not in index else note(index[(a, b)]) for b in col_labels] for a in row_labels]
+    return values, notes
+
+
+def _roles_present(rows):
+    present = {r["position_role"] for r in rows}
+    return [r for r in ROLE_ORDER if r in present]
+
+
+def collect(con, run_id: str) -> dict:
+    """Everything the page shows, read from the views only."""
+    info = _q(con, "SELECT * FROM run_overview WHERE run_id = ?", [run_id])
+    if not info:
+        raise ValueError(f"run {run_id!r} is not in the warehouse")
+    summary = _q(con, "SELECT * FROM effect_summary WHERE run_id = ?", [run_id])
+    by_relation = _q(con, "SELECT * FROM relation_summary WHERE run_id = ? AND sweep = 'resid' AND direction = "
+                          "'denoise'", [run_id])
+    rejections = _q(con, "SELECT reason, n FROM rejections WHERE run_id = ? ORDER BY n DESC", [run_id])
+    figures: list[Heatmap] = []
+    groups = sorted({(r["sweep"], r["site"], r["direction"]) for r in summary if r["sweep"] not in ("heads", "trace")},
+                    key=lambda g: (["resid", "attn_out", "mlp_out"].index(g[0]) if g[0] in ("resid", "attn_out",
+                                                                                             "mlp_out") else 9, g))
+    for sweep, site, direction in groups:
+        rows = [r for r in summary if (r["sweep"], r["site"], r["direction"]) == (sweep, site, direction)]
+        layers = sorted({r["layer"] for r in rows})
+        roles = _roles_present(rows)
+        values, notes = _grid(rows, "layer", "position_role", layers, roles, lambda r: r["mean_recovery"], _note)
+        what = "clean into corrupt" if direction == "denoise" else "corrupt into clean"
+        figures.append(Heatmap(f"{sweep}-{direction}", f"{site} patching, {direction} ({what})", layers, roles,
+                               values, notes, "layer", "position role", "mean recovery", 1.0,
+                               caption="Recovery = (patched − corrupt) / (clean − corrupt) logit difference, "
+                                       "averaged over pairs."))
+    heads = [r for r in summary if r["sweep"] == "heads"]
+    for role in _roles_present(heads):
+        rows = [r for r in heads if r["position_role"] == role]
+        layers = sorted({r["layer"] for r in rows})
+        n_heads = sorted({r["head"] for r in rows})
+        values, notes = _grid(rows, "layer", "head", layers, n_heads, lambda r: r["mean_recovery"], _note)
+        where = "every position at once" if role == "all" else f"the {role.replace('_', ' ')} position"
+        figures.append(Heatmap(f"heads-{role}", f"attention heads patched at {where}", layers, n_heads, values,
+                               notes, "layer", "head", "mean recovery", 1.0,
+                               caption="Each head's output (z) patched clean into corrupt."))
+    trace = [r for r in summary if r["sweep"] == "trace"]
+    if trace:
+        limit = max([abs(r["mean_effect"]) for r in trace if r["mean_effect"] is not None] + [1e-6])
+        for site, label in TRACE_PANELS:
+            rows = [r for r in trace if r["site"] == site]
+            if not rows:
+                continue
+            layers = sorted({r["layer"] for r in rows})
+            roles = _roles_present(rows)
+            values, notes = _grid(rows, "position_role", "layer", roles, layers, lambda r: r["mean_effect"],
+                                  lambda r: _note(r, "effect"))
+            figures.append(Heatmap(f"trace-{site}", f"causal tracing: restoring the {label}", roles, layers, values,
+                                   notes, "position role", "layer", "indirect effect on p(answer)", limit,
+                                   caption="Mean restored − mean noised probability of the clean answer, noise on "
+                                           "the subject's embeddings."))
+    multiples = []
+    for relation in sorted({r["relation"] for r in by_relation if r["relation"] is not None}):
+        rows = [r for r in by_relation if r["relation"] == relation]
+        layers = sorted({r["layer"] for r in rows})
+        roles = _roles_present(rows)
+        values, notes = _grid(rows, "layer", "position_role", layers, roles, lambda r: r["mean_recovery"], _note)
+        n = max(r["n_pairs"] for r in rows)
+        multiples.append(Heatmap(f"relation-{_slug(relation)}", f"{relation} ({n} pairs)", layers, roles, values,
+                                 notes, "layer", "position role", "mean recovery", 1.0, small=True))
+    return {"info": info[0], "figures": figures, "multiples": multiples, "rejections": rejections}
+
+
+def _slug(text: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in text.lower()).strip("-") or "none"
+
+
+# ---- colours: a diverging scale centred at zero ----
+
+_NEG, _MID, _POS = (33, 102, 172), (247, 247, 247), (178, 24, 43)
+
+
+def colour(value, limit) -> str:
+    if value is None:
+        return "#d9d9d9"
+    t = max(-1.0, min(1.0, value / limit)) if limit else 0.0
+    end = _POS if t > 0 else _NEG
+    a = abs(t)
+    rgb = tuple(round(m + (e - m) * a) for m, e in zip(_MID, end))
+    return "#%02x%02x%02x" % rgb
+
+
+# ---- SVG ----
+
+def svg_heatmap(h: Heatmap) -> str:
+    cell_w = 14 if len(h.cols) > 16 else (26 if h.small else 44)
+    cell_h = 9 if h.small else (12 if len(h.rows) > 20 else 20)
+    left = 112 if any(isinstance(r, str) for r in h.rows) else 46
+    top, bottom = 8, 78 if any(isinstance(c, str) for c in h.cols) else 40
+    legend_w = 0 if h.small else 90
+    width = left + cell_w * len(h.cols) + legend_w + 10
+    height = top + cell_h * len(h.rows) + bottom
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+           f'viewBox="0 0 {width} {height}" role="img" aria-label="{html.escape(h.title)}">']
+    out.append('<g font-family="system-ui, sans-serif" font-size="11" fill="#222">')
+    for i, row in enumerate(h.rows):
+        y = top + i * cell_h
+        show = not h.small or i % 4 == 0 or i == len(h.rows) - 1
+        if show and (cell_h >= 12 or i % 2 == 0 or isinstance(row, str)):
+            out.append(f'<text x="{left - 4}" y="{y + cell_h - 2}" text-anchor="end">{html.escape(str(row))}</text>')
+        for j, _ in enumerate(h.cols):
+            v, note = h.values[i][j], h.notes[i][j]
+            tip = html.escape(f"{h.row_axis} {row}, {h.col_axis} {h.cols[j]}: {note}" if note else "no data")
+            out.append(f'<rect x="{left + j * cell_w}" y="{y}" width="{cell_w}" height="{cell_h}" '
+                       f'fill="{colour(v, h.limit)}" stroke="#fff" stroke-width="0.5"><title>{tip}</title></rect>')
+    base = top + cell_h * len(h.rows)
+    for j, col in enumerate(h.cols):
+        x = left + j * cell_w + cell_w / 2
+        if isinstance(col, str):
+            out.append(f'<text x="{x}" y="{base + 8}" transform="rotate(40 {x} {base + 8})">'
+                       f'{html.escape(col.replace("_", " "))}</text>')
+        elif len(h.cols) <= 16 or j % 2 == 0:
+            out.append(f'<text x="{x}" y="{base + 13}" text-anchor="middle">{col}</text>')
+    axis_y = height - 6
+    out.append(f'<text x="{left + cell_w * len(h.cols) / 2}" y="{axis_y}" text-anchor="middle" font-weight="600">'
+               f'{html.escape(h.col_axis)}</text>')
+    out.append(f'<text x="12" y="{top + cell_h * len(h.rows) / 2}" text-anchor="middle" font-weight="600" '
+               f'transform="rotate(-90 12 {top + cell_h * len(h.rows) / 2})">{html.escape(h.row_axis)}</text>')
+    if not h.small:
+        lx = left + cell_w * len(h.cols) + 24
+        lh = max(80, cell_h * len(h.rows))
+        steps = 24
+        for k in range(steps):
+            v = h.limit * (1 - 2 * k / (steps - 1))
+            out.append(f'<rect x="{lx}" y="{top + k * lh / steps}" width="14" height="{lh / steps + 0.5}" '
+                       f'fill="{colour(v, h.limit)}"/>')
+        for v, y in ((h.limit, top + 8), (0.0, top + lh / 2 + 4), (-h.limit, top + lh)):
+            out.append(f'<text x="{lx + 18}" y="{y}">{v:+.2g}</text>')
+        out.append(f'<text x="{lx + 7}" y="{top + lh + 16}" text-anchor="middle" font-size="10">'
+                   f'{html.escape(h.units)}</text>')
+    out.append("</g></svg>")
+    return "".join(out)
+
+
+# ---- PNG ----
+
+def png_heatmap(h: Heatmap, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+    from matplotlib.colors import LinearSegmentedColormap, TwoSlopeNorm
+
+    cmap = LinearSegmentedColormap.from_list("pg", [tuple(c / 255 for c in _NEG), tuple(c / 255 for c in _MID),
+                                                    tuple(c / 255 for c in _POS)])
+    cmap = cmap.with_extremes(bad="#d9d9d9")
+    data = np.array([[np.nan if v is None else v for v in row] for row in h.values], dtype=float)
+    fig_w = max(4.0, 0.35 * len(h.cols) + 2.5) if len(h.cols) <= 16 else max(6.0, 0.22 * len(h.cols) + 2.5)
+    fig_h = max(3.0, 0.2 * len(h.rows) + 1.8)
+    fig, ax = plt.subplots(figsize=(min(fig_w, 14), min(fig_h, 12)), dpi=110)
+    im = ax.imshow(data, cmap=cmap, norm=TwoSlopeNorm(vmin=-h.limit, vcenter=0.0, vmax=h.limit), aspect="auto",
+                   interpolation="nearest")
+    ax.set_xticks(range(len(h.cols)))
+    ax.set_xticklabels([str(c).replace("_", " ") for c in h.cols], rotation=40 if isinstance(h.cols[0], str) else 0,
+                       ha="right" if isinstance(h.cols[0], str) else "center", fontsize=8)
+    ax.set_yticks(range(len(h.rows)))
+    ax.set_yticklabels([str(r).replace("_", " ") for r in h.rows], fontsize=8)
+    ax.set_xlabel(h.col_axis)
+    ax.set_ylabel(h.row_axis)
+    ax.set_title(h.title, fontsize=10)
+    fig.colorbar(im, ax=ax, label=h.units, shrink=0.8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+# ---- the page ----
+
+_CSS = """
+body { font-family: system-ui, sans-serif; margin: 24px auto; max-width: 1200px; color: #222; padding: 0 16px; }
+h1 { font-size: 22px; margin-bottom: 4px; } h2 { font-size: 17px; margin-top: 28px; border-bottom: 1px solid #ddd; }
+figure { display: inline-block; margin: 10px 18px 18px 0; vertical-align: top; }
+figcaption { font-size: 13px; max-width: 560px; } figcaption b { display: block; font-size: 14px; }
+table { border-collapse: collapse; font-size: 13px; } td, th { border: 1px solid #ddd; padding: 3px 8px; text-align: left; }
+.multiples figure { margin-right: 8px; } .note { color: #555; font-size: 13px; }
+"""
+
+
+def write_report(warehouse: str | Path, out: str | Path, run_id: str | None = None) -> Path:
+    from .warehouse.loader import connect
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    con = connect(warehouse, read_only=True)
+    try:
+        if run_id is None:
+            latest = con.execute("SELECT run_id FROM run_overview ORDER BY started DESC NULLS LAST LIMIT 1").fetchone()
+            if latest is None:
+                raise ValueError(f"warehouse {warehouse} holds no runs")
+            run_id = latest[0]
+        data = collect(con, run_id)
+    finally:
+        con.close()
+    info = data["info"]
+    parts = [f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>patchgrid report {html.escape(run_id)}"
+             f"</title><style>{_CSS}</style></head><body>",
+             f"<h1>patchgrid study {html.escape(run_id)}</h1>",
+             f"<p class='note'>Model <b>{html.escape(str(info['model']))}</b>; "
+             f"{info['n_accepted']} pairs accepted of {info['n_records']} records; "
+             f"{info['n_swept']} pairs swept; status {html.escape(str(info['status']))}; "
+             f"started {info['started']}, finished {info['finished']}; code {html.escape(str(info['code_version']))}."
+             f" Hover a cell for its mean, 95% interval and pair count. Red: the patch moves the answer towards "
+             f"the clean run's; blue: away from it.</p>"]
+    n = 0
+
+    def figure(h: Heatmap):
+        nonlocal n
+        n += 1
+        png_heatmap(h, out / f"{h.key}.png")
+        return (f"<figure id='fig-{n}' data-png='{h.key}.png'>{svg_heatmap(h)}<figcaption><b>{html.escape(h.title)}"
+                f"</b>{html.escape(h.caption)}</figcaption></figure>")
+
+    sections = [("Layer × position patching", [h for h in data["figures"] if not h.key.startswith(("heads",
+                                                                                                   "trace"))]),
+                ("Attention heads", [h for h in data["figures"] if h.key.startswith("heads")]),
+                ("Causal tracing", [h for h in data["figures"] if h.key.startswith("trace")])]
+    for name, figs in sections:
+        if figs:
+            parts.append(f"<h2>{name}</h2>")
+            parts += [figure(h) for h in figs]
+    if data["multiples"]:
+        parts.append("<h2>By relation: resid patching, clean into corrupt</h2><div class='multiples'>")
+        parts += [figure(h) for h in data["multiples"]]
+        parts.append("</div>")
+    parts.append("<h2>Run</h2><table>")
+    params = info["params"]
+    try:
+        params = json.loads(params) if isinstance(params, str) else (params or {})
+    except ValueError:
+        params = {"params": params}
+    for k, v in params.items():
+        parts.append(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(json.dumps(v))}</td></tr>")
+    parts.append("</table><h2>Rejected records by reason</h2><table><tr><th>reason</th><th>records</th></tr>")
+    for r in data["rejections"]:
+        parts.append(f"<tr><td>{html.escape(str(r['reason']))}</td><td>{r['n']}</td></tr>")
+    parts.append("</table></body></html>")
+    page = out / "report.html"
+    page.write_text("".join(parts), encoding="utf-8")
+    return page
