@@ -111,11 +111,23 @@ def facts():
         yield "plural", "plural", "The plural of {} is", word, plural
 
 
+def interleaved(items):
+    """Round-robin over relations, so the first N facts of the file cover every relation."""
+    by_relation = {}
+    for item in items:
+        by_relation.setdefault(item[1], []).append(item)
+    queues = list(by_relation.values())
+    while any(queues):
+        for q in queues:
+            if q:
+                yield q.pop(0)
+
+
 def main():
     OUT.parent.mkdir(parents=True, exist_ok=True)
     n = 0
     with open(OUT, "w", encoding="utf-8") as f:
-        for case_id, (rel_id, relation, template, subject, answer) in enumerate(facts()):
+        for case_id, (rel_id, relation, template, subject, answer) in enumerate(interleaved(facts())):
             record = {"case_id": case_id, "relation": relation,
                       "requested_rewrite": {"prompt": template, "relation_id": rel_id, "subject": subject,
                                             "target_true": {"str": answer, "id": None}}}

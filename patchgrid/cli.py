@@ -227,6 +227,9 @@ def _study_params(args) -> dict:
     wh = Path(args.warehouse)
     if wh.parent != Path("") and not wh.parent.is_dir():
         raise UsageError(f"--warehouse {args.warehouse}: folder {wh.parent} does not exist")
+    from .warehouse.loader import check_writable
+
+    check_writable(wh)
     from .sweeps import SweepConfig
 
     SweepConfig(sweeps=_names(args.sweeps, "--sweeps"))
@@ -463,7 +466,8 @@ def main(argv=None) -> int:
     try:
         return args.func(args)
     except (UsageError, ModelError, PairError, PlanError, SourceError, WarehouseError, ValueError, OSError) as exc:
-        print(f"patchgrid: error: {exc}", file=sys.stderr)
+        text = " ".join(str(exc).split())  # one line, whatever the library wrote
+        print(f"patchgrid: error: {text}", file=sys.stderr)
         return 2
 
 

@@ -67,6 +67,7 @@ def prepare(name: str, *, trust_remote_code: bool = False) -> Path:
             raise ModelError(f"model {name!r} is a file, not a model folder")
         if not (path / "config.json").is_file():
             raise ModelError(f"model folder {name!r} has no config.json")
+        _refuse_remote_code(path, name)
         return path.resolve()
     if name.count("/") == 1 and not name.startswith((".", "/")):
         return _from_hub(name, trust_remote_code=trust_remote_code)
@@ -74,6 +75,19 @@ def prepare(name: str, *, trust_remote_code: bool = False) -> Path:
         f"unknown model {name!r}: use one of {', '.join(BUILTIN)}, a local folder, "
         "or a Hugging Face model id (owner/name)"
     )
+
+
+def _refuse_remote_code(folder: Path, name: str) -> None:
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"model folder {name!r}: config.json is not valid JSON ({exc})") from None
+    if not isinstance(config, dict):
+        raise ModelError(f"model folder {name!r}: config.json is not a JSON object")
+    if "auto_map" in config:
+        # Loading it would import Python shipped with the weights; patchgrid never does that.
+        raise ModelError(f"model {name!r} needs its own code (auto_map in config.json); patchgrid does not run "
+                         "code that comes with a model")
 
 
 def _from_hub(model_id: str, *, trust_remote_code: bool) -> Path:
@@ -85,6 +99,8 @@ def _from_hub(model_id: str, *, trust_remote_code: bool) -> Path:
         )
     except Exception as exc:  # network, auth or a missing repo: say which model failed
         raise ModelError(f"could not fetch model {model_id!r} from the Hugging Face hub: {exc}") from exc
+    if not trust_remote_code:
+        _refuse_remote_code(Path(folder), model_id)
     return Path(folder)
 
 

@@ -82,10 +82,12 @@ def collect(con, run_id: str) -> dict:
         roles = _roles_present(rows)
         values, notes = _grid(rows, "layer", "position_role", layers, roles, lambda r: r["mean_recovery"], _note)
         what = "clean into corrupt" if direction == "denoise" else "corrupt into clean"
+        reading = ("1: the patch alone restores the clean answer; 0: it does nothing." if direction == "denoise"
+                   else "1: the clean answer survives the patch; 0: the patch alone makes the run corrupt.")
         figures.append(Heatmap(f"{sweep}-{direction}", f"{site} patching, {direction} ({what})", layers, roles,
                                values, notes, "layer", "position role", "mean recovery", 1.0,
                                caption="Recovery = (patched − corrupt) / (clean − corrupt) logit difference, "
-                                       "averaged over pairs."))
+                                       f"averaged over pairs. {reading}"))
     heads = [r for r in summary if r["sweep"] == "heads"]
     for role in _roles_present(heads):
         rows = [r for r in heads if r["position_role"] == role]

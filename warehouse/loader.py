@@ -50,6 +50,9 @@ def connect(path: str | Path, *, read_only: bool = False, wait_s: float = 60.0):
             head = f.read(16)
         if head[8:12] != b"DUCK":
             raise WarehouseError(f"warehouse {path} is not a DuckDB file")
+    if not read_only and path.exists() and not path.stat().st_mode & 0o222:
+        # honoured even for root, who could write anyway: the user marked it read-only
+        raise WarehouseError(f"warehouse {path} is read-only (its file mode allows no writing)")
     deadline = time.monotonic() + wait_s
     while True:
         try:
@@ -95,6 +98,16 @@ def _check_schema(con, path: Path, read_only: bool) -> None:
                              f"v{SCHEMA_VERSION}): upgrade patchgrid")
     if not read_only:
         con.execute(_sql("views.sql"))  # views are code: refresh them on every write
+
+
+def check_writable(path: str | Path) -> None:
+    """Fail early, before a study runs, on a warehouse it could not load into."""
+    path = Path(path)
+    if path.exists():
+        with writer_lock(path):
+            connect(path).close()
+    elif not path.parent.is_dir():
+        raise WarehouseError(f"warehouse {path}: folder {path.parent} does not exist")
 
 
 def start_run(path: str | Path, run: dict) -> None:

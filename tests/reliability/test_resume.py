@@ -1,0 +1,49 @@
+"""Kill -9 during the sweeps, rerun the same study: it resumes, and the warehouse ends identical."""
+from __future__ import annotations
+
+import subprocess
+import time
+
+from tests.conftest import needs_vllm
+
+from .helpers import env_for, kill9, start, study_args, tables, wait_for
+
+pytestmark = needs_vllm
+EXTRA = ("--limit", "6", "--shard-size", "1", "--sweeps", "resid,heads,trace", "--trace-samples", "3")
+
+
+def test_kill9_mid_sweep_then_resume_matches_an_uninterrupted_run(tmp_path):
+    env = env_for(tmp_path)
+    # the reference: the same study, never interrupted, in its own work folder and warehouse
+    ref = subprocess.run(study_args(tmp_path, tmp_path / "ref.duckdb", tmp_path / "ref-work", *EXTRA), env=env,
+                         cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+
+    wh, work = tmp_path / "w.duckdb", tmp_path / "work"
+    args = study_args(tmp_path, wh, work, *EXTRA)
+    proc = start(args, env, tmp_path)
+    shards = lambda: sorted(work.glob("runs/*/effects/shard-*.parquet"))  # noqa: E731
+    wait_for(lambda: len(shards()) >= 2, 600, proc, "two finished shards")
+    kill9(proc)
+    done = {p: p.stat().st_mtime_ns for p in shards()}
+    assert 2 <= len(done) < 6, "the kill came too late to interrupt the sweeps"
+    caches = list(work.glob("cache/*/manifest.json"))
+    assert len(caches) == 1
+    cache_mtime = caches[0].stat().st_mtime_ns
+
+    t0 = time.monotonic()
+    rerun = subprocess.run(args, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    resume_s = time.monotonic() - t0
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert rerun.stdout.strip().splitlines()[-1] == ref.stdout.strip().splitlines()[-1]  # the same run id
+    # no clean forward again: the cache folder is the one written before the kill
+    assert list(work.glob("cache/*/manifest.json")) == caches and caches[0].stat().st_mtime_ns == cache_mtime
+    # finished shards were not rerun
+    for p, mtime in done.items():
+        assert p.stat().st_mtime_ns == mtime, f"{p.name} was computed again"
+    assert len(shards()) == 6
+    a, b = tables(wh), tables(tmp_path / "ref.duckdb")
+    for table in a:
+        assert a[table] == b[table], f"{table} differs from the uninterrupted run"
+    assert len(a["effects"]) > 1000
+    print(f"resume took {resume_s:.1f} s")
