@@ -233,7 +233,23 @@ def _study_params(args) -> dict:
     from .sweeps import SweepConfig
 
     SweepConfig(sweeps=_names(args.sweeps, "--sweeps"))
-    return dict(model=args.model, pairs=str(source.resolve()) if source.exists() else args.pairs,
+    if args.runner == "ray":
+        try:
+            import prefect_ray  # noqa: F401
+            import ray  # noqa: F401
+        except ImportError:
+            raise UsageError("--runner ray needs ray and prefect-ray (pip install 'patchgrid[ray]')") from None
+    elif args.ray_address:
+        raise UsageError("--ray-address needs --runner ray")
+    if args.ray_workers < 1:
+        raise UsageError(f"--ray-workers {args.ray_workers} must be at least 1")
+    if args.gpus_per_engine < 0:
+        raise UsageError(f"--gpus-per-engine {args.gpus_per_engine} must not be negative")
+    if args.tensor_parallel_size < 1:
+        raise UsageError(f"--tensor-parallel-size {args.tensor_parallel_size} must be at least 1")
+    ray = dict(runner=args.runner, ray_address=args.ray_address, ray_workers=args.ray_workers,
+               gpus_per_engine=args.gpus_per_engine, tensor_parallel_size=args.tensor_parallel_size)
+    return dict(**ray, model=args.model, pairs=str(source.resolve()) if source.exists() else args.pairs,
                 sweeps=args.sweeps, limit=args.limit, warehouse=str(wh), workdir=args.workdir,
                 pairs_format=args.format, require_known=not args.no_require_known, seed=args.seed,
                 trace_samples=args.trace_samples, shard_size=args.shard_size, backend=args.backend)
@@ -420,6 +436,12 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--trace-samples", type=int, default=10)
         p.add_argument("--shard-size", type=int, default=8, help="pairs per sweep task")
         p.add_argument("--backend", default="vllm", choices=("vllm", "hf"))
+        p.add_argument("--runner", default="local", choices=("local", "ray"),
+                       help="local: shards one after another in this process; ray: shards as Ray tasks")
+        p.add_argument("--ray-address", default=None, help="a Ray cluster (default: a local Ray the flow starts)")
+        p.add_argument("--ray-workers", type=int, default=2, help="engine actors, each one vLLM engine")
+        p.add_argument("--gpus-per-engine", type=float, default=0.0)
+        p.add_argument("--tensor-parallel-size", type=int, default=1, help="ranks per engine (Ray runner)")
         p.add_argument("--verbose", action="store_true", help="Prefect's run log on the console")
 
     st = sub.add_parser("study", help="a whole study: data set -> pairs -> cache -> sweeps -> warehouse")
