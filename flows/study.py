@@ -47,6 +47,8 @@ def validate(sweeps, limit, shard_size, trace_samples, backend, run_id, runner="
         raise ValueError(f"gpus_per_engine {gpus_per_engine} must not be negative")
     if tensor_parallel_size < 1:
         raise ValueError(f"tensor_parallel_size {tensor_parallel_size} must be at least 1")
+    if tensor_parallel_size > 1 and runner != "ray":
+        raise ValueError("tensor_parallel_size > 1 runs in Ray engine actors: use runner ray")
     if run_id is not None and not RUN_ID.match(run_id):
         raise ValueError(f"run_id {run_id!r} may hold only letters, digits, '.', '_' and '-' (64 at most)")
     return names

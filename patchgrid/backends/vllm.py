@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from ..plan import PlanError, Result, decode_tensor, encode_tensor, to_wire, validate
+from ..tp import merge_rank_captures
 from .vllm_worker import PLAN_KEY
 
 WORKER_EXTENSION = "patchgrid.backends.vllm_worker.PatchgridWorker"
@@ -41,8 +42,15 @@ class VllmEngine:
     ):
         # In-process engine: hooks share this process's memory. Multiprocess: vLLM's engine
         # core and executor in their own processes; everything still crosses as plain data.
+        # Tensor parallelism always runs multiprocess: a worker process per rank, and the core's
+        # teardown then stays out of this process.
+        multiprocess = multiprocess or tensor_parallel_size > 1
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if multiprocess else "0"
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(kv_cache_gib)))
+        if tensor_parallel_size > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+            # vLLM binds each CPU rank to a NUMA node of its own; with fewer nodes than ranks, give
+            # each rank its own share of this process's CPUs instead (ignored on GPUs).
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = _split_cpus(tensor_parallel_size)
         from vllm import LLM
 
         self.shape = shape
@@ -59,7 +67,8 @@ class VllmEngine:
             max_num_seqs=max_num_seqs,
             tensor_parallel_size=tensor_parallel_size,
             worker_extension_cls=WORKER_EXTENSION,
-            distributed_executor_backend="mp" if multiprocess else "uni",
+            # tensor parallelism needs a worker process per rank
+            distributed_executor_backend="mp" if multiprocess or tensor_parallel_size > 1 else "uni",
             trust_remote_code=False,
         )
         if gpu_memory_utilization is None and _on_cpu():
@@ -111,11 +120,19 @@ class VllmEngine:
             self.llm.generate(prompts, params, use_tqdm=False)
         finally:
             # Hooks come off even when generate fails, so the next call starts clean.
-            raw = self.llm.collective_rpc("pg_end")[0]
-        missing = [t for t in tags if t not in raw]
+            per_rank = self.llm.collective_rpc("pg_end")
+        raw = per_rank[0]
+        missing = [t for t in tags if t not in raw or "answer_logits" not in raw[t]]
         if missing:
             raise RuntimeError(f"vLLM returned no result for {len(missing)} of {len(tags)} requests")
-        return [_decode_result(raw[t]) for t in tags]
+        results = [_decode_result(raw[t]) for t in tags]
+        if len(per_rank) > 1:  # tensor parallel: each rank read its own slice of z
+            for t, res in zip(tags, results):
+                if res.captures:
+                    res.captures = merge_rank_captures(
+                        [res.captures] + [{k: decode_tensor(v) for k, v in r[t]["captures"].items()}
+                                          for r in per_rank[1:]])
+        return results
 
     def hook_count(self) -> int:
         return self.llm.collective_rpc("pg_hook_count")[0]
@@ -140,6 +157,14 @@ class VllmEngine:
         import gc
 
         gc.collect()
+
+
+def _split_cpus(parts: int) -> str:
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < parts:
+        raise ValueError(f"tensor_parallel_size {parts} needs at least {parts} CPUs here; this process has {len(cpus)}")
+    per = len(cpus) // parts
+    return "|".join(",".join(str(c) for c in cpus[k * per:(k + 1) * per]) for k in range(parts))
 
 
 def _on_cpu() -> bool:

@@ -15,6 +15,7 @@ import torch
 
 from ..plan import Noise, decode_tensor, encode_tensor, from_wire, gaussian_noise, resolve_positions
 from ..sites import FAMILIES, Family, get_module, parse_key
+from ..tp import head_owner, heads_per_rank
 
 PLAN_KEY = "patchgrid"
 
@@ -22,21 +23,27 @@ PLAN_KEY = "patchgrid"
 class _Request:
     """One request's plan and what it has gathered so far, kept across scheduler steps."""
 
-    def __init__(self, plan: dict, n_prompt: int, sources, widths, dtype):
+    def __init__(self, plan: str, n_prompt: int, sources, widths, dtype, tp=(0, 1)):
         self.tag, req = from_wire(plan)
         self.answers = list(req.answers)
         self.top_k = req.top_k
         self.n_prompt = n_prompt
         # (key, head or None, positions array, values [len(positions), w])
         self.patches = []
+        rank, tp_size = tp
         for p in req.patches:
+            head = p.head
+            if head is not None:
+                owner, head = head_owner(p.head, widths["n_heads"], tp_size)
+                if owner != rank:  # another rank holds this head's slice of z
+                    continue
             pos = np.asarray(resolve_positions(p.positions, n_prompt), dtype=np.int64)
             src = sources[p.source][p.key]
             vals = src[torch.from_numpy(pos)]
             if p.head is not None:
                 hd = widths["head_dim"]
                 vals = vals[:, p.head * hd:(p.head + 1) * hd]
-            self.patches.append((p.key, p.head, pos, vals))
+            self.patches.append((p.key, head, pos, vals))
         self.noise = []
         for z in req.noise:
             pos = np.asarray(z.positions, dtype=np.int64)
@@ -61,9 +68,11 @@ class _Session:
         self.vocab = shape["vocab_size"]
         self.dtype = next(self.model.parameters()).dtype
         self.sources = {name: {k: decode_tensor(v).to(self.dtype) for k, v in caps.items()} for name, caps in sources.items()}
+        self.tp = _tp_rank_and_size()
+        local_heads = heads_per_rank(shape["n_heads"], self.tp[1])
         self.widths = {"embed": shape["d_model"], "resid": shape["d_model"], "attn_out": shape["d_model"],
-                       "mlp_out": shape["d_model"], "head": shape["n_heads"] * shape["head_dim"],
-                       "head_dim": shape["head_dim"], "d_model": shape["d_model"]}
+                       "mlp_out": shape["d_model"], "head": local_heads * shape["head_dim"],
+                       "head_dim": shape["head_dim"], "d_model": shape["d_model"], "n_heads": shape["n_heads"]}
         self.requests: dict[str, _Request | None] = {}
         self.results: dict[str, list] = {}
         self.step = _Step()
@@ -147,7 +156,8 @@ class _Session:
         state = self.runner.requests.get(rid)
         extra = getattr(getattr(state, "sampling_params", None), "extra_args", None) or {}
         plan = extra.get(PLAN_KEY)
-        r = None if plan is None else _Request(plan, len(state.prompt_token_ids), self.sources, self.widths, self.dtype)
+        r = None if plan is None else _Request(plan, len(state.prompt_token_ids), self.sources, self.widths, self.dtype,
+                                               self.tp)
         self.requests[rid] = r
         return r
 
@@ -221,6 +231,10 @@ class _Session:
         final = self.step.final
         if not final:
             return None
+        if out is None:  # a tensor-parallel rank other than the first: logits live on rank 0
+            for _, r in final:
+                self.results[r.tag] = {"captures": {key: encode_tensor(v) for key, v in r.captures.items()}}
+            return None
         # One gather and one float conversion for the whole step: logits are [requests, vocab].
         rows = torch.tensor([row for row, _ in final])
         logits = out[rows, : self.vocab].float()
@@ -235,6 +249,15 @@ class _Session:
                 res["top_ids"], res["top_logits"] = ids.tolist(), vals.tolist()
             self.results[r.tag] = res
         return None
+
+
+def _tp_rank_and_size() -> tuple[int, int]:
+    try:
+        from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
+
+        return get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()
+    except Exception:  # no parallel state: a single rank
+        return 0, 1
 
 
 class PatchgridWorker:

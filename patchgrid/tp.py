@@ -1,0 +1,38 @@
+"""Tensor parallelism: which rank holds which head of z, and putting per-rank reads back together.
+
+With tensor_parallel_size > 1, vLLM splits attention by heads: rank r holds heads
+[r * n/tp, (r+1) * n/tp) and its o_proj (row-parallel) input is only that slice of z. The
+other sites (embed, resid, attn_out, mlp_out) come after an all-reduce and are whole on every
+rank, so a write there is the same on every rank and a read is taken from rank 0.
+"""
+from __future__ import annotations
+
+import torch
+
+from .sites import parse_key
+
+
+def heads_per_rank(n_heads: int, tp_size: int) -> int:
+    if n_heads % tp_size:
+        raise ValueError(f"{n_heads} attention heads do not split over tensor_parallel_size {tp_size}")
+    return n_heads // tp_size
+
+
+def head_owner(head: int, n_heads: int, tp_size: int) -> tuple[int, int]:
+    """(rank, head index within that rank's slice of z)."""
+    per = heads_per_rank(n_heads, tp_size)
+    return head // per, head % per
+
+
+def rank_z_columns(rank: int, n_heads: int, head_dim: int, tp_size: int) -> slice:
+    per = heads_per_rank(n_heads, tp_size)
+    return slice(rank * per * head_dim, (rank + 1) * per * head_dim)
+
+
+def merge_rank_captures(per_rank: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Whole tensors from each rank's reads: z slices side by side in rank order, the rest from rank 0."""
+    out = dict(per_rank[0])
+    for key in out:
+        if parse_key(key)[0] == "head" and len(per_rank) > 1:
+            out[key] = torch.cat([caps[key] for caps in per_rank], dim=1)
+    return out

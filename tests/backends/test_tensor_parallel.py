@@ -1,0 +1,45 @@
+"""Tensor parallelism: reads of z gathered across ranks, writes landing on the rank that holds the head."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from patchgrid.plan import Request
+from patchgrid.tp import head_owner, heads_per_rank, merge_rank_captures, rank_z_columns
+from tests.conftest import needs_vllm
+
+from .helpers import all_keys, assert_results_close, effect_spread, every_site_requests
+
+
+def test_heads_split_over_ranks():
+    assert heads_per_rank(8, 2) == 4
+    assert [head_owner(h, 8, 2) for h in (0, 3, 4, 7)] == [(0, 0), (0, 3), (1, 0), (1, 3)]
+    assert [head_owner(h, 9, 3) for h in (2, 3, 8)] == [(0, 2), (1, 0), (2, 2)]
+    assert rank_z_columns(1, 8, 64, 2) == slice(256, 512)
+    with pytest.raises(ValueError, match="9 attention heads do not split over tensor_parallel_size 2"):
+        heads_per_rank(9, 2)
+
+
+def test_rank_reads_merge_into_whole_tensors():
+    z = torch.arange(3 * 8 * 4, dtype=torch.float32).reshape(3, 32)  # 8 heads of 4
+    resid = torch.randn(3, 16)
+    per_rank = [{"head.1": z[:, rank_z_columns(r, 8, 4, 2)], "resid.1": resid} for r in range(2)]
+    merged = merge_rank_captures(per_rank)
+    assert torch.equal(merged["head.1"], z) and torch.equal(merged["resid.1"], resid)
+    assert merge_rank_captures(per_rank[:1])["head.1"].shape == (3, 16)
+
+
+@needs_vllm
+def test_tensor_parallel_2_on_cpu_matches_hf(engines):
+    hf = engines.get("tiny-llama", "hf", dtype="float32")
+    tp = engines.get("tiny-llama", "vllm", dtype="float32", tensor_parallel_size=2)
+    clean = (21, 7, 143, 88, 301, 12, 9, 40)
+    corrupt = (21, 7, 250, 61, 301, 12, 9, 40)
+    cap = Request(tokens=clean, answers=(5, 77), capture=tuple(all_keys(hf.shape)))
+    a, b = hf.run([cap]), tp.run([cap])
+    assert_results_close(a, b)  # z gathered from both ranks equals the whole z
+    assert b[0].captures["head.2"].shape == (len(clean), hf.shape.n_heads * hf.shape.head_dim)
+    reqs = every_site_requests(hf.shape, corrupt, (5, 77))
+    want, got = hf.run(reqs, {"clean": a[0].captures}), tp.run(reqs, {"clean": a[0].captures})
+    assert_results_close(want, got)  # head writes landed on the rank holding each head
+    assert effect_spread(got) > 0.05
