@@ -7,6 +7,8 @@ import pytest
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Test prompts are short: 1 GiB of KV cache per engine keeps a session's engines within memory.
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 TINY = ("tiny-llama", "tiny-qwen3", "tiny-gpt2")
 
@@ -21,7 +23,13 @@ needs_vllm = pytest.mark.skipif(not HAVE_VLLM, reason="vLLM is not installed (ma
 
 
 class EnginePool:
-    """Engines started on first use and kept for the session, closed at its end."""
+    """Engines started on first use and kept for the session, closed at its end.
+
+    At most MAX_VLLM vLLM engines live at once (each holds its weights and a KV cache): the one
+    used least recently is closed to make room, and started again if a later test needs it.
+    """
+
+    MAX_VLLM = 3
 
     def __init__(self):
         self.engines = {}
@@ -30,8 +38,14 @@ class EnginePool:
         from patchgrid.engine import load_engine
 
         key = (model, backend, tuple(sorted(options.items())))
-        if key not in self.engines:
-            self.engines[key] = load_engine(model, backend, **options)
+        if key in self.engines:
+            self.engines[key] = self.engines.pop(key)  # most recently used last
+            return self.engines[key]
+        if backend == "vllm":
+            live = [k for k in self.engines if k[1] == "vllm"]
+            while len(live) >= self.MAX_VLLM:
+                self.engines.pop(live.pop(0)).close()
+        self.engines[key] = load_engine(model, backend, **options)
         return self.engines[key]
 
     def close(self):

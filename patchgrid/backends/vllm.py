@@ -147,10 +147,15 @@ class VllmEngine:
         engine = getattr(llm, "llm_engine", None)
         client = getattr(engine, "engine_core", None)
         if self._inprocess and others:
-            # vLLM would shut the core down when the client is collected: not while others live
+            # Free this engine's weights and KV cache, but skip the core's own shutdown (and the
+            # one vLLM runs when the client is collected): it tears down process-wide state.
             finalizer = getattr(client, "_finalizer", None)
             if finalizer is not None:
                 finalizer.detach()
+            core = getattr(client, "engine_core", None)
+            for part in (getattr(core, "model_executor", None), getattr(core, "scheduler", None)):
+                if part is not None:
+                    part.shutdown()
         elif client is not None:
             client.shutdown()
         del llm, engine, client
