@@ -51,7 +51,12 @@ class VllmEngine:
             # vLLM binds each CPU rank to a NUMA node of its own; with fewer nodes than ranks, give
             # each rank its own share of this process's CPUs instead (ignored on GPUs).
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = _split_cpus(tensor_parallel_size)
+        import vllm.envs
         from vllm import LLM
+
+        # vLLM caches its environment once an engine is up; this engine's settings above must be
+        # read afresh when a process starts a second engine.
+        vllm.envs.disable_envs_cache()
 
         self.shape = shape
         self.max_model_len = min(max_model_len or shape.max_len, shape.max_len)
