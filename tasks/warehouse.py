@@ -31,7 +31,7 @@ def summarize(warehouse: str, run_id: str, top: int = 20) -> list[dict]:
     """The run's strongest averaged effects, as a table artifact."""
     from patchgrid.warehouse.loader import query
 
-    cols, rows = query(warehouse, f"""
+    cols, rows = query(warehouse, """
         SELECT sweep, site, direction, layer, position_role, head, n_pairs,
                round(mean_recovery, 3) AS mean_recovery, round(ci95_low, 3) AS ci95_low,
                round(ci95_high, 3) AS ci95_high

@@ -7,7 +7,6 @@ import random
 import statistics
 
 import duckdb
-import pyarrow as pa
 import pytest
 
 from patchgrid.effects import write_effects
