@@ -23,12 +23,15 @@ import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
 import torch
 
+from .metrics import Reading
 from .plan import Request
+from .rows import BASELINE
 from .sites import site_key
 
 RUNS = ("clean", "corrupt")
@@ -45,7 +48,7 @@ class CacheSpec:
     keys: tuple[str, ...]  # site keys, e.g. resid.0 ... resid.29, embed
     runs: tuple[str, ...] = ("clean",)
 
-    def covered_by(self, other: "CacheSpec") -> bool:
+    def covered_by(self, other: CacheSpec) -> bool:
         return set(self.keys) <= set(other.keys) and set(self.runs) <= set(other.runs)
 
 
@@ -120,6 +123,51 @@ class ActivationCache:
         return out
 
 
+class ActivationStore(Protocol):
+    """What sweeps read: each pair's captured activations per run, and its baselines."""
+
+    baselines: dict[str, dict]  # pair_id -> a rows.BASELINE row
+
+    def captures(self, pair_id: str, run: str = "clean", keys=None) -> dict[str, torch.Tensor]: ...
+
+
+def capture_runs(engine, pairs, spec: CacheSpec):
+    """One engine call: each pair's clean and corrupt runs, capturing `spec`'s sites.
+
+    Returns (clean results, corrupt results, baseline rows), in pair order; corrupt runs capture
+    only when `spec` asks for the corrupt run.
+    """
+    reqs = []
+    for p in pairs:
+        answers = (p.clean_answer_id, p.corrupt_answer_id)
+        reqs.append(Request(tokens=p.clean_ids, answers=answers, capture=spec.keys))
+        reqs.append(Request(tokens=p.corrupt_ids, answers=answers,
+                            capture=spec.keys if "corrupt" in spec.runs else ()))
+    results = engine.run(reqs)
+    clean, corrupt = results[0::2], results[1::2]
+    return clean, corrupt, [baseline_row(p.pair_id, c, k) for p, c, k in zip(pairs, clean, corrupt)]
+
+
+def baseline_row(pair_id: str, clean, corrupt) -> dict:
+    c, k = Reading.of(clean), Reading.of(corrupt)
+    return {"pair_id": pair_id, "clean_logit_diff": c.logit_diff, "corrupt_logit_diff": k.logit_diff,
+            "clean_p": c.p, "corrupt_p": k.p}
+
+
+class MemoryStore:
+    """Captured activations held in memory: one pair patched at the command line needs no cache."""
+
+    def __init__(self, engine, pairs, spec: CacheSpec):
+        clean, corrupt, baselines = capture_runs(engine, pairs, spec)
+        self._captures = {(p.pair_id, "clean"): c.captures for p, c in zip(pairs, clean)}
+        self._captures.update({(p.pair_id, "corrupt"): k.captures for p, k in zip(pairs, corrupt)})
+        self.baselines = {b["pair_id"]: b for b in baselines}
+
+    def captures(self, pair_id: str, run: str = "clean", keys=None) -> dict[str, torch.Tensor]:
+        caps = self._captures[(pair_id, run)]
+        return dict(caps) if keys is None else {k: caps[k] for k in keys}
+
+
 def load_or_build(engine, pairs, spec: CacheSpec, root: Path, *, batch_pairs: int = 64,
                   log=print) -> tuple[ActivationCache, bool]:
     """Find a complete cache data set covering `spec` for these pairs and model, or build one.
@@ -166,30 +214,17 @@ def _build(engine, pairs, spec: CacheSpec, ident: dict, folder: Path, batch_pair
         try:
             for start in range(0, len(pairs), batch_pairs):
                 chunk = pairs[start:start + batch_pairs]
-                reqs = []
-                for p in chunk:
-                    answers = (p.clean_answer_id, p.corrupt_answer_id)
-                    reqs.append(Request(tokens=p.clean_ids, answers=answers, capture=spec.keys))
-                    reqs.append(Request(tokens=p.corrupt_ids, answers=answers,
-                                        capture=spec.keys if "corrupt" in spec.runs else ()))
-                results = engine.run(reqs)
-                for run in spec.runs:
-                    off = RUNS.index(run)
-                    writers[run].write_batch(_batch(schema, spec.keys, start, chunk, results[off::2], engine.dtype))
-                for p, c, k in zip(chunk, results[0::2], results[1::2]):
-                    baselines.append({
-                        "pair_id": p.pair_id,
-                        "clean_logit_diff": float(c.answer_logits[0] - c.answer_logits[1]),
-                        "corrupt_logit_diff": float(k.answer_logits[0] - k.answer_logits[1]),
-                        "clean_p": float(c.answer_probs[0]),
-                        "corrupt_p": float(k.answer_probs[0]),
-                    })
+                clean, corrupt, base = capture_runs(engine, chunk, spec)
+                for run, results in (("clean", clean), ("corrupt", corrupt)):
+                    if run in spec.runs:
+                        writers[run].write_batch(_batch(schema, spec.keys, start, chunk, results, engine.dtype))
+                baselines += base
                 log(f"cached clean runs of {min(start + batch_pairs, len(pairs))}/{len(pairs)} pairs")
         finally:
             for w in writers.values():
                 w.close()
-        with pa.ipc.new_file(str(tmp / "baselines.arrow"), _BASELINE_SCHEMA) as w:
-            w.write_table(pa.Table.from_pylist(baselines, schema=_BASELINE_SCHEMA))
+        with pa.ipc.new_file(str(tmp / "baselines.arrow"), BASELINE.schema) as w:
+            w.write_table(BASELINE.table(baselines))
         size = sum(f.stat().st_size for f in tmp.iterdir())
         manifest = {**ident, "keys": list(spec.keys), "runs": list(spec.runs), "widths": widths,
                     "pair_ids": [p.pair_id for p in pairs], "bytes": size}
@@ -200,11 +235,6 @@ def _build(engine, pairs, spec: CacheSpec, ident: dict, folder: Path, batch_pair
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-
-
-_BASELINE_SCHEMA = pa.schema([("pair_id", pa.string()), ("clean_logit_diff", pa.float32()),
-                              ("corrupt_logit_diff", pa.float32()), ("clean_p", pa.float32()),
-                              ("corrupt_p", pa.float32())])
 
 
 def _batch(schema, keys, start, chunk, results, dtype) -> pa.RecordBatch:

@@ -6,7 +6,7 @@ import json
 import os
 import sys
 
-from .pairs.align import ANSWER_POLICIES
+from .rows import ANSWER_POLICIES
 from .pairs.sources import FORMATS
 from .sites import SITE_KINDS
 

@@ -1,42 +1,38 @@
-"""Per-pair effect rows as an Arrow table (the sweeps' output, the warehouse's input)."""
+"""Per-pair effect rows (the sweeps' output, the warehouse's input), in the `rows.EFFECT` shape."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-SCHEMA = pa.schema([
-    ("pair_id", pa.string()),
-    ("relation", pa.string()),
-    ("sweep", pa.string()),  # resid | attn_out | mlp_out | heads | trace
-    ("site", pa.string()),  # resid | attn_out | mlp_out | head
-    ("direction", pa.string()),  # denoise (clean into corrupt) | noise (corrupt into clean)
-    ("layer", pa.int32()),  # the window's centre for windowed trace rows
-    ("position", pa.int32()),  # null: every position at once
-    ("position_role", pa.string()),  # a pairs-table role, or `all`
-    ("head", pa.int32()),
-    ("window", pa.int32()),
-    ("metric", pa.string()),  # what effect and recovery measure: logit_diff or p
-    ("patched_logit_diff", pa.float32()),
-    ("patched_p", pa.float32()),
-    ("clean_logit_diff", pa.float32()),
-    ("corrupt_logit_diff", pa.float32()),  # trace: the noised run's
-    ("clean_p", pa.float32()),
-    ("corrupt_p", pa.float32()),  # trace: the noised run's
-    ("effect", pa.float32()),
-    ("recovery", pa.float32()),
-])
+from .metrics import Reading, recovery
+from .rows import EFFECT
+from .staging import write_parquet
+
+SCHEMA = EFFECT.schema
+
+
+def effect_row(pair, cell, patched: Reading, clean: Reading, corrupt: Reading, metric: str) -> dict:
+    """One effect row: the patched run's reading beside the pair's baselines, and the effect and
+    recovery on `metric`. Denoising is measured from the corrupt run, noising from the clean run."""
+    reference = clean if cell.direction == "noise" else corrupt
+    value = patched.value(metric)
+    return {
+        "pair_id": pair.pair_id, "relation": pair.relation, "sweep": cell.sweep, "site": cell.site,
+        "direction": cell.direction, "layer": cell.layer, "position": cell.position,
+        "position_role": "all" if cell.position is None else pair.roles[cell.position],
+        "head": cell.head, "window": cell.window, "metric": metric,
+        "patched_logit_diff": patched.logit_diff, "patched_p": patched.p,
+        "clean_logit_diff": clean.logit_diff, "corrupt_logit_diff": corrupt.logit_diff,
+        "clean_p": clean.p, "corrupt_p": corrupt.p,
+        "effect": value - reference.value(metric),
+        "recovery": recovery(value, clean.value(metric), corrupt.value(metric)),
+    }
 
 
 def to_table(rows: list[dict]) -> pa.Table:
-    return pa.Table.from_pylist(rows, schema=SCHEMA)
+    return EFFECT.table(rows)
 
 
 def write_effects(rows: list[dict], path: str | Path) -> Path:
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    pq.write_table(to_table(rows), tmp)
-    os.replace(tmp, path)
-    return path
+    return write_parquet(to_table(rows), path)

@@ -1,4 +1,4 @@
-"""Patch one clean/corrupt pair at every layer (and head) and position, in one engine call.
+"""Patch one clean/corrupt pair typed at the command line at every layer (and head) and position.
 
 LD (logit difference) = logit(clean answer) - logit(corrupt answer) at the last position.
 """
@@ -6,8 +6,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .plan import Patch, Request
-from .sites import SITE_KINDS, site_key
+from . import metrics
+from .cache import MemoryStore
+from .pairs.align import position_roles
+from .pairs.pair import Pair
+from .sites import SITE_KINDS
+from .sweeps import SweepConfig, cache_spec, kind_for_site, run_sweeps
 
 
 class PairError(ValueError):
@@ -46,44 +50,36 @@ def tokenize_pair(tokenizer, clean: str, corrupt: str, clean_answer: str, corrup
     return PairTokens(c, k, a, b, tuple(tokenizer.decode([t]) for t in c))
 
 
-def sweep_pair(engine, pair: PairTokens, site: str, positions: list[int] | None = None) -> dict:
-    """Denoise: patch clean into corrupt at each (layer[, head], position) separately."""
+def as_pair(tokens: PairTokens, pair_id: str = "pair") -> Pair:
+    """A pair typed at the command line as the sweeps take it; its subject is where the prompts differ."""
+    diff = [i for i, (a, b) in enumerate(zip(tokens.clean, tokens.corrupt)) if a != b]
+    start, end = (diff[0], diff[-1] + 1) if diff else (0, 0)
+    return Pair(pair_id, None, tokens.clean, tokens.corrupt, tokens.clean_answer, tokens.corrupt_answer, start, end,
+                tuple(position_roles(len(tokens.clean), start, end)))
+
+
+def sweep_pair(engine, tokens: PairTokens, site: str, positions: list[int] | None = None) -> dict:
+    """Denoise: patch clean into corrupt at each (layer[, head], position) separately, through the
+    same sweep code as a study (the sweep kind that patches `site` alone)."""
     if site not in SITE_KINDS:
         raise PairError(f"--site {site!r} is unknown; use one of {', '.join(SITE_KINDS)}")
-    shape = engine.shape
-    n = len(pair.clean)
-    positions = list(range(n)) if positions is None else positions
-    for p in positions:
+    n = len(tokens.clean)
+    for p in positions or ():
         if not 0 <= p < n:
             raise PairError(f"--position {p} is out of range (the prompts have {n} tokens)")
-    answers = (pair.clean_answer, pair.corrupt_answer)
-    layers = [None] if site == "embed" else list(range(shape.n_layers))
-    heads = list(range(shape.n_heads)) if site == "head" else [None]
-    keys = tuple(site_key(site, layer) for layer in layers)
-    grid = [(layer, head, pos) for layer in layers for head in heads for pos in positions]
-
-    clean_run, corrupt_run = engine.run([
-        Request(tokens=pair.clean, answers=answers, capture=keys),
-        Request(tokens=pair.corrupt, answers=answers),
-    ])
-    sources = {"clean": clean_run.captures}
-    patched = engine.run(
-        [Request(tokens=pair.corrupt, answers=answers,
-                 patches=(Patch(site, layer, "clean", (pos,), head),)) for layer, head, pos in grid],
-        sources,
-    )
-
-    def ld(r):
-        return float(r.answer_logits[0] - r.answer_logits[1])
-
-    effects = [
-        {"site": site, "layer": layer, "position": pos, "head": head,
-         "logit_diff": ld(r), "p_clean_answer": float(r.answer_probs[0])}
-        for (layer, head, pos), r in zip(grid, patched)
-    ]
-    return {"baseline": {"clean": ld(clean_run), "corrupt": ld(corrupt_run)}, "effects": effects}
+    pair = as_pair(tokens)
+    config = SweepConfig(sweeps=(kind_for_site(site).name,), resid_directions=("denoise",),
+                         positions=tuple(range(n)) if positions is None else tuple(positions))
+    store = MemoryStore(engine, [pair], cache_spec(config, engine.shape.n_layers))
+    rows = run_sweeps(engine, [pair], store, config)
+    base = store.baselines[pair.pair_id]
+    return {
+        "baseline": {"clean": base["clean_logit_diff"], "corrupt": base["corrupt_logit_diff"]},
+        "effects": [{"site": r["site"], "layer": r["layer"], "position": r["position"], "head": r["head"],
+                     "logit_diff": r["patched_logit_diff"], "p_clean_answer": r["patched_p"]} for r in rows],
+    }
 
 
-def recovery(ld: float, baseline: dict) -> float:
-    span = baseline["clean"] - baseline["corrupt"]
-    return float("nan") if span == 0 else (ld - baseline["corrupt"]) / span
+def recovery(ld: float, baseline: dict) -> float | None:
+    """Recovery of a patched logit difference against sweep_pair's baseline (metrics.recovery)."""
+    return metrics.recovery(ld, baseline["clean"], baseline["corrupt"])

@@ -11,9 +11,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .pairs.align import ROLES
-
-ROLE_ORDER = ROLES + ("all",)
+from .rows import POSITION_ROLES as ROLE_ORDER
 TRACE_PANELS = (("resid", "hidden state"), ("mlp_out", "MLP (window)"), ("attn_out", "attention (window)"))
 
 

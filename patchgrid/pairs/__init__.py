@@ -2,7 +2,8 @@
 
     read_source(path) -> records -> build_pairs(records, tokenizer, ...) -> rows -> write_pairs(rows, out)
 """
-from .align import ROLES, position_roles
+from ..rows import ROLES
+from .align import position_roles
 from .build import build_pairs, summary
 from .pair import Pair, accepted_pairs
 from .sources import FORMATS, Record, SourceError, read_source

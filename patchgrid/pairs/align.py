@@ -3,10 +3,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# Meng et al.'s token roles, plus `before_subject` for tokens that precede the subject (their
-# plots leave those out; averaging them into `further` would dilute it with zeros).
-ROLES = ("before_subject", "subject_first", "subject_middle", "subject_last", "after_subject", "further", "last")
-ANSWER_POLICIES = ("single", "first-token")
 
 
 class Rejection(Exception):

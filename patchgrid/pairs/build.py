@@ -12,7 +12,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from ..plan import Request
-from .align import ANSWER_POLICIES, Prompt, Rejection, align, answer_id, check_fits, position_roles, \
+from ..rows import ANSWER_POLICIES
+from .align import Prompt, Rejection, align, answer_id, check_fits, position_roles, \
     tokenize_with_subject
 from .sources import Record
 

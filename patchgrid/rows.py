@@ -1,0 +1,177 @@
+"""Every row shape patchgrid writes, defined once as an Arrow schema.
+
+The sweeps produce effect rows in `EFFECT`, the pairs step writes `PAIR`, the activation cache
+keeps `BASELINE`, a study records `RUN`. Parquet staging files use these schemas, and the
+warehouse loader inserts by column name into tables that declare `run_id` and then exactly these
+columns (the warehouse keeps `PAIR_IN_WAREHOUSE`, a subset of `PAIR`); a test checks that
+`warehouse/schema.sql` and these schemas agree column for column, type for type.
+
+Columns with a closed set of values are checked whenever rows are turned into a table, so an
+unknown sweep, site or status never reaches a file.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .metrics import METRICS
+from .sites import SITE_KINDS
+
+# Meng et al.'s token roles, plus `before_subject` for tokens that precede the subject (their
+# plots leave those out; averaging them into `further` would dilute it with zeros).
+ROLES = ("before_subject", "subject_first", "subject_middle", "subject_last", "after_subject", "further", "last")
+ANSWER_POLICIES = ("single", "first-token")
+STATUSES = ("accepted", "rejected")
+# Why a record was rejected: read errors, alignment, pairing and the model's knowledge.
+REASONS = (
+    "missing_field", "bad_field", "empty_subject", "empty_answer", "subject_not_in_prompt", "duplicate_id",
+    "subject_not_found", "answer_multi_token", "too_long", "length_mismatch", "differs_outside_subject",
+    "identical_prompts", "same_answer", "no_partner", "not_known_clean", "not_known_corrupt",
+)
+DIRECTIONS = ("denoise", "noise")  # clean into corrupt | corrupt into clean
+POSITION_ROLES = ROLES + ("all",)  # `all`: a patch over every position at once
+RUN_STATUSES = ("running", "completed", "failed")
+
+
+class RowError(ValueError):
+    """Rows that do not fit their shape; the message names the column and the value."""
+
+
+@dataclass(frozen=True)
+class RowShape:
+    name: str
+    schema: pa.Schema
+    # column -> its allowed values, or a function giving them (for sets defined by a registry
+    # that imports this module)
+    closed: dict[str, tuple[str, ...] | Callable[[], tuple[str, ...]]] = field(default_factory=dict)
+
+    @property
+    def columns(self) -> list[str]:
+        return self.schema.names
+
+    def table(self, rows: list[dict]) -> pa.Table:
+        """Rows as an Arrow table in this shape; missing keys are NULL, closed columns checked."""
+        table = pa.Table.from_pylist(rows, schema=self.schema)
+        self.check(table)
+        return table
+
+    def check(self, table: pa.Table) -> None:
+        for column, allowed in self.closed.items():
+            allowed = allowed() if callable(allowed) else allowed
+            values = table.column(column)
+            ok = pc.or_(pc.is_in(values, pa.array(allowed, pa.string())), pc.is_null(values))
+            bad = pc.filter(values, pc.invert(ok))
+            if len(bad):
+                raise RowError(f"{self.name} rows: {column} {bad[0].as_py()!r} is not one of {', '.join(allowed)}")
+
+    def select(self, name: str, columns: list[str]) -> RowShape:
+        """The same shape restricted to `columns`, in that order."""
+        return RowShape(name, pa.schema([self.schema.field(c) for c in columns]),
+                        {c: v for c, v in self.closed.items() if c in columns})
+
+
+def _sweep_names() -> tuple[str, ...]:
+    from .sweeps.kinds import SWEEP_KINDS  # the registry imports this module
+
+    return tuple(SWEEP_KINDS)
+
+
+EFFECT = RowShape("effect", pa.schema([
+    ("pair_id", pa.string()),
+    ("relation", pa.string()),
+    ("sweep", pa.string()),
+    ("site", pa.string()),
+    ("direction", pa.string()),
+    ("layer", pa.int32()),  # the window's centre for windowed trace rows; NULL for embed
+    ("position", pa.int32()),  # NULL: every position at once
+    ("position_role", pa.string()),  # a pairs-table role, or `all`
+    ("head", pa.int32()),
+    ("window", pa.int32()),
+    ("metric", pa.string()),
+    ("patched_logit_diff", pa.float32()),
+    ("patched_p", pa.float32()),
+    ("clean_logit_diff", pa.float32()),
+    ("corrupt_logit_diff", pa.float32()),  # trace: the noised run's
+    ("clean_p", pa.float32()),
+    ("corrupt_p", pa.float32()),  # trace: the noised run's
+    ("effect", pa.float32()),
+    ("recovery", pa.float32()),
+]), {"sweep": _sweep_names, "site": SITE_KINDS, "direction": DIRECTIONS,
+     "metric": tuple(METRICS), "position_role": POSITION_ROLES})
+
+PAIR = RowShape("pair", pa.schema([
+    ("pair_id", pa.string()),
+    ("source_line", pa.int64()),
+    ("relation", pa.string()),
+    ("status", pa.string()),
+    ("reason", pa.string()),  # a reason code when rejected
+    ("detail", pa.string()),  # the reason in words
+    ("subject", pa.string()),
+    ("corrupt_subject", pa.string()),
+    ("clean_prompt", pa.string()),
+    ("corrupt_prompt", pa.string()),
+    ("clean_answer", pa.string()),
+    ("corrupt_answer", pa.string()),
+    ("clean_ids", pa.list_(pa.int32())),
+    ("corrupt_ids", pa.list_(pa.int32())),
+    ("clean_answer_id", pa.int32()),
+    ("corrupt_answer_id", pa.int32()),
+    ("answer_policy", pa.string()),
+    ("subject_start", pa.int32()),
+    ("subject_end", pa.int32()),  # exclusive
+    ("roles", pa.list_(pa.string())),  # one per position
+    ("clean_logit_diff", pa.float32()),  # set by --require-known
+    ("corrupt_logit_diff", pa.float32()),
+    ("usable_alone", pa.bool_()),  # the clean fact alone passes, for causal tracing
+    ("known_alone", pa.bool_()),  # the model's top token on the clean prompt is the answer
+]), {"status": STATUSES, "reason": REASONS, "answer_policy": ANSWER_POLICIES})
+
+# What the warehouse keeps of each input record (token ids stay in the run's pairs table).
+PAIR_IN_WAREHOUSE = PAIR.select("pair", [
+    "pair_id", "relation", "clean_prompt", "corrupt_prompt", "clean_answer", "corrupt_answer", "status", "reason",
+    "detail", "subject", "subject_start", "subject_end", "roles",
+])
+
+BASELINE = RowShape("baseline", pa.schema([
+    ("pair_id", pa.string()),
+    ("clean_logit_diff", pa.float32()),
+    ("corrupt_logit_diff", pa.float32()),
+    ("clean_p", pa.float32()),
+    ("corrupt_p", pa.float32()),
+]))
+
+RUN = RowShape("run", pa.schema([
+    ("run_id", pa.string()),
+    ("flow_run_id", pa.string()),
+    ("model", pa.string()),
+    ("model_hash", pa.string()),
+    pa.field("params", pa.string(), metadata={"sql": "JSON"}),
+    ("code_version", pa.string()),
+    ("started", pa.timestamp("us")),
+    ("finished", pa.timestamp("us")),
+    ("status", pa.string()),
+]), {"status": RUN_STATUSES})
+
+# warehouse table -> the shape of its rows after `run_id` (runs: the whole row)
+WAREHOUSE_TABLES = {"runs": RUN, "pairs": PAIR_IN_WAREHOUSE, "baselines": BASELINE, "effects": EFFECT}
+
+_SQL_TYPES = {pa.string(): "VARCHAR", pa.int32(): "INTEGER", pa.int64(): "BIGINT", pa.float32(): "FLOAT",
+              pa.float64(): "DOUBLE", pa.bool_(): "BOOLEAN", pa.timestamp("us"): "TIMESTAMP",
+              pa.list_(pa.string()): "VARCHAR[]", pa.list_(pa.int32()): "INTEGER[]"}
+
+
+def sql_type(f: pa.Field) -> str:
+    """The DuckDB type a warehouse column of this field declares."""
+    if f.metadata and b"sql" in f.metadata:
+        return f.metadata[b"sql"].decode()
+    return _SQL_TYPES[f.type]
+
+
+def warehouse_columns(table: str) -> list[tuple[str, str]]:
+    """(column, DuckDB type) in order, as the warehouse table must declare them."""
+    shape = WAREHOUSE_TABLES[table]
+    cols = [(f.name, sql_type(f)) for f in shape.schema]
+    return cols if table == "runs" else [("run_id", "VARCHAR")] + cols

@@ -1,0 +1,13 @@
+"""Sweeps over many pairs, read from the activation cache, batched across pairs.
+
+    kinds.py   each sweep kind's grid of patched runs, its requests and its effect rows
+    config.py  the settings of a sweep run
+    run.py     running them: cells -> batched engine calls -> effect rows
+"""
+from .config import DEFAULT_SWEEPS, HEAD_POSITION_ROLES, SWEEPS, TRACE_NOISE_SCALE, TRACE_SITES, SweepConfig
+from .kinds import SWEEP_KINDS, Cell, SweepContext, SweepKind, kind_for_site, trace_seed, trace_window
+from .run import cache_spec, count_runs, run_sweeps, trace_noise_std
+
+__all__ = ["DEFAULT_SWEEPS", "HEAD_POSITION_ROLES", "SWEEPS", "SWEEP_KINDS", "TRACE_NOISE_SCALE", "TRACE_SITES", "Cell",
+           "SweepConfig", "SweepContext", "SweepKind", "cache_spec", "count_runs", "kind_for_site", "run_sweeps",
+           "trace_noise_std", "trace_seed", "trace_window"]

@@ -1,0 +1,44 @@
+"""A sweep run's settings, validated once when built."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..rows import DIRECTIONS
+from .kinds import SWEEP_KINDS
+
+SWEEPS = tuple(SWEEP_KINDS)
+DEFAULT_SWEEPS = ("resid", "attn_out", "mlp_out", "heads")
+HEAD_POSITION_ROLES = ("subject_last", "last")
+TRACE_SITES = ("resid", "mlp_out", "attn_out")
+TRACE_NOISE_SCALE = 3.0  # times the std of the subjects' embeddings over the data set (Meng et al.)
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    sweeps: tuple[str, ...] = DEFAULT_SWEEPS
+    resid_directions: tuple[str, ...] = DIRECTIONS
+    head_position_roles: tuple[str, ...] = HEAD_POSITION_ROLES
+    trace_samples: int = 10
+    trace_window: int = 10
+    trace_noise_scale: float = TRACE_NOISE_SCALE
+    trace_sites: tuple[str, ...] = TRACE_SITES  # hidden state, and MLP / attention over a window
+    seed: int = 0
+    max_requests: int = 2048  # patched runs per engine call: bounds memory
+    # Patch only these positions, each on its own (every sweep but heads' defaults: all positions;
+    # heads: every position at once and the head_position_roles).
+    positions: tuple[int, ...] | None = None
+
+    def __post_init__(self):
+        bad = [s for s in self.sweeps if s not in SWEEPS]
+        if bad or not self.sweeps:
+            raise ValueError(f"unknown sweep {bad[0] if bad else '(none)'!r}; use some of {', '.join(SWEEPS)}")
+        bad = [d for d in self.resid_directions if d not in DIRECTIONS]
+        if bad:
+            raise ValueError(f"unknown direction {bad[0]!r}; use {' or '.join(DIRECTIONS)}")
+        bad = [t for t in self.trace_sites if t not in TRACE_SITES]
+        if bad or not self.trace_sites:
+            raise ValueError(f"unknown trace site {bad[0] if bad else '(none)'}; use some of {', '.join(TRACE_SITES)}")
+        if self.trace_samples < 1 or self.trace_window < 1 or self.max_requests < 1:
+            raise ValueError("trace_samples, trace_window and max_requests must be at least 1")
+        if not self.trace_noise_scale >= 0:
+            raise ValueError(f"trace_noise_scale {self.trace_noise_scale} must be >= 0")

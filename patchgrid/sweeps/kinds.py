@@ -1,0 +1,221 @@
+"""Sweep kinds: each knows its grid of patched runs (cells), the request for each cell, what the
+cache must hold for it, and how its runs become effect rows.
+
+    resid     layer x position; denoise (clean into corrupt) and noise (corrupt into clean)
+    attn_out  layer x position, denoise
+    mlp_out   layer x position, denoise
+    embed     position, denoise (the token embedding: a patch is a token swap)
+    heads     layer x head: every position at once, and at chosen positions (by role)
+    trace     causal tracing: Gaussian noise on the subject's embeddings, restore the clean hidden
+              state at one (layer, position), or the clean MLP / attention output over a window of
+              layers at one position; metric: the clean answer's probability, averaged over samples
+
+To add a sweep kind: a `SweepKind` subclass here and its entry in `SWEEP_KINDS`.
+"""
+from __future__ import annotations
+
+import zlib
+from collections import defaultdict
+from dataclasses import dataclass
+
+from ..cache import CacheSpec, layer_keys
+from ..effects import effect_row
+from ..metrics import Reading
+from ..plan import Noise, Patch, Request
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One patched run of a sweep, by its coordinates (what an effect row is keyed by)."""
+
+    sweep: str
+    site: str | None  # None: the unpatched noised run of a trace sample
+    direction: str = "denoise"
+    layer: int | None = None  # for windowed trace cells, the window's centre
+    position: int | None = None  # None: every position at once
+    head: int | None = None
+    window: int | None = None
+    sample: int | None = None  # trace: the noise sample
+
+    @property
+    def source(self) -> str:
+        """The cached run whose activations the patch writes."""
+        return "corrupt" if self.direction == "noise" else "clean"
+
+
+@dataclass(frozen=True)
+class SweepContext:
+    """What a sweep's grid depends on besides the pair."""
+
+    config: object  # SweepConfig
+    n_layers: int
+    n_heads: int
+    noise_std: float = 0.0  # trace
+
+
+class SweepKind:
+    name: str
+    metric = "logit_diff"
+
+    def needs(self, config, n_layers: int) -> CacheSpec:
+        raise NotImplementedError
+
+    def cells(self, pair, ctx: SweepContext) -> list[Cell]:
+        raise NotImplementedError
+
+    def request(self, pair, cell: Cell, ctx: SweepContext, source: str) -> Request:
+        """The engine request for `cell`; `source` names the cached run it patches from."""
+        raise NotImplementedError
+
+    def rows(self, pair, readings: list[tuple[Cell, Reading]], baseline: dict) -> list[dict]:
+        """Effect rows from every cell's reading (one row per cell, unless the kind averages)."""
+        clean, corrupt = baselines(baseline)
+        return [effect_row(pair, cell, r, clean, corrupt, self.metric) for cell, r in readings]
+
+
+def baselines(row: dict) -> tuple[Reading, Reading]:
+    """A baseline row (rows.BASELINE) as the clean and corrupt runs' readings."""
+    return (Reading(row["clean_logit_diff"], row["clean_p"]), Reading(row["corrupt_logit_diff"], row["corrupt_p"]))
+
+
+def _positions(pair, config) -> list[int]:
+    return list(range(len(pair.clean_ids))) if config.positions is None else list(config.positions)
+
+
+def _tokens(pair, direction: str):
+    """The prompt a patch goes into: corrupt when denoising, clean when noising."""
+    return pair.corrupt_ids if direction == "denoise" else pair.clean_ids
+
+
+def _answers(pair) -> tuple[int, int]:
+    return (pair.clean_answer_id, pair.corrupt_answer_id)
+
+
+class PositionSweep(SweepKind):
+    """One site patched at one (layer, position) per run."""
+
+    def __init__(self, site: str, *, layered: bool = True, both_directions: bool = False):
+        self.name = self.site = site
+        self.layered, self.both_directions = layered, both_directions
+
+    def _directions(self, config) -> tuple[str, ...]:
+        return config.resid_directions if self.both_directions else ("denoise",)
+
+    def needs(self, config, n_layers):
+        keys = layer_keys(self.site, n_layers) if self.layered else ("embed",)
+        runs = ("clean", "corrupt") if "noise" in self._directions(config) else ("clean",)
+        return CacheSpec(keys, runs)
+
+    def cells(self, pair, ctx):
+        layers = range(ctx.n_layers) if self.layered else [None]
+        positions = _positions(pair, ctx.config)
+        return [Cell(self.name, self.site, direction, layer, pos)
+                for direction in self._directions(ctx.config) for layer in layers for pos in positions]
+
+    def request(self, pair, cell, ctx, source):
+        return Request(tokens=_tokens(pair, cell.direction), answers=_answers(pair),
+                       patches=(Patch(self.site, cell.layer, source, (cell.position,)),))
+
+
+class HeadSweep(SweepKind):
+    """One attention head's output (its slice of z) per run: at every position at once and at the
+    positions of chosen roles, or at given positions one by one."""
+
+    name, site = "heads", "head"
+
+    def needs(self, config, n_layers):
+        return CacheSpec(layer_keys("head", n_layers), ("clean",))
+
+    def cells(self, pair, ctx):
+        config = ctx.config
+        if config.positions is not None:
+            positions = list(config.positions)
+        else:
+            chosen = [None] + [pair.roles.index(role) for role in config.head_position_roles if role in pair.roles]
+            positions = list(dict.fromkeys(chosen))
+        return [Cell(self.name, self.site, "denoise", layer, pos, head)
+                for pos in positions for layer in range(ctx.n_layers) for head in range(ctx.n_heads)]
+
+    def request(self, pair, cell, ctx, source):
+        positions = None if cell.position is None else (cell.position,)
+        return Request(tokens=pair.corrupt_ids, answers=_answers(pair),
+                       patches=(Patch("head", cell.layer, source, positions, cell.head),))
+
+
+def trace_window(layer: int, window: int, n_layers: int) -> range:
+    """Meng et al.'s window: `window` layers centred on `layer`, cut at the model's ends."""
+    return range(max(0, layer - window // 2), min(n_layers, layer - (-window // 2)))
+
+
+def trace_seed(seed: int, pair_id: str, sample: int) -> int:
+    return zlib.crc32(f"{seed}:{pair_id}:{sample}".encode())
+
+
+class TraceSweep(SweepKind):
+    """Causal tracing (Meng et al.): the clean prompt with noise on the subject's embeddings; per
+    sample, the noised run itself and one run per restored site. Rows average over samples and
+    take the noised run as the corrupt baseline."""
+
+    name, metric = "trace", "p"
+
+    def needs(self, config, n_layers):
+        keys = tuple(k for site in config.trace_sites for k in layer_keys(site, n_layers)) + ("embed",)
+        return CacheSpec(keys, ("clean",))
+
+    def cells(self, pair, ctx):
+        config, out = ctx.config, []
+        positions = _positions(pair, config)
+        windowed = [s for s in config.trace_sites if s != "resid"]
+        for s in range(config.trace_samples):
+            out.append(Cell(self.name, None, sample=s))
+            for layer in range(ctx.n_layers):
+                for pos in positions:
+                    if "resid" in config.trace_sites:
+                        out.append(Cell(self.name, "resid", "denoise", layer, pos, sample=s))
+                    for site in windowed:
+                        out.append(Cell(self.name, site, "denoise", layer, pos, None, config.trace_window, s))
+        return out
+
+    def request(self, pair, cell, ctx, source):
+        config = ctx.config
+        noise = (Noise(pair.subject_positions, ctx.noise_std, trace_seed(config.seed, pair.pair_id, cell.sample)),)
+        if cell.site is None:
+            patches = ()
+        elif cell.window is None:
+            patches = (Patch(cell.site, cell.layer, source, (cell.position,)),)
+        else:
+            patches = tuple(Patch(cell.site, w, source, (cell.position,))
+                            for w in trace_window(cell.layer, cell.window, ctx.n_layers))
+        return Request(tokens=pair.clean_ids, answers=_answers(pair), noise=noise, patches=patches)
+
+    def rows(self, pair, readings, baseline):
+        sums = defaultdict(lambda: [0.0, 0.0, 0])  # restored site (sample dropped) -> [ld, p, n]
+        for cell, r in readings:
+            acc = sums[Cell(cell.sweep, cell.site, cell.direction, cell.layer, cell.position, cell.head, cell.window)]
+            acc[0] += r.logit_diff
+            acc[1] += r.p
+            acc[2] += 1
+        noised_key = Cell(self.name, None)
+        ld, p, n = sums.pop(noised_key)
+        noised = Reading(ld / n, p / n)
+        clean, _ = baselines(baseline)
+        return [effect_row(pair, cell, Reading(ld / n, p / n), clean, noised, self.metric)
+                for cell, (ld, p, n) in sums.items()]
+
+
+SWEEP_KINDS: dict[str, SweepKind] = {kind.name: kind for kind in (
+    PositionSweep("resid", both_directions=True),
+    PositionSweep("attn_out"),
+    PositionSweep("mlp_out"),
+    PositionSweep("embed", layered=False),
+    HeadSweep(),
+    TraceSweep(),
+)}
+
+
+def kind_for_site(site: str) -> SweepKind:
+    """The sweep that patches `site` alone, one run per coordinate (what `patchgrid patch` runs)."""
+    for kind in SWEEP_KINDS.values():
+        if getattr(kind, "site", None) == site:
+            return kind
+    raise ValueError(f"no sweep patches site {site!r}")
