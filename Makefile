@@ -6,7 +6,7 @@ VLLM_EXTRA ?= cpu
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.patchgrid-installed-$(VLLM_EXTRA)
 
-.PHONY: install browser test test-fast demo bench clean
+.PHONY: install browser lint test test-fast demo bench clean
 
 install: $(STAMP)
 
@@ -27,6 +27,10 @@ browser:
 	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && apt-get update -q && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; } || \
 		echo "chromium could not be installed: the browser test will be skipped"
+
+# pyflakes, bugbear, import order and pyupgrade (configured in pyproject.toml)
+lint: install
+	$(BIN)/ruff check .
 
 test: install browser
 	$(BIN)/python -m pytest -q -ra tests

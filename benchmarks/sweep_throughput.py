@@ -36,7 +36,7 @@ def main():
 
     from patchgrid.cache import load_or_build
     from patchgrid.engine import load_engine
-    from patchgrid.sweeps import SweepConfig, _jobs, cache_spec, count_runs, run_sweeps
+    from patchgrid.sweeps import SweepConfig, SweepContext, cache_spec, count_runs, patched_runs, run_sweeps
     from tests.study_helpers import shipped_pairs
 
     engine = load_engine(args.model, "vllm")
@@ -56,8 +56,8 @@ def main():
     # the same token lists, no plan, straight through vLLM
     from vllm import SamplingParams, TokensPrompt
 
-    tokens = [req.tokens for i, p in enumerate(pairs)
-              for req, _ in _jobs(i, p, config, shape.n_layers, shape.n_heads, 0.0)]
+    ctx = SweepContext(config, shape.n_layers, shape.n_heads)
+    tokens = [req.tokens for *_, req in patched_runs(pairs, ctx)]
     params = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
     t0 = time.perf_counter()
     for k in range(0, len(tokens), args.max_requests):

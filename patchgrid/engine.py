@@ -1,16 +1,32 @@
 """One way to get an engine, whatever the backend: `load_engine(model, backend=...)`.
 
-Every backend takes the same `Request`s (patchgrid.plan) and returns `Result`s in order.
+Every backend implements `Engine`: it takes the same `Request`s (patchgrid.plan) and returns
+`Result`s in order.
 """
 from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol
 
 import torch
 
 from .models import prepare
-from .sites import shape_of
+from .plan import Request, Result
+from .sites import ModelShape, shape_of
 
 BACKENDS = ("vllm", "hf")
+DEFAULT_BACKEND = "vllm"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+class Engine(Protocol):
+    shape: ModelShape
+    folder: Path  # the model folder it loaded
+    dtype: torch.dtype  # the dtype its activations (and so its captures) are in
+
+    def run(self, requests: list[Request], sources: dict | None = None) -> list[Result]: ...
+
+    def close(self) -> None: ...
 
 
 def model_dtype(config) -> str:
@@ -18,7 +34,7 @@ def model_dtype(config) -> str:
     return str(dt).removeprefix("torch.")
 
 
-def load_engine(model: str, backend: str = "vllm", *, dtype: str = "auto", **options):
+def load_engine(model: str, backend: str = DEFAULT_BACKEND, *, dtype: str = "auto", **options) -> Engine:
     """Prepare `model` (a built-in name, folder or hub id) and start a backend on it."""
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
@@ -36,11 +52,39 @@ def load_engine(model: str, backend: str = "vllm", *, dtype: str = "auto", **opt
     if backend == "hf":
         from .backends.hf import HFEngine
 
-        engine = HFEngine(folder, shape, dtype=dtype, **options)
-    else:
-        from .backends.vllm import VllmEngine
+        return HFEngine(folder, shape, dtype=dtype, **options)
+    from .backends.vllm import VllmEngine
 
-        engine = VllmEngine(folder, shape, dtype=dtype, **options)
-    engine.folder = folder
-    engine.dtype = getattr(torch, dtype)
-    return engine
+    return VllmEngine(folder, shape, dtype=dtype, **options)
+
+
+class EnginePool:
+    """Engines kept across tasks in one process (each takes seconds to start), by model, backend
+    and options. An engine that failed is dropped, so that a retry starts a fresh one."""
+
+    def __init__(self):
+        self._engines: dict[tuple, Engine] = {}
+
+    def get(self, model: str, backend: str = DEFAULT_BACKEND, **options) -> Engine:
+        key = (model, backend, tuple(sorted(options.items())))
+        if key not in self._engines:
+            self._engines[key] = load_engine(model, backend, **options)
+        return self._engines[key]
+
+    def drop(self, model: str, backend: str = DEFAULT_BACKEND, **options) -> None:
+        engine = self._engines.pop((model, backend, tuple(sorted(options.items()))), None)
+        if engine is not None:
+            try:
+                engine.close()
+            except Exception:  # a dead engine may not close cleanly; it is gone either way
+                pass
+
+    def close(self) -> None:
+        for model, backend, options in list(self._engines):
+            self.drop(model, backend, **dict(options))
+
+    def __enter__(self) -> EnginePool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

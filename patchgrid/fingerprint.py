@@ -1,11 +1,21 @@
 """Fingerprints of inputs (files by content, parameters by value) for run ids and task caching."""
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+import os
 from pathlib import Path
 
 _FILE_HASHES: dict[tuple, str] = {}
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputPath:
+    """Where something is written. It counts by its path alone: a key taken before the file exists
+    (when a first run stores its result) must equal the key taken after (when a rerun looks it up)."""
+
+    path: str
 
 
 def file_sha256(path: str | Path) -> str:
@@ -22,9 +32,16 @@ def file_sha256(path: str | Path) -> str:
 
 
 def fingerprint(*parts) -> str:
-    """sha256 of JSON-able parts; a part that names an existing file counts by its content."""
+    """sha256 of JSON-able parts; a part that names an existing file counts by its content, an
+    OutputPath (or a dataclass field marked as an output) by its path."""
 
     def norm(x):
+        if isinstance(x, OutputPath):
+            return {"output": os.path.abspath(x.path)}
+        if dataclasses.is_dataclass(x) and not isinstance(x, type):
+            # a field marked as an output counts by where it points, not by what is there now
+            return {f.name: norm(OutputPath(getattr(x, f.name)) if f.metadata.get("output") else getattr(x, f.name))
+                    for f in dataclasses.fields(x)}
         if isinstance(x, (list, tuple)):
             return [norm(v) for v in x]
         if isinstance(x, dict):

@@ -135,10 +135,10 @@ def _build(name: str, folder: Path) -> Path:
 
 
 def _build_smollm2(out: Path) -> dict:
+    import importlib.util
+
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
-
-    import importlib.util
 
     # Locate the package without importing it: its __init__ needs the `llm` CLI, which reading
     # the GGUF file does not.

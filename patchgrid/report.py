@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .rows import POSITION_ROLES as ROLE_ORDER
+
 TRACE_PANELS = (("resid", "hidden state"), ("mlp_out", "MLP (window)"), ("attn_out", "attention (window)"))
 
 
@@ -76,9 +77,10 @@ def collect(con, run_id: str) -> dict:
                                                                                              "mlp_out") else 9, g))
     for sweep, site, direction in groups:
         rows = [r for r in summary if (r["sweep"], r["site"], r["direction"]) == (sweep, site, direction)]
-        layers = sorted({r["layer"] for r in rows})
+        layers = sorted({r["layer"] for r in rows}, key=lambda layer: -1 if layer is None else layer)
         roles = _roles_present(rows)
         values, notes = _grid(rows, "layer", "position_role", layers, roles, lambda r: r["mean_recovery"], _note)
+        layers = ["embedding" if layer is None else layer for layer in layers]  # the embed sweep has no layer
         what = "clean into corrupt" if direction == "denoise" else "corrupt into clean"
         reading = ("1: the patch alone restores the clean answer; 0: it does nothing." if direction == "denoise"
                    else "1: the clean answer survives the patch; 0: the patch alone makes the run corrupt.")
@@ -139,7 +141,7 @@ def colour(value, limit) -> str:
     end = _POS if t > 0 else _NEG
     a = abs(t)
     rgb = tuple(round(m + (e - m) * a) for m, e in zip(_MID, end))
-    return "#%02x%02x%02x" % rgb
+    return "#{:02x}{:02x}{:02x}".format(*rgb)
 
 
 # ---- SVG ----

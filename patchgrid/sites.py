@@ -8,15 +8,33 @@ A site is a place in the forward pass whose activation can be read or overwritte
     mlp_out    a layer's MLP output                [tokens, d_model]
     head       one head's slice of z (o_proj input) [tokens, head_dim] of z [tokens, n_heads*head_dim]
 
-Adding a model family is adding one `Family` entry below: module paths are the same in
-Hugging Face transformers and vLLM for these families, so both backends read one mapping.
+`SITES` says, per site kind, which module of a family it lives on, whether it is read at that
+module's input or output, and how wide it is; both backends install their hooks from it. Adding a
+site kind is one `Site` entry; adding a model family is one `Family` entry (module paths are the
+same in Hugging Face transformers and vLLM for these families, so both backends read one mapping).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-SITE_KINDS = ("embed", "resid", "attn_out", "mlp_out", "head")
-LAYER_SITES = ("resid", "attn_out", "mlp_out", "head")
+
+@dataclass(frozen=True)
+class Site:
+    name: str
+    module: str  # the Family field naming its module: embed (model-level), layer, attn, mlp, o_proj
+    at: str  # "output": the module's output; "input": its first positional input
+    width: str  # "d_model", or "z": every head's output side by side (n_heads * head_dim)
+
+
+SITES = {site.name: site for site in (
+    Site("embed", "embed", "output", "d_model"),
+    Site("resid", "layer", "output", "d_model"),
+    Site("attn_out", "attn", "output", "d_model"),
+    Site("mlp_out", "mlp", "output", "d_model"),
+    Site("head", "o_proj", "input", "z"),
+)}
+SITE_KINDS = tuple(SITES)
+LAYER_SITES = tuple(name for name, site in SITES.items() if site.module != "embed")
 
 
 @dataclass(frozen=True)
@@ -56,7 +74,7 @@ class ModelShape:
     max_len: int
 
     def width(self, site: str) -> int:
-        return self.n_heads * self.head_dim if site == "head" else self.d_model
+        return self.n_heads * self.head_dim if SITES[site].width == "z" else self.d_model
 
 
 def family_of(model_type: str) -> Family:
@@ -90,6 +108,15 @@ def parse_key(key: str) -> tuple[str, int | None]:
     if site not in LAYER_SITES or not layer.isdigit():
         raise ValueError(f"bad site key {key!r}: expected embed or one of {LAYER_SITES} with a layer, e.g. resid.3")
     return site, int(layer)
+
+
+def site_module(model, family: Family, site: str, layer: int | None):
+    """The module whose input or output is `site` at `layer` in a causal-LM `model` of `family`."""
+    where = SITES[site].module
+    if where == "embed":
+        return get_module(model, family.embed)
+    block = get_module(model, family.layers)[layer]
+    return block if where == "layer" else get_module(block, getattr(family, where))
 
 
 def get_module(root, dotted: str):

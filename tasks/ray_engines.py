@@ -11,7 +11,9 @@ from pathlib import Path
 
 from prefect import get_run_logger, task
 
-from .keys import inputs_key
+from patchgrid.spec import ShardSpec, StudySpec
+
+from .keys import keyed_on
 
 
 def _actor_class():
@@ -27,12 +29,12 @@ def _actor_class():
             self.engine = load_engine(model, backend, **engine_options)
             self.shards = 0
 
-        def sweep(self, *args) -> tuple[int, int, int]:
+        def sweep(self, shard: ShardSpec) -> tuple[int, int, int]:
             import os
 
-            from .sweeps import compute_shard
+            from patchgrid.shards import compute_shard
 
-            n = compute_shard(self.engine, *args)
+            n = compute_shard(self.engine, shard)
             self.shards += 1
             return n, self.shards, os.getpid()
 
@@ -48,44 +50,37 @@ def actor_name(model_sha256: str, backend: str, slot: int) -> str:
     return f"patchgrid-{model_sha256[:12]}-{backend}-{slot}"
 
 
-def get_actor(model: str, backend: str, model_sha256: str, slot: int, gpus_per_engine: float,
-              tensor_parallel_size: int):
-    options = {"tensor_parallel_size": tensor_parallel_size} if tensor_parallel_size > 1 else {}
-    return _actor_class().options(name=actor_name(model_sha256, backend, slot), namespace="patchgrid",
-                                  get_if_exists=True, num_gpus=gpus_per_engine,
+def get_actor(spec: StudySpec, model_sha256: str, slot: int):
+    return _actor_class().options(name=actor_name(model_sha256, spec.backend, slot), namespace="patchgrid",
+                                  get_if_exists=True, num_gpus=spec.gpus_per_engine,
                                   # outlive the task that started it: the next shards reuse its engine
-                                  lifetime="detached").remote(model, backend, options)
+                                  lifetime="detached").remote(spec.model, spec.backend, spec.engine_options())
 
 
-@task(cache_key_fn=inputs_key, persist_result=True, retries=2, retry_delay_seconds=1)
-def sweep_shard_on_ray(model: str, pairs_table: str, cache_folder: str, pair_ids: list[str], out: str,
-                       sweeps: list[str], trace_samples: int, seed: int, noise_std: float, max_requests: int = 2048,
-                       backend: str = "vllm", model_sha256: str = "", slot: int = 0, gpus_per_engine: float = 0.0,
-                       tensor_parallel_size: int = 1) -> str:
-    """Run one shard in the engine actor of its slot; return the Parquet path (written by the actor)."""
+@task(cache_key_fn=keyed_on("model", "backend"), persist_result=True, retries=2, retry_delay_seconds=1)
+def sweep_shard_on_ray(spec: StudySpec, shard: ShardSpec, model_sha256: str, slot: int = 0) -> str:
+    """Run one shard in the engine actor of its slot; return its effects file (written by the actor)."""
     import ray
 
     logger = get_run_logger()
-    if Path(out).is_file():
-        logger.info("shard %s already done", out)
-        return out
-    actor = get_actor(model, backend, model_sha256, slot, gpus_per_engine, tensor_parallel_size)
-    n, served, pid = ray.get(actor.sweep.remote(pairs_table, cache_folder, pair_ids, out, sweeps, trace_samples,
-                                                seed, noise_std, max_requests))
+    if Path(shard.out).is_file():
+        logger.info("shard %s already done", shard.out)
+        return shard.out
+    n, served, pid = ray.get(get_actor(spec, model_sha256, slot).sweep.remote(shard))
     # provenance: which engine computed this shard, and how many it had served by then
-    Path(out + ".engine.json").write_text(json.dumps({"slot": slot, "actor_pid": pid, "served": served}))
-    logger.info("shard of %d pairs: %d effect rows -> %s (engine actor %d, pid %d, its shard #%d)", len(pair_ids), n,
-                out, slot, pid, served)
-    return out
+    Path(shard.out + ".engine.json").write_text(json.dumps({"slot": slot, "actor_pid": pid, "served": served}))
+    logger.info("shard of %d pairs: %d effect rows -> %s (engine actor %d, pid %d, its shard #%d)", len(shard.pairs),
+                n, shard.out, slot, pid, served)
+    return shard.out
 
 
 @task
-def release_actors(model_sha256: str, backend: str, n: int) -> None:
+def release_actors(spec: StudySpec, model_sha256: str) -> None:
     """Engines hold memory (and GPUs): free them when the study is done."""
     import ray
 
-    for slot in range(n):
+    for slot in range(spec.ray_workers):
         try:
-            ray.kill(ray.get_actor(actor_name(model_sha256, backend, slot), namespace="patchgrid"))
+            ray.kill(ray.get_actor(actor_name(model_sha256, spec.backend, slot), namespace="patchgrid"))
         except ValueError:  # never started
             pass

@@ -3,41 +3,43 @@ from __future__ import annotations
 from prefect import get_run_logger, task
 from prefect.artifacts import create_table_artifact
 
+from patchgrid.spec import StudySpec
+
 
 @task
-def record_run(warehouse: str, run: dict) -> None:
+def record_run(spec: StudySpec, flow_run_id: str, model_sha256: str, code_version: str, started) -> None:
     from patchgrid.warehouse.loader import start_run
 
-    start_run(warehouse, run)
+    start_run(spec.warehouse, {"run_id": spec.run_id, "flow_run_id": flow_run_id, "model": spec.model,
+                               "model_hash": model_sha256, "params": spec.recorded_params(),
+                               "code_version": code_version, "started": started})
 
 
 @task(retries=2, retry_delay_seconds=2)
-def load_warehouse(warehouse: str, run_id: str, pairs_table: str, cache_folder: str, effect_files: list[str],
+def load_warehouse(spec: StudySpec, pairs_table: str, baseline_files: list[str], effect_files: list[str],
                    finished) -> dict:
-    """Load the run's pairs, baselines and effects in one transaction (replacing, never duplicating)."""
-    from patchgrid.cache import ActivationCache
+    """Load the run's staged pairs, baselines and effects in one transaction (replacing, never duplicating)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     from patchgrid.pairs import read_pairs
+    from patchgrid.rows import BASELINE
     from patchgrid.warehouse.loader import load_run
 
-    cache = ActivationCache(cache_folder)
-    counts = load_run(warehouse, run_id, read_pairs(pairs_table), list(cache.baselines.values()), effect_files,
+    baselines = pa.concat_tables([pq.read_table(f, schema=BASELINE.schema) for f in baseline_files])
+    counts = load_run(spec.warehouse, spec.run_id, read_pairs(pairs_table), baselines, effect_files,
                       finished=finished)
-    get_run_logger().info("warehouse %s: loaded %s", warehouse, counts)
+    get_run_logger().info("warehouse %s: loaded %s", spec.warehouse, counts)
     return counts
 
 
 @task
-def summarize(warehouse: str, run_id: str, top: int = 20) -> list[dict]:
+def summarize(spec: StudySpec, top: int = 20) -> list[dict]:
     """The run's strongest averaged effects, as a table artifact."""
-    from patchgrid.warehouse.loader import query
+    from patchgrid.warehouse.queries import strongest_effects
 
-    cols, rows = query(warehouse, """
-        SELECT sweep, site, direction, layer, position_role, head, n_pairs,
-               round(mean_recovery, 3) AS mean_recovery, round(ci95_low, 3) AS ci95_low,
-               round(ci95_high, 3) AS ci95_high
-        FROM effect_summary WHERE run_id = ? AND sweep <> 'trace'
-        ORDER BY mean_recovery DESC NULLS LAST LIMIT ?""", [run_id, int(top)])
+    cols, rows = strongest_effects(spec.warehouse, spec.run_id, top)
     table = [dict(zip(cols, r)) for r in rows]
     create_table_artifact(key="study-summary", table=table,
-                          description=f"Top {top} averaged recoveries of run {run_id}")
+                          description=f"Top {top} averaged recoveries of run {spec.run_id}")
     return table

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 import pytest
 
@@ -9,6 +10,9 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Test prompts are short: 1 GiB of KV cache per engine keeps a session's engines within memory.
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+# Prefect keeps task results under ~/.prefect/storage whatever PREFECT_HOME says: one folder per test
+# session, so that no test finds a cached result that an earlier session stored.
+os.environ["PREFECT_LOCAL_STORAGE_PATH"] = tempfile.mkdtemp(prefix="patchgrid-prefect-results-")
 
 TINY = ("tiny-llama", "tiny-qwen3", "tiny-gpt2")
 

@@ -52,3 +52,25 @@ def test_pair_checks(tokenizers):
         tokenize_pair(tok, CLEAN, "The capital of the United Kingdom is", " Paris", " London")
     with pytest.raises(PairError, match="--corrupt-answer ' Londonderry' is"):
         tokenize_pair(tok, CLEAN, CORRUPT, " Paris", " Londonderry")
+
+
+@pytest.mark.parametrize("site, sweep", [("resid", "resid"), ("head", "heads"), ("embed", "embed"),
+                                         ("mlp_out", "mlp_out")])
+def test_patch_runs_the_study_sweep(tmp_path, engines, tokenizers, site, sweep):
+    """`patchgrid patch` and a study's sweep of the same pair give the same numbers: one code path."""
+    from patchgrid.cache import load_or_build
+    from patchgrid.patching import as_pair
+    from patchgrid.sweeps import SweepConfig, cache_spec, run_sweeps
+
+    engine = engines.get("tiny-llama", "hf", dtype="float32")
+    tokens = tokenize_pair(tokenizers("tiny-llama"), CLEAN, CORRUPT, " Paris", " Berlin")
+    positions = [1, len(tokens.clean) - 1]
+    out = sweep_pair(engine, tokens, site, positions)
+    config = SweepConfig(sweeps=(sweep,), resid_directions=("denoise",), positions=tuple(positions))
+    cache, _ = load_or_build(engine, [as_pair(tokens)], cache_spec(config, 4), tmp_path, log=lambda *_: None)
+    rows = run_sweeps(engine, [as_pair(tokens)], cache, config)
+    assert len(out["effects"]) == len(rows) == (1 if site == "embed" else 4) * (4 if site == "head" else 1) * 2
+    for e, r in zip(out["effects"], rows):
+        assert (e["site"], e["layer"], e["head"], e["position"]) == (r["site"], r["layer"], r["head"], r["position"])
+        assert e["logit_diff"] == pytest.approx(r["patched_logit_diff"], abs=1e-6)
+        assert recovery(e["logit_diff"], out["baseline"]) == pytest.approx(r["recovery"], abs=1e-4)

@@ -13,6 +13,8 @@ from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
 
+from patchgrid.rows import BASELINE, EFFECT, PAIR, RUN, WAREHOUSE_TABLES
+
 SCHEMA_VERSION = 1
 
 
@@ -111,32 +113,45 @@ def check_writable(path: str | Path) -> None:
 
 
 def start_run(path: str | Path, run: dict) -> None:
-    """Record a run as running (replacing an earlier attempt of the same run id)."""
+    """Record a run as running (replacing an earlier attempt of the same run id).
+
+    run: a rows.RUN row; `params` may be a dict (stored as JSON); status and finished are set here.
+    """
+    params = run.get("params", {})
+    row = {**run, "params": params if isinstance(params, str) else json.dumps(params), "finished": None,
+           "status": "running"}
+    new_run = RUN.table([row])
     with writer_lock(Path(path)):
         con = connect(path)
         try:
             con.execute("BEGIN")
             con.execute("DELETE FROM runs WHERE run_id = ?", [run["run_id"]])
-            con.execute("INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", [
-                run["run_id"], run.get("flow_run_id"), run["model"], run.get("model_hash"),
-                json.dumps(run.get("params", {})), run.get("code_version"), run.get("started"), None, "running"])
+            con.register("new_run", new_run)
+            con.execute("INSERT INTO runs BY NAME SELECT * FROM new_run")
             con.execute("COMMIT")
         finally:
             con.close()
+
+
+def _insert_for_run(con, table: str, source: str, run_id: str) -> int:
+    """Insert `source`'s rows (a registered table or a read_parquet call) into `table` by column name,
+    taking exactly the columns of the table's row shape."""
+    cols = ", ".join(f'"{c}"' for c in WAREHOUSE_TABLES[table].columns)
+    return con.execute(f"INSERT INTO {table} BY NAME SELECT ?::VARCHAR AS run_id, {cols} FROM {source}",
+                       [run_id]).fetchone()[0]
 
 
 def load_run(path: str | Path, run_id: str, pairs, baselines, effect_files, *, finished=None,
              status: str = "completed") -> dict:
     """Load a run's pairs table, baselines and effect Parquet files in one transaction.
 
-    pairs: a pyarrow table in patchgrid.pairs' schema; baselines: a list of dicts; effect_files:
-    Parquet files in patchgrid.effects' schema. Rows of this run for the loaded pairs are
-    replaced. Returns counts of rows loaded.
+    pairs: a pyarrow table in the rows.PAIR shape; baselines: rows.BASELINE rows (a list of dicts or
+    a table); effect_files: Parquet files in the rows.EFFECT shape. Rows of this run for the loaded
+    pairs are replaced. Returns counts of rows loaded.
     """
-    import pyarrow as pa
-
     path = Path(path)
-    base_table = pa.Table.from_pylist(baselines) if baselines else None
+    PAIR.check(pairs)
+    base_table = BASELINE.table(baselines) if isinstance(baselines, list) else baselines
     with writer_lock(path):
         con = connect(path)
         try:
@@ -146,22 +161,14 @@ def load_run(path: str | Path, run_id: str, pairs, baselines, effect_files, *, f
             for table in ("pairs", "baselines", "effects"):
                 con.execute(f"DELETE FROM {table} WHERE run_id = ? AND pair_id IN (SELECT pair_id FROM loaded_ids)",
                             [run_id])
-            con.execute("""
-                INSERT INTO pairs SELECT ?, pair_id, relation, clean_prompt, corrupt_prompt, clean_answer,
-                    corrupt_answer, status, reason, detail, subject, subject_start, subject_end, roles
-                FROM new_pairs""", [run_id])
-            if base_table is not None:
-                con.register("new_baselines", base_table)
-                con.execute("""
-                    INSERT INTO baselines SELECT ?, pair_id, clean_logit_diff, corrupt_logit_diff, clean_p, corrupt_p
-                    FROM new_baselines""", [run_id])
+            _insert_for_run(con, "pairs", "new_pairs", run_id)
+            con.register("new_baselines", base_table)
+            _insert_for_run(con, "baselines", "new_baselines", run_id)
             n_effects = 0
             for f in effect_files:
-                n_effects += con.execute("""
-                    INSERT INTO effects SELECT ?, pair_id, relation, sweep, site, direction, layer, position,
-                        position_role, head, "window", metric, patched_logit_diff, patched_p, clean_logit_diff,
-                        corrupt_logit_diff, clean_p, corrupt_p, effect, recovery
-                    FROM read_parquet(?)""", [run_id, str(f)]).fetchone()[0]
+                source = f"read_parquet('{_sql_path(f)}')"
+                _check_closed(con, source, EFFECT)
+                n_effects += _insert_for_run(con, "effects", source, run_id)
             con.execute("UPDATE runs SET status = ?, finished = ? WHERE run_id = ?", [status, finished, run_id])
             con.execute("DROP TABLE loaded_ids")
             con.execute("COMMIT")
@@ -170,7 +177,20 @@ def load_run(path: str | Path, run_id: str, pairs, baselines, effect_files, *, f
             raise
         finally:
             con.close()
-    return {"pairs": pairs.num_rows, "baselines": len(baselines), "effects": n_effects}
+    return {"pairs": pairs.num_rows, "baselines": base_table.num_rows, "effects": n_effects}
+
+
+def _check_closed(con, source: str, shape) -> None:
+    """The closed columns' values in a file, checked against the shape before anything is inserted."""
+    import pyarrow as pa
+
+    for column in shape.closed:
+        values = con.execute(f'SELECT DISTINCT "{column}" FROM {source}').fetchall()
+        shape.check(pa.table({column: pa.array([v for (v,) in values], pa.string())}), columns=[column])
+
+
+def _sql_path(path) -> str:
+    return str(path).replace("'", "''")
 
 
 def query(path: str | Path, sql: str, params=None):

@@ -1,5 +1,7 @@
 -- patchgrid warehouse schema. Applied and versioned by patchgrid.warehouse.loader: bump
--- SCHEMA_VERSION there with every change here.
+-- SCHEMA_VERSION there with every change here. Each table is `run_id` and then the columns of its
+-- row shape in patchgrid/rows.py, in order and type (FLOAT is Arrow's float32); a test holds the two
+-- together, and the loader inserts by column name.
 
 CREATE TABLE IF NOT EXISTS patchgrid_schema (
     version INTEGER NOT NULL
@@ -15,7 +17,7 @@ CREATE TABLE IF NOT EXISTS runs (
     code_version VARCHAR,
     started      TIMESTAMP,
     finished     TIMESTAMP,
-    status       VARCHAR NOT NULL  -- running | completed | failed
+    status       VARCHAR NOT NULL  -- rows.RUN_STATUSES
 );
 
 -- Every input record of a run, accepted or rejected with its reason.
@@ -41,10 +43,10 @@ CREATE TABLE IF NOT EXISTS pairs (
 CREATE TABLE IF NOT EXISTS baselines (
     run_id             VARCHAR NOT NULL,
     pair_id            VARCHAR NOT NULL,
-    clean_logit_diff   DOUBLE,
-    corrupt_logit_diff DOUBLE,
-    clean_p            DOUBLE,
-    corrupt_p          DOUBLE,
+    clean_logit_diff   FLOAT,
+    corrupt_logit_diff FLOAT,
+    clean_p            FLOAT,
+    corrupt_p          FLOAT,
     PRIMARY KEY (run_id, pair_id)
 );
 
@@ -55,21 +57,21 @@ CREATE TABLE IF NOT EXISTS effects (
     run_id             VARCHAR NOT NULL,
     pair_id            VARCHAR NOT NULL,
     relation           VARCHAR,           -- copied from pairs, so summaries need no join
-    sweep              VARCHAR NOT NULL,  -- resid | attn_out | mlp_out | heads | trace
-    site               VARCHAR NOT NULL,  -- resid | attn_out | mlp_out | head
+    sweep              VARCHAR NOT NULL,  -- a sweep kind (patchgrid.sweeps.SWEEP_KINDS)
+    site               VARCHAR NOT NULL,  -- a site kind (patchgrid.sites.SITES)
     direction          VARCHAR NOT NULL,  -- denoise | noise
     layer              INTEGER,
     position           INTEGER,
     position_role      VARCHAR NOT NULL,
     head               INTEGER,
     "window"           INTEGER,
-    metric             VARCHAR NOT NULL,  -- what effect and recovery measure: logit_diff | p
-    patched_logit_diff DOUBLE,
-    patched_p          DOUBLE,
-    clean_logit_diff   DOUBLE,
-    corrupt_logit_diff DOUBLE,
-    clean_p            DOUBLE,
-    corrupt_p          DOUBLE,
-    effect             DOUBLE,
-    recovery           DOUBLE
+    metric             VARCHAR NOT NULL,  -- what effect and recovery measure (patchgrid.metrics)
+    patched_logit_diff FLOAT,
+    patched_p          FLOAT,
+    clean_logit_diff   FLOAT,
+    corrupt_logit_diff FLOAT,
+    clean_p            FLOAT,
+    corrupt_p          FLOAT,
+    effect             FLOAT,
+    recovery           FLOAT
 );

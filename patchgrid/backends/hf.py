@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from ..plan import Result, gaussian_noise, resolve_positions, validate
-from ..sites import get_module, parse_key
+from ..sites import SITES, get_module, parse_key, site_module
 
 
 class HFEngine:
@@ -25,6 +25,7 @@ class HFEngine:
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype, trust_remote_code=False)
         self.model.eval()
         self.shape = shape
+        self.folder = Path(model_dir)
         self.batch_size = batch_size
         self.dtype = next(self.model.parameters()).dtype
 
@@ -86,25 +87,22 @@ class HFEngine:
                 capture(key, t)
             return hook
 
-        def on_z(key):
+        def on_input(key):
             def hook(module, args):
                 write(key, args[0])
                 capture(key, args[0])
             return hook
 
         keys = set(writes) | {k for r in batch for k in r.capture}
+        # the embedding's hook also adds noise, so it is installed whatever the keys
         handles = [get_module(m, fam.embed).register_forward_hook(on_embed)]
-        layers = get_module(m, fam.layers)
-        for key in keys:
+        for key in keys - {"embed"}:
             site, layer = parse_key(key)
-            if site == "resid":
-                handles.append(layers[layer].register_forward_hook(on_output(key)))
-            elif site == "attn_out":
-                handles.append(get_module(layers[layer], fam.attn).register_forward_hook(on_output(key)))
-            elif site == "mlp_out":
-                handles.append(get_module(layers[layer], fam.mlp).register_forward_hook(on_output(key)))
-            elif site == "head":
-                handles.append(get_module(layers[layer], fam.o_proj).register_forward_pre_hook(on_z(key)))
+            module = site_module(m, fam, site, layer)
+            if SITES[site].at == "input":
+                handles.append(module.register_forward_pre_hook(on_input(key)))
+            else:
+                handles.append(module.register_forward_hook(on_output(key)))
         try:
             ids = torch.tensor([list(r.tokens) for r in batch], dtype=torch.long)
             logits = m(input_ids=ids, logits_to_keep=1).logits[:, -1, :].float()

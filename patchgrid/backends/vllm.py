@@ -59,6 +59,7 @@ class VllmEngine:
         vllm.envs.disable_envs_cache()
 
         self.shape = shape
+        self.folder = Path(model_dir)
         self.max_model_len = min(max_model_len or shape.max_len, shape.max_len)
         kwargs = dict(
             model=str(model_dir),
@@ -86,6 +87,7 @@ class VllmEngine:
         if enable_chunked_prefill is not None:
             kwargs["enable_chunked_prefill"] = enable_chunked_prefill
         self.llm = LLM(**kwargs)
+        self.dtype = self.llm.llm_engine.model_config.dtype  # what vLLM resolved "auto" to
         self._calls = itertools.count()
         self._inprocess = not multiprocess
         if self._inprocess:

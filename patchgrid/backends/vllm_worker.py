@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from ..plan import Noise, decode_tensor, encode_tensor, from_wire, gaussian_noise, resolve_positions
-from ..sites import FAMILIES, Family, get_module, parse_key
+from ..sites import FAMILIES, SITES, Family, get_module, parse_key, site_module
 from ..tp import head_owner, heads_per_rank
 
 PLAN_KEY = "patchgrid"
@@ -70,9 +70,10 @@ class _Session:
         self.sources = {name: {k: decode_tensor(v).to(self.dtype) for k, v in caps.items()} for name, caps in sources.items()}
         self.tp = _tp_rank_and_size()
         local_heads = heads_per_rank(shape["n_heads"], self.tp[1])
-        self.widths = {"embed": shape["d_model"], "resid": shape["d_model"], "attn_out": shape["d_model"],
-                       "mlp_out": shape["d_model"], "head": local_heads * shape["head_dim"],
-                       "head_dim": shape["head_dim"], "d_model": shape["d_model"], "n_heads": shape["n_heads"]}
+        # this rank's width of each site (z is split over tensor-parallel ranks by heads)
+        self.widths = {name: local_heads * shape["head_dim"] if site.width == "z" else shape["d_model"]
+                       for name, site in SITES.items()}
+        self.widths.update(head_dim=shape["head_dim"], d_model=shape["d_model"], n_heads=shape["n_heads"])
         self.requests: dict[str, _Request | None] = {}
         self.results: dict[str, list] = {}
         self.step = _Step()
@@ -88,20 +89,15 @@ class _Session:
         self.handles.append(embed.register_forward_pre_hook(self._begin_step))
         self.handles.append(embed.register_forward_hook(self._on_embed))
         self.handles.append(m.logits_processor.register_forward_hook(self._on_logits))
-        layers = get_module(m, fam.layers)
-        for key in keys:
+        for key in keys - {"embed"}:  # the embedding's hooks above handle embed
             site, layer = parse_key(key)
-            if site == "embed":
-                continue
-            block = layers[layer]
-            if site == "resid":
-                self.handles.append(block.register_forward_hook(self._make_resid_hook(key)))
-            elif site == "attn_out":
-                self.handles.append(get_module(block, fam.attn).register_forward_hook(self._make_out_hook(key)))
-            elif site == "mlp_out":
-                self.handles.append(get_module(block, fam.mlp).register_forward_hook(self._make_out_hook(key)))
-            elif site == "head":
-                self.handles.append(get_module(block, fam.o_proj).register_forward_pre_hook(self._make_z_hook(key)))
+            module = site_module(m, fam, site, layer)
+            if SITES[site].at == "input":
+                self.handles.append(module.register_forward_pre_hook(self._make_input_hook(key)))
+            elif site == "resid" and fam.split_residual:
+                self.handles.append(module.register_forward_hook(self._make_split_stream_hook(key)))
+            else:
+                self.handles.append(module.register_forward_hook(self._make_out_hook(key)))
 
     def remove(self):
         for h in self.handles:
@@ -179,25 +175,18 @@ class _Session:
         self._capture("embed", lambda a, b: out[a:b])
         return out
 
-    def _make_resid_hook(self, key):
-        split = self.family.split_residual
+    def _make_split_stream_hook(self, key):
+        """A layer whose output is (hidden, residual), the stream being their sum."""
 
         def hook(module, args, out):
-            step = self.step
-            w = step.writes.get(key)
-            if split:
-                hidden, residual = out
-                if w is not None:
-                    # Write the whole stream into one half and zero the other, so the next
-                    # layer's fused add sees exactly the patched value.
-                    hidden[w[0]] = w[1]
-                    residual[w[0]] = 0
-                self._capture(key, lambda a, b: hidden[a:b] + residual[a:b])
-            else:
-                hidden = out[0] if isinstance(out, tuple) else out
-                if w is not None:
-                    hidden[w[0]] = w[1]
-                self._capture(key, lambda a, b: hidden[a:b])
+            hidden, residual = out
+            w = self.step.writes.get(key)
+            if w is not None:
+                # Write the whole stream into one half and zero the other, so the next
+                # layer's fused add sees exactly the patched value.
+                hidden[w[0]] = w[1]
+                residual[w[0]] = 0
+            self._capture(key, lambda a, b: hidden[a:b] + residual[a:b])
             return None
 
         return hook
@@ -213,7 +202,8 @@ class _Session:
 
         return hook
 
-    def _make_z_hook(self, key):
+    def _make_input_hook(self, key):
+        """z, the input of o_proj: head patches write one head's slice of it."""
         hd = self.widths["head_dim"]
 
         def hook(module, args):

@@ -4,7 +4,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-
 class Rejection(Exception):
     def __init__(self, code: str, detail: str):
         super().__init__(detail)

@@ -13,9 +13,8 @@ from dataclasses import dataclass
 
 from ..plan import Request
 from ..rows import ANSWER_POLICIES
-from .align import Prompt, Rejection, align, answer_id, check_fits, position_roles, \
-    tokenize_with_subject
-from .sources import Record
+from .align import Prompt, Rejection, align, answer_id, check_fits, position_roles, tokenize_with_subject
+from .sources import Record, read_source
 
 
 @dataclass
@@ -219,3 +218,21 @@ def _row(rec: Record, *, reason=None, clean: Prompt | None = None, corrupt: Prom
         "usable_alone": bool(usable_alone and has_span),
         "known_alone": known_alone,
     }
+
+
+def build_from_source(model: str, source: str, fmt: str | None = None, *, seed: int = 0,
+                      answer_policy: str = "single", engine=None) -> tuple[str, list[Record], list[dict]]:
+    """Read a data set and pair and align it with `model`'s tokenizer; with an engine, keep only
+    pairs the model knows. Returns (format, records, one row per record)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from ..models import prepare
+    from ..sites import shape_of
+
+    folder = prepare(model)
+    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
+    fmt, records = read_source(source, fmt)
+    max_len = shape_of(AutoConfig.from_pretrained(folder, trust_remote_code=False)).max_len
+    rows = build_pairs(records, tokenizer, max_len=max_len, seed=seed, answer_policy=answer_policy, engine=engine,
+                       require_known=engine is not None)
+    return fmt, records, rows

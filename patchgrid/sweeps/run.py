@@ -3,14 +3,15 @@ engine calls of at most `max_requests`, patched from the activation store."""
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 
 from ..cache import CacheSpec
 from ..metrics import Reading
+from ..plan import Request
 from .config import SweepConfig
-from .kinds import SWEEP_KINDS, SweepContext
+from .kinds import SWEEP_KINDS, Cell, SweepContext, SweepKind
 
 Progress = Callable[[int, int], None]  # (patched runs done, total)
 
@@ -29,6 +30,16 @@ def cache_spec(config: SweepConfig, n_layers: int) -> CacheSpec:
 def count_runs(pairs, config: SweepConfig, n_layers: int, n_heads: int) -> int:
     ctx = SweepContext(config, n_layers, n_heads)
     return sum(len(SWEEP_KINDS[name].cells(p, ctx)) for p in pairs for name in config.sweeps)
+
+
+def patched_runs(pairs, ctx: SweepContext) -> Iterator[tuple[int, SweepKind, Cell, Request]]:
+    """Every patched run of the sweeps over `pairs`, pair by pair: (pair index, kind, cell, request).
+    A request patches from the source named `{pair index}:{run}`."""
+    for i, p in enumerate(pairs):
+        for name in ctx.config.sweeps:
+            kind = SWEEP_KINDS[name]
+            for cell in kind.cells(p, ctx):
+                yield i, kind, cell, kind.request(p, cell, ctx, f"{i}:{cell.source}")
 
 
 def trace_noise_std(store, pairs, scale: float) -> float:
@@ -51,9 +62,7 @@ def run_sweeps(engine, pairs, store, config: SweepConfig, progress: Progress | N
     if "trace" in config.sweeps:
         std = noise_std if noise_std is not None else trace_noise_std(store, pairs, config.trace_noise_scale)
     ctx = SweepContext(config, shape.n_layers, shape.n_heads, std)
-    grids = [(i, SWEEP_KINDS[name]) for i in range(len(pairs)) for name in config.sweeps]
-    cells = {(i, kind.name): kind.cells(pairs[i], ctx) for i, kind in grids}
-    total = sum(len(c) for c in cells.values())
+    total = count_runs(pairs, config, shape.n_layers, shape.n_heads)
     readings: dict[tuple[int, str], list] = defaultdict(list)
     done = 0
     buffer: list[tuple] = []  # (pair index, kind, cell, request)
@@ -73,14 +82,14 @@ def run_sweeps(engine, pairs, store, config: SweepConfig, progress: Progress | N
         if progress:
             progress(done, total)
 
-    for i, kind in grids:
-        for cell in cells[(i, kind.name)]:
-            buffer.append((i, kind, cell, kind.request(pairs[i], cell, ctx, f"{i}:{cell.source}")))
-            if len(buffer) >= config.max_requests:
-                flush()
+    for run in patched_runs(pairs, ctx):
+        buffer.append(run)
+        if len(buffer) >= config.max_requests:
+            flush()
     if buffer:
         flush()
     rows: list[dict] = []
-    for i, kind in grids:
-        rows += kind.rows(pairs[i], readings[(i, kind.name)], store.baselines[pairs[i].pair_id])
+    for i, p in enumerate(pairs):
+        for name in config.sweeps:
+            rows += SWEEP_KINDS[name].rows(p, readings[(i, name)], store.baselines[p.pair_id])
     return rows

@@ -32,14 +32,24 @@ def _artifacts():
     return asyncio.run(read())
 
 
-def _task_states(flow_run_id):
+def _task_states(flow_run_id, names, timeout=60.0):
+    """The final state of each named task run of a flow run. Prefect 3 records task-run states from
+    events, asynchronously: right after the flow returns the API may lack some runs or final states."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
     async def read():
         async with get_client() as client:
-            runs = await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
-            return {r.name.rsplit("-", 1)[0]: r.state.name.upper() for r in runs if r.flow_run_id == flow_run_id}
+            deadline = asyncio.get_running_loop().time() + timeout
+            while True:
+                runs = await client.read_task_runs(
+                    flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+                runs = [r for r in runs if r.flow_run_id == flow_run_id]
+                states = {r.name.rsplit("-", 1)[0]: r.state.name.upper() for r in runs if r.state}
+                final = all(r.state and r.state.is_final() for r in runs)
+                if (final and set(names) <= set(states)) or asyncio.get_running_loop().time() > deadline:
+                    return states
+                await asyncio.sleep(0.2)
 
     return asyncio.run(read())
 
@@ -74,7 +84,7 @@ def test_study_end_to_end_then_rerun_replaces(prefect_api, tmp_path):
     # the same study again: the same run, found in the caches, replacing its rows
     state2 = study(**params, return_state=True)
     assert state2.result() == run_id
-    tasks = _task_states(state2.state_details.flow_run_id)
+    tasks = _task_states(state2.state_details.flow_run_id, ("cache_activations", "align_pairs"))
     assert tasks["cache_activations"] == "CACHED" and tasks["align_pairs"] == "CACHED"
     assert query(wh, "SELECT count(*) FROM effects WHERE run_id = ?", [run_id])[1][0][0] == n_effects
     assert query(wh, "SELECT count(*) FROM runs")[1][0][0] == 1

@@ -14,7 +14,7 @@ def test_two_studies_at_once_share_a_warehouse(tmp_path):
     procs = [start(study_args(tmp_path, wh, tmp_path / f"work{i}", "--limit", str(2 + i), "--sweeps", "resid",
                               "--shard-size", "1"), env, tmp_path) for i in range(2)]
     outs = [p.communicate(timeout=900) for p in procs]
-    for p, (out, err) in zip(procs, outs):
+    for p, (_out, err) in zip(procs, outs):
         assert p.returncode == 0, err[-3000:]
         # neither DuckDB's lock conflict nor Prefect's SQLite lock reaches the user
         assert "Conflicting lock" not in err and "database is locked" not in err, err[-2000:]

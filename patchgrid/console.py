@@ -1,0 +1,81 @@
+"""What the command line shows a researcher: quiet engine logs, a progress bar, tables."""
+from __future__ import annotations
+
+import os
+import sys
+
+
+def quiet_engine_logs() -> None:
+    # vLLM logs every engine setting at INFO; a researcher at the terminal wants the table.
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    # stdout carries tables and JSON; vLLM's log lines go to stderr.
+    os.environ["VLLM_LOGGING_STREAM"] = "ext://sys.stderr"
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def quiet_prefect(verbose: bool = False) -> None:
+    # Ephemeral Prefect: no server to run; its telemetry cannot reach out from these machines.
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    if not verbose:
+        os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    quiet_engine_logs()
+
+
+class ProgressBar:
+    """Patched runs done in the current shard, on one refreshing line of stderr."""
+
+    def __init__(self):
+        self.shard, self.last = 0, None
+
+    def __call__(self, done: int, total: int):
+        if self.last is None or done < self.last:
+            self.shard += 1
+        self.last = done
+        width = 30
+        filled = int(width * done / max(total, 1))
+        # sys.stderr.write, not print: the flow's log_prints would turn a print into a log record
+        sys.stderr.write(f"\rshard {self.shard} [{'#' * filled}{'.' * (width - filled)}] {done}/{total} patched runs"
+                         + ("" if done < total else "\n"))
+        sys.stderr.flush()
+
+
+def format_rows(cols, rows) -> str:
+    def cell(v):
+        if v is None:
+            return ""
+        if isinstance(v, float):
+            return f"{v:.4g}"
+        return str(v)
+
+    cells = [[cell(v) for v in r] for r in rows]
+    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(cols)]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(cols, widths))]
+    lines += ["  ".join(v.rjust(w) for v, w in zip(r, widths)) for r in cells]
+    lines.append(f"({len(rows)} rows)")
+    return "\n".join(lines)
+
+
+def format_patch_table(out: dict, token_strs) -> str:
+    """sweep_pair's result: patched logit difference by layer (and head) and position."""
+    effects = out["effects"]
+    base = out["baseline"]
+    positions = sorted({e["position"] for e in effects})
+    lines = [f"baseline logit difference: clean {base['clean']:+.3f}, corrupt {base['corrupt']:+.3f}",
+             "patched logit difference by layer (rows) and position (columns):"]
+    head_site = effects and effects[0]["head"] is not None
+    label = "layer.head" if head_site else "layer"
+    cols = [f"{p}:{token_strs[p]!r}" if p < len(token_strs) else str(p) for p in positions]
+    width = max(10, *(len(c) for c in cols))
+    lines.append(f"{label:>10} " + " ".join(f"{c:>{width}}" for c in cols))
+    rows = {}
+    for e in effects:
+        rows.setdefault((e["layer"], e["head"]), {})[e["position"]] = e["logit_diff"]
+    for (layer, head), vals in rows.items():
+        name = "embed" if layer is None else (f"{layer}.{head}" if head is not None else str(layer))
+        lines.append(f"{name:>10} " + " ".join(f"{vals[p]:>{width}.3f}" for p in positions))
+    return "\n".join(lines)
+
+
+def fixed(value: float | None, spec: str) -> str:
+    """A number formatted by `spec`, or n/a where it is undefined."""
+    return "n/a" if value is None else format(value, spec)

@@ -1,0 +1,30 @@
+"""A study's sweeps in shards: each shard's pairs swept in one engine, written as Parquet files."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .cache import ActivationCache
+from .effects import write_effects
+from .progress import Progress
+from .rows import BASELINE
+from .spec import ShardSpec
+from .staging import write_parquet
+from .sweeps import SweepConfig, run_sweeps
+
+
+def split(pairs, size: int, cache_folder: str, sweeps: SweepConfig, noise_std: float, out_dir: Path) -> list[ShardSpec]:
+    return [ShardSpec(k, tuple(pairs[start:start + size]), cache_folder, sweeps, noise_std,
+                      str(out_dir / f"shard-{k:05d}.parquet"))
+            for k, start in enumerate(range(0, len(pairs), size))]
+
+
+def compute_shard(engine, shard: ShardSpec, progress: Progress | None = None) -> int:
+    """Every sweep over the shard's pairs; writes their baselines, then their effects (whose file,
+    renamed into place last, marks the shard done). Returns the number of effect rows."""
+    cache = ActivationCache(Path(shard.cache_folder))
+    pairs = list(shard.pairs)
+    rows = run_sweeps(engine, pairs, cache, shard.sweeps, progress=progress, noise_std=shard.noise_std)
+    Path(shard.out).parent.mkdir(parents=True, exist_ok=True)
+    write_parquet(BASELINE.table([cache.baselines[p.pair_id] for p in pairs]), shard.baselines_out)
+    write_effects(rows, shard.out)
+    return len(rows)

@@ -1,0 +1,159 @@
+"""What a study is asked to do: one frozen, validated value built at the edge (the CLI's arguments
+or the flow's parameters) and handed to the flow and its tasks; and a shard's share of the work.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+
+from .engine import BACKENDS, DEFAULT_BACKEND
+from .models import DEFAULT_MODEL
+from .pairs.pair import Pair
+from .shipped import SHIPPED_PAIRS
+from .sweeps import DEFAULT_SWEEPS, SWEEPS, SweepConfig
+
+RUNNERS = ("local", "ray")
+RUN_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+# A field whose value is where something is written: it counts in cache keys by its path, never by
+# what an earlier run left there.
+OUTPUT = {"output": True}
+
+
+class SpecError(ValueError):
+    """A study parameter that cannot work. The message names the parameter as the flow calls it;
+    `flag_message` names it as the command line does."""
+
+    FLAGS = {"pairs_format": "--format"}
+
+    def __init__(self, name: str | None, detail: str):
+        self.name, self.detail = name, detail
+        super().__init__(f"{name} {detail}" if name else detail)
+
+    @property
+    def flag_message(self) -> str:
+        if not self.name:
+            return self.detail
+        return f"{self.FLAGS.get(self.name, '--' + self.name.replace('_', '-'))} {self.detail}"
+
+
+def sweep_names(sweeps) -> tuple[str, ...]:
+    """`resid,heads` or a sequence of names, as a tuple of names."""
+    names = sweeps.split(",") if isinstance(sweeps, str) else list(sweeps)
+    return tuple(n.strip() for n in names if n.strip())
+
+
+@dataclass(frozen=True)
+class StudySpec:
+    model: str = DEFAULT_MODEL
+    pairs: str = SHIPPED_PAIRS  # a data-set file or a hub data-set name (owner/name)
+    sweeps: tuple[str, ...] = DEFAULT_SWEEPS
+    limit: int | None = None  # the first N accepted pairs
+    warehouse: str = field(default="warehouse.duckdb", metadata=OUTPUT)
+    workdir: str = field(default=".patchgrid", metadata=OUTPUT)  # pairs tables, shard files, the cache
+    pairs_format: str | None = None
+    require_known: bool = True
+    seed: int = 0
+    trace_samples: int = 10
+    shard_size: int = 8  # pairs per sweep task
+    backend: str = DEFAULT_BACKEND
+    max_requests: int = 2048  # patched runs per engine call
+    run_id: str | None = None  # default: derived from the model and these parameters
+    runner: str = "local"
+    ray_address: str | None = None
+    ray_workers: int = 2
+    gpus_per_engine: float = 0.0
+    tensor_parallel_size: int = 1
+
+    def __post_init__(self):
+        object.__setattr__(self, "sweeps", sweep_names(self.sweeps))
+        if not self.sweeps:
+            raise SpecError("sweeps", f"is empty; use some of {', '.join(SWEEPS)}")
+        for name in ("limit", "shard_size", "trace_samples", "max_requests", "ray_workers", "tensor_parallel_size"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise SpecError(name, f"{value} must be at least 1")
+        try:
+            self.sweep_config()  # the sweeps' own checks, naming what is wrong
+        except ValueError as exc:
+            raise SpecError(None, str(exc)) from None
+        if self.gpus_per_engine < 0:
+            raise SpecError("gpus_per_engine", f"{self.gpus_per_engine} must not be negative")
+        if self.backend not in BACKENDS:
+            raise SpecError("backend", f"{self.backend!r} is not one of {', '.join(BACKENDS)}")
+        if self.runner not in RUNNERS:
+            raise SpecError("runner", f"{self.runner!r} is not one of {', '.join(RUNNERS)}")
+        if self.ray_address and self.runner != "ray":
+            raise SpecError("ray_address", "needs runner ray")
+        if self.tensor_parallel_size > 1 and self.runner != "ray":
+            raise SpecError("tensor_parallel_size", "> 1 runs in Ray engine actors: use runner ray")
+        if self.run_id is not None and not RUN_ID.match(self.run_id):
+            raise SpecError("run_id", f"{self.run_id!r} may hold only letters, digits, '.', '_' and '-' (64 at most)")
+
+    def sweep_config(self) -> SweepConfig:
+        return SweepConfig(sweeps=self.sweeps, trace_samples=self.trace_samples, seed=self.seed,
+                           max_requests=self.max_requests)
+
+    def recorded_params(self) -> dict:
+        """What a run records as its parameters, and what its default run id is derived from."""
+        return dict(model=self.model, pairs=self.pairs, sweeps=list(self.sweeps), limit=self.limit,
+                    pairs_format=self.pairs_format, require_known=self.require_known, seed=self.seed,
+                    trace_samples=self.trace_samples, backend=self.backend)
+
+    def flow_parameters(self) -> dict:
+        """The study flow's parameters for this spec (the flow builds the same spec from them)."""
+        params = asdict(self)
+        params["sweeps"] = ",".join(self.sweeps)
+        return params
+
+    def engine_options(self) -> dict:
+        return {"tensor_parallel_size": self.tensor_parallel_size} if self.tensor_parallel_size > 1 else {}
+
+    def with_run_id(self, run_id: str) -> StudySpec:
+        return replace(self, run_id=run_id)
+
+    def check_inputs(self) -> None:
+        """What can be checked on this machine before any work starts: the data set and the
+        warehouse's folder exist, the warehouse can be written, the runner's packages are there."""
+        from .warehouse.loader import check_writable
+
+        source = Path(self.pairs)
+        is_hub_name = self.pairs.count("/") == 1 and not self.pairs.startswith((".", "/", "~"))
+        if not source.exists() and not is_hub_name:
+            raise SpecError("pairs", f"{self.pairs}: no such file (nor a hub data-set name owner/name)")
+        wh = Path(self.warehouse)
+        if wh.parent != Path("") and not wh.parent.is_dir():
+            raise SpecError("warehouse", f"{self.warehouse}: folder {wh.parent} does not exist")
+        check_writable(wh)
+        if self.runner == "ray":
+            try:
+                import prefect_ray  # noqa: F401
+                import ray  # noqa: F401
+            except ImportError:
+                raise SpecError("runner", "ray needs ray and prefect-ray (pip install 'patchgrid[ray]')") from None
+
+
+def spec_fields() -> list[str]:
+    return [f.name for f in fields(StudySpec)]
+
+
+@dataclass(frozen=True)
+class ShardSpec:
+    """One shard of a study's sweeps: which pairs, from which cache, written where."""
+
+    index: int
+    pairs: tuple[Pair, ...]
+    cache_folder: str
+    sweeps: SweepConfig
+    noise_std: float  # the trace noise scale, set by the whole data set's subjects
+    out: str = field(metadata=OUTPUT)  # the effects Parquet file; its existence marks the shard done
+
+    @property
+    def baselines_out(self) -> str:
+        """The shard's pairs' baselines, written beside its effects (before them)."""
+        out = Path(self.out)
+        return str(out.with_name(f"baselines-{out.name}"))
+
+    @property
+    def pair_ids(self) -> list[str]:
+        return [p.pair_id for p in self.pairs]
