@@ -53,7 +53,11 @@ class RowShape:
         return self.schema.names
 
     def table(self, rows: list[dict]) -> pa.Table:
-        """Rows as an Arrow table in this shape; missing keys are NULL, closed columns checked."""
+        """Rows as an Arrow table in this shape; missing keys are NULL, closed columns checked, and a
+        key the shape does not have is refused (Arrow would drop it silently)."""
+        unknown = set().union(*rows) - set(self.schema.names) if rows else set()
+        if unknown:
+            raise RowError(f"{self.name} rows: {sorted(unknown)[0]!r} is not a column of this shape")
         table = pa.Table.from_pylist(rows, schema=self.schema)
         self.check(table)
         return table

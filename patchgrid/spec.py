@@ -4,7 +4,7 @@ or the flow's parameters) and handed to the flow and its tasks; and a shard's sh
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from .engine import BACKENDS, DEFAULT_BACKEND
@@ -131,10 +131,6 @@ class StudySpec:
                 import ray  # noqa: F401
             except ImportError:
                 raise SpecError("runner", "ray needs ray and prefect-ray (pip install 'patchgrid[ray]')") from None
-
-
-def spec_fields() -> list[str]:
-    return [f.name for f in fields(StudySpec)]
 
 
 @dataclass(frozen=True)

@@ -73,3 +73,8 @@ def test_the_loader_refuses_a_staged_file_outside_the_sets(tmp_path):
     con = connect(wh, read_only=True)
     assert con.execute("SELECT count(*) FROM effects").fetchone()[0] == 0
     con.close()
+
+
+def test_a_key_outside_the_shape_is_refused():
+    with pytest.raises(RowError, match="effect rows: 'recovry' is not a column"):
+        effects_table([effect(recovry=0.5)])
