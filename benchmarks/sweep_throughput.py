@@ -17,6 +17,7 @@ import os
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
@@ -47,7 +48,8 @@ def main():
     runs = count_runs(pairs, config, shape.n_layers, shape.n_heads)
     cache, _ = load_or_build(engine, pairs, cache_spec(config, shape.n_layers), Path(tempfile.mkdtemp()),
                              log=lambda *_: None)
-    run_sweeps(engine, pairs[:1], cache, SweepConfig(sweeps=("resid",), max_requests=64))  # warm-up
+    # warm-up: the first sweep asked for, on one pair (the cache holds only what the asked sweeps read)
+    run_sweeps(engine, pairs[:1], cache, replace(config, sweeps=config.sweeps[:1], trace_samples=1))
 
     t0 = time.perf_counter()
     rows = run_sweeps(engine, pairs, cache, config)

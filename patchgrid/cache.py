@@ -81,6 +81,10 @@ def pairs_identity(pairs) -> str:
     return h.hexdigest()
 
 
+class CacheError(ValueError):
+    """The activation cache lacks what a sweep reads; the message names what is missing."""
+
+
 class ActivationCache:
     """A complete cache data set, memory-mapped."""
 
@@ -115,6 +119,15 @@ class ActivationCache:
 
     def captures(self, pair_id: str, run: str = "clean", keys=None) -> dict[str, torch.Tensor]:
         """{site key: [tokens, width]} for one pair, as views over the mapped file."""
+        if run not in self._rows:
+            raise CacheError(f"the activation cache {self.folder} holds no {run} run (it holds "
+                             f"{', '.join(self._rows)}): build it with cache_spec() of the sweeps that read it")
+        if pair_id not in self._index:
+            raise CacheError(f"the activation cache {self.folder} holds no pair {pair_id!r}")
+        missing = [k for k in keys or () if k not in self.manifest["widths"]]
+        if missing:
+            raise CacheError(f"the activation cache {self.folder} holds no {missing[0]}: build it with cache_spec() "
+                             "of the sweeps that read it")
         b, row0, n = self._rows[run][self._index[pair_id]]
         batch = self._batches[run][b]
         out = {}

@@ -100,3 +100,18 @@ def test_a_crash_mid_write_leaves_nothing_that_looks_complete(tmp_path, engines,
     engine = Counting(engines.get(MODEL, "hf", dtype="float32"))
     cache, built = load_or_build(engine, pairs, spec(), tmp_path, log=lambda *_: None)
     assert built and isinstance(cache, ActivationCache) and cache.folder.name != "deadbeef"
+
+
+def test_a_missing_run_or_site_is_named(tmp_path, engines, pairs):
+    """A sweep that reads what the cache was not built with gets an error naming it, not a KeyError."""
+    from patchgrid.cache import CacheError
+
+    engine = engines.get(MODEL, "hf", dtype="float32")
+    cache, _ = load_or_build(engine, pairs, CacheSpec(layer_keys("resid", 4), ("clean",)), tmp_path,
+                             log=lambda *_: None)
+    with pytest.raises(CacheError, match="holds no corrupt run"):
+        cache.captures(pairs[0].pair_id, "corrupt")
+    with pytest.raises(CacheError, match="holds no head.0"):
+        cache.captures(pairs[0].pair_id, "clean", ["head.0"])
+    with pytest.raises(CacheError, match="holds no pair 'nope'"):
+        cache.captures("nope")

@@ -17,6 +17,12 @@ from patchgrid.rows import BASELINE, EFFECT, PAIR, RUN, WAREHOUSE_TABLES
 
 SCHEMA_VERSION = 1
 
+# A read-only connection (queries, the report) reads the warehouse and nothing else: no file is read
+# or written through SQL (COPY, read_csv, ATTACH, EXPORT), no extension is installed or loaded, and
+# these settings cannot be changed back from SQL.
+READ_ONLY_CONFIG = {"enable_external_access": False, "lock_configuration": True,
+                    "autoload_known_extensions": False, "autoinstall_known_extensions": False}
+
 
 class WarehouseError(ValueError):
     """A warehouse file that cannot be used; the message names the file and the problem."""
@@ -58,7 +64,7 @@ def connect(path: str | Path, *, read_only: bool = False, wait_s: float = 60.0):
     deadline = time.monotonic() + wait_s
     while True:
         try:
-            con = duckdb.connect(str(path), read_only=read_only)
+            con = duckdb.connect(str(path), read_only=read_only, config=READ_ONLY_CONFIG if read_only else {})
             break
         except duckdb.IOException as exc:
             msg = str(exc)
@@ -202,6 +208,10 @@ def query(path: str | Path, sql: str, params=None):
         cur = con.execute(sql, params or [])
         cols = [d[0] for d in cur.description] if cur.description else []
         return cols, cur.fetchall()
+    except duckdb.PermissionException as exc:
+        first = str(exc).strip().splitlines()[0]
+        raise WarehouseError(f"query refused: {first} (a query reads the warehouse only: no files, no extensions)") \
+            from None
     except duckdb.Error as exc:
         first = str(exc).strip().splitlines()[0]
         raise WarehouseError(f"query failed: {first}") from None

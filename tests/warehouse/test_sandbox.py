@@ -1,0 +1,43 @@
+"""A query reads the warehouse and nothing else: no file read or written through SQL."""
+from __future__ import annotations
+
+import pytest
+
+from patchgrid.warehouse.loader import WarehouseError, connect, query
+from tests.warehouse.test_loader import load
+
+
+@pytest.mark.parametrize("sql", [
+    "COPY (SELECT 42) TO '{tmp}/x.csv'",
+    "SELECT * FROM read_csv('/etc/passwd')",
+    "SELECT * FROM glob('/etc/*')",
+    "ATTACH '{tmp}/other.duckdb'",
+    "EXPORT DATABASE '{tmp}/export'",
+    "INSTALL httpfs",
+    "LOAD httpfs",
+    "SET enable_external_access = true",
+    "RESET enable_external_access",
+])
+def test_a_query_cannot_touch_the_file_system(tmp_path, sql):
+    wh = tmp_path / "w.duckdb"
+    load(tmp_path, wh)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    with pytest.raises(WarehouseError, match="query (refused|failed): .*(disabled (by|through) configuration|locked)"):
+        query(wh, sql.format(tmp=tmp_path))
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_the_report_connection_is_sandboxed_too(tmp_path):
+    import duckdb
+
+    wh = tmp_path / "w.duckdb"
+    load(tmp_path, wh)
+    con = connect(wh, read_only=True)  # what the report reads through
+    try:
+        assert con.execute("SELECT count(*) FROM effect_summary").fetchone()[0] > 0
+        with pytest.raises(duckdb.PermissionException):
+            con.execute(f"COPY (SELECT 1) TO '{tmp_path}/y.csv'")
+    finally:
+        con.close()
+    # the JSON parameters of a run still read
+    assert query(wh, "SELECT params->>'x' FROM runs")[1] == [("1",)]
