@@ -36,10 +36,11 @@ def code_version() -> str:
     return f"{patchgrid.__version__}+{rev}" if rev else patchgrid.__version__
 
 
-def _produced(task, *args, **kwargs) -> str:
-    """Run a task whose result is a path; a cached result whose file is gone is computed again."""
+def _produced(task, *args, sound=lambda path: Path(path).exists(), **kwargs) -> str:
+    """Run a task whose result is a path; a cached result whose file is gone (or not `sound`) is
+    computed again."""
     path = task(*args, **kwargs)
-    if not Path(path).exists():
+    if not sound(path):
         path = task.with_options(refresh_cache=True)(*args, **kwargs)
     return path
 
@@ -64,7 +65,7 @@ def study(model: str = DEFAULT.model, pairs: str = DEFAULT.pairs, sweeps: str = 
 
 
 def run_study(spec: StudySpec, engines: EnginePool) -> str:
-    from patchgrid.cache import ActivationCache, model_identity
+    from patchgrid.cache import ActivationCache, damage, model_identity
     from patchgrid.fingerprint import fingerprint
     from patchgrid.models import prepare
     from patchgrid.pairs import accepted_pairs, read_pairs
@@ -84,7 +85,9 @@ def run_study(spec: StudySpec, engines: EnginePool) -> str:
     accepted = accepted_pairs(read_pairs(table), spec.limit)
     if not accepted:
         raise ValueError(f"no accepted pairs in {spec.pairs}: see the rejections in {table}")
-    cache_folder = _produced(cache_activations, spec, accepted, str(work / "cache"), model_sha, engines)
+    # a cache folder damaged since it was written is found by its checksums, discarded and rebuilt
+    cache_folder = _produced(cache_activations, spec, accepted, str(work / "cache"), model_sha, engines,
+                             sound=lambda folder: damage(folder) is None)
     sweeps = spec.sweep_config()
     noise_std = 0.0
     if "trace" in spec.sweeps:

@@ -35,7 +35,7 @@ from .rows import BASELINE
 from .sites import site_key
 
 RUNS = ("clean", "corrupt")
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: the manifest holds each file's size and sha256
 
 _ARROW = {torch.bfloat16: (pa.uint16(), np.uint16), torch.float16: (pa.float16(), np.float16),
           torch.float32: (pa.float32(), np.float32)}
@@ -190,7 +190,7 @@ def load_or_build(engine, pairs, spec: CacheSpec, root: Path, *, batch_pairs: in
     root = Path(root)
     ident = {"version": CACHE_VERSION, **model_identity(engine.folder), "pairs_sha256": pairs_identity(pairs),
              "dtype": str(engine.dtype).removeprefix("torch.")}
-    found = _find(root, ident, spec)
+    found = _find(root, ident, spec, log)
     if found is not None:
         return ActivationCache(found), False
     key = hashlib.sha256(json.dumps({**ident, "keys": sorted(spec.keys), "runs": sorted(spec.runs)},
@@ -200,7 +200,8 @@ def load_or_build(engine, pairs, spec: CacheSpec, root: Path, *, batch_pairs: in
     return ActivationCache(folder), True
 
 
-def _find(root: Path, ident: dict, spec: CacheSpec) -> Path | None:
+def _find(root: Path, ident: dict, spec: CacheSpec, log) -> Path | None:
+    """A sound data set for `ident` covering `spec`; a damaged one is logged and discarded."""
     if not root.is_dir():
         return None
     for manifest in sorted(root.glob("*/manifest.json")):
@@ -209,7 +210,32 @@ def _find(root: Path, ident: dict, spec: CacheSpec) -> Path | None:
         except (OSError, ValueError):
             continue
         if {k: m.get(k) for k in ident} == ident and spec.covered_by(CacheSpec(tuple(m["keys"]), tuple(m["runs"]))):
-            return manifest.parent
+            problem = damage(manifest.parent)
+            if problem is None:
+                return manifest.parent
+            log(f"activation cache {manifest.parent} is damaged ({problem}): discarded, it will be rebuilt")
+            shutil.rmtree(manifest.parent, ignore_errors=True)
+    return None
+
+
+def damage(folder: str | Path) -> str | None:
+    """What is wrong with a cache data set, checked against the sizes and sha256 sums written with
+    it; None when it is sound."""
+    from .models import sha256_file
+
+    folder = Path(folder)
+    try:
+        files = json.loads((folder / "manifest.json").read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return "no readable manifest"
+    for name, (size, digest) in files.items():
+        path = folder / name
+        if not path.is_file():
+            return f"{name} is missing"
+        if path.stat().st_size != size:
+            return f"{name} has {path.stat().st_size} bytes, {size} were written"
+        if sha256_file(path) != digest:
+            return f"{name} does not match its sha256"
     return None
 
 
@@ -238,9 +264,12 @@ def _build(engine, pairs, spec: CacheSpec, ident: dict, folder: Path, batch_pair
                 w.close()
         with pa.ipc.new_file(str(tmp / "baselines.arrow"), BASELINE.schema) as w:
             w.write_table(BASELINE.table(baselines))
-        size = sum(f.stat().st_size for f in tmp.iterdir())
+        from .models import sha256_file
+
+        files = {f.name: (f.stat().st_size, sha256_file(f)) for f in sorted(tmp.iterdir())}
         manifest = {**ident, "keys": list(spec.keys), "runs": list(spec.runs), "widths": widths,
-                    "pair_ids": [p.pair_id for p in pairs], "bytes": size}
+                    "pair_ids": [p.pair_id for p in pairs], "bytes": sum(size for size, _ in files.values()),
+                    "files": files}
         (tmp / "manifest.json").write_text(json.dumps(manifest))
         if folder.exists():  # an earlier, incomplete or superseded copy under the same key
             shutil.rmtree(folder)

@@ -115,3 +115,26 @@ def test_a_missing_run_or_site_is_named(tmp_path, engines, pairs):
         cache.captures(pairs[0].pair_id, "clean", ["head.0"])
     with pytest.raises(CacheError, match="holds no pair 'nope'"):
         cache.captures("nope")
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip"])
+def test_a_damaged_data_set_is_found_discarded_and_rebuilt(tmp_path, engines, pairs, damage):
+    from patchgrid.cache import damage as damage_of
+
+    engine = Counting(engines.get(MODEL, "hf", dtype="float32"))
+    cache, _ = load_or_build(engine, pairs, spec(), tmp_path, log=lambda *_: None)
+    want = {p.pair_id: cache.captures(p.pair_id, "corrupt")["resid.2"].clone() for p in pairs}
+    path = cache.folder / "corrupt.arrow"
+    data = bytearray(path.read_bytes())
+    if damage == "truncate":
+        data = data[: len(data) // 2]
+    else:
+        data[len(data) // 3] ^= 0x01
+    path.write_bytes(bytes(data))
+    assert "corrupt.arrow" in damage_of(cache.folder)
+    logged = []
+    again, built = load_or_build(engine, pairs, spec(), tmp_path, log=logged.append)
+    assert built and any("is damaged" in line and "corrupt.arrow" in line for line in logged)
+    assert damage_of(again.folder) is None
+    for p in pairs:
+        assert torch.equal(again.captures(p.pair_id, "corrupt")["resid.2"], want[p.pair_id])
