@@ -121,6 +121,10 @@ class StudySpec:
         is_hub_name = self.pairs.count("/") == 1 and not self.pairs.startswith((".", "/", "~"))
         if not source.exists() and not is_hub_name:
             raise SpecError("pairs", f"{self.pairs}: no such file (nor a hub data-set name owner/name)")
+        if source.is_file():
+            from .pairs import read_source
+
+            read_source(self.pairs, self.pairs_format)  # a file that cannot be read stops here, naming its line
         wh = Path(self.warehouse)
         if wh.parent != Path("") and not wh.parent.is_dir():
             raise SpecError("warehouse", f"{self.warehouse}: folder {wh.parent} does not exist")

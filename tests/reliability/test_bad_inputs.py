@@ -131,3 +131,13 @@ def test_query_and_report_refuse(tmp_path):
     assert_one_clear_line(run(["report", "--warehouse", str(tmp_path / "w.duckdb"), "--run", "nope", "--out",
                                str(tmp_path / "r")], tmp_path), "run 'nope' is not in the warehouse")
     assert_one_clear_line(run(["sweep", "--pairs", str(tmp_path / "none.parquet")], tmp_path), "no such file")
+
+
+def test_study_refuses_a_broken_pairs_file_before_it_starts(tmp_path):
+    """The data set is read before the flow starts: one line naming file and line, no run begun."""
+    bad = tmp_path / "facts.jsonl"
+    bad.write_text('{"case_id": 0}\n{broken\n')
+    res = run(["study", "--model", "tiny-llama", "--pairs", str(bad), "--warehouse", str(tmp_path / "w.duckdb"),
+               "--workdir", str(tmp_path / "work")], tmp_path)
+    assert_one_clear_line(res, "facts.jsonl line 2: not valid JSON")
+    assert not (tmp_path / "work").exists() and not (tmp_path / "w.duckdb").exists()
