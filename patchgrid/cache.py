@@ -2,7 +2,8 @@
 
 Layout of one cache data set, a folder named by its key under the cache root:
 
-    manifest.json    what the key was made of, dtype, widths, pair order, sizes; written last
+    manifest.json    what the key was made of, dtype, widths, pair order, each file's size and
+                     sha256 (checked when the set is found); written last
     clean.arrow      one row per (pair, position); one column per site key (`resid.3`, `head.3`...),
                      each a fixed-size list of the site's width in the model's dtype (bfloat16
                      is stored as its uint16 bit pattern, since Arrow has no bfloat16)
@@ -34,7 +35,6 @@ from .plan import Request
 from .rows import BASELINE
 from .sites import site_key
 
-RUNS = ("clean", "corrupt")
 CACHE_VERSION = 2  # 2: the manifest holds each file's size and sha256
 
 _ARROW = {torch.bfloat16: (pa.uint16(), np.uint16), torch.float16: (pa.float16(), np.float16),
