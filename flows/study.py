@@ -17,6 +17,7 @@ from prefect.runtime import flow_run
 
 from patchgrid.engine import EnginePool
 from patchgrid.spec import ShardSpec, StudySpec
+from patchgrid.stopping import Cancelled, cancel_on_signals, one_line
 from patchgrid.tasks.cache import cache_activations
 from patchgrid.tasks.pairs import align_pairs
 from patchgrid.tasks.sweeps import sweep_shard
@@ -60,26 +61,43 @@ def study(model: str = DEFAULT.model, pairs: str = DEFAULT.pairs, sweeps: str = 
                      shard_size=shard_size, backend=backend, max_requests=max_requests, run_id=run_id, runner=runner,
                      ray_address=ray_address, ray_workers=ray_workers, gpus_per_engine=gpus_per_engine,
                      tensor_parallel_size=tensor_parallel_size)
-    with EnginePool() as engines:
+    # SIGTERM and SIGINT stop the study through every clean-up on the way out (engines first)
+    with cancel_on_signals(), EnginePool() as engines:
         return run_study(spec, engines)
 
 
+def _now():
+    return datetime.now(timezone.utc).replace(tzinfo=None)
+
+
 def run_study(spec: StudySpec, engines: EnginePool) -> str:
-    from patchgrid.cache import ActivationCache, damage, model_identity
+    from patchgrid.cache import model_identity
     from patchgrid.fingerprint import fingerprint
     from patchgrid.models import prepare
+    from patchgrid.warehouse.loader import finish_run
+
+    model_sha = model_identity(prepare(spec.model))["weights_sha256"]
+    # The same inputs give the same run id: a rerun resumes and replaces, never duplicates.
+    spec = spec.with_run_id(spec.run_id or "run-" + fingerprint(model_sha, spec.recorded_params())[:12])
+    record_run(spec, str(flow_run.get_id() or ""), model_sha, code_version(), _now())
+    try:
+        return _sweep_and_load(spec, engines, model_sha)
+    except BaseException as exc:
+        # a run that stops says why, in the warehouse, rather than staying `running` for ever
+        status = "cancelled" if isinstance(exc, (Cancelled, KeyboardInterrupt)) else "failed"
+        finish_run(spec.warehouse, spec.run_id, status, finished=_now(), reason=one_line(exc))
+        raise
+
+
+def _sweep_and_load(spec: StudySpec, engines: EnginePool, model_sha: str) -> str:
+    from patchgrid.cache import ActivationCache, damage
     from patchgrid.pairs import accepted_pairs, read_pairs
     from patchgrid.shards import split
     from patchgrid.sweeps import trace_noise_std
 
     logger = get_run_logger()
-    model_sha = model_identity(prepare(spec.model))["weights_sha256"]
-    # The same inputs give the same run id: a rerun resumes and replaces, never duplicates.
-    spec = spec.with_run_id(spec.run_id or "run-" + fingerprint(model_sha, spec.recorded_params())[:12])
     work = Path(spec.workdir).resolve()
     run_dir = work / "runs" / spec.run_id
-    record_run(spec, str(flow_run.get_id() or ""), model_sha, code_version(),
-               datetime.now(timezone.utc).replace(tzinfo=None))
     logger.info("run %s: model %s, pairs %s, sweeps %s", spec.run_id, spec.model, spec.pairs, ",".join(spec.sweeps))
     table = _produced(align_pairs, spec, model_sha, str(run_dir / "pairs.parquet"), engines)
     accepted = accepted_pairs(read_pairs(table), spec.limit)
@@ -103,8 +121,7 @@ def run_study(spec: StudySpec, engines: EnginePool) -> str:
         for k, shard in enumerate(shards):
             effect_files.append(_produced(sweep_shard, spec, shard, model_sha, engines))
             update_progress_artifact(progress, progress=100.0 * (k + 1) / len(shards))
-    load_warehouse(spec, table, [s.baselines_out for s in shards], effect_files,
-                   datetime.now(timezone.utc).replace(tzinfo=None))
+    load_warehouse(spec, table, [s.baselines_out for s in shards], effect_files, _now())
     top = summarize(spec)
     logger.info("run %s done: %d pairs in %d shards; strongest: %s", spec.run_id, len(accepted), len(shards),
                 top[:1])

@@ -3,10 +3,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from pathlib import Path
 
-from .console import ProgressBar, fixed, format_patch_table, format_rows, quiet_engine_logs, quiet_prefect
+from .console import (
+    ProgressBar,
+    fixed,
+    format_patch_table,
+    format_rows,
+    one_line_failures,
+    quiet_engine_logs,
+    quiet_prefect,
+)
 from .engine import BACKENDS, DEFAULT_BACKEND, DTYPES
 from .models import BUILTIN, DEFAULT_MODEL
 from .pairs.sources import FORMATS
@@ -170,10 +179,12 @@ def study_spec(args, **overrides) -> StudySpec:
     return spec
 
 
-def _run_study(spec: StudySpec) -> str:
+def _run_study(spec: StudySpec, verbose: bool = False) -> str:
     from .flows.study import study
     from .progress import reporting_to
 
+    if not verbose:
+        one_line_failures()
     with reporting_to(ProgressBar()):
         return study(**spec.flow_parameters())
 
@@ -181,7 +192,7 @@ def _run_study(spec: StudySpec) -> str:
 def cmd_study(args) -> int:
     spec = study_spec(args)
     quiet_prefect(args.verbose)
-    print(_run_study(spec))
+    print(_run_study(spec, args.verbose))
     return 0
 
 
@@ -352,14 +363,26 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     quiet_engine_logs()
+    from .stopping import Cancelled, cancel_on_signals, one_line
+
     try:
-        return args.func(args)
+        with cancel_on_signals():
+            return args.func(args)
     # ModelError, PairError, PlanError, SourceError, SpecError, RowError and WarehouseError are
     # ValueErrors: each names what is wrong in the user's input.
     except (UsageError, ValueError, OSError) as exc:
         text = " ".join(str(exc).split())  # one line, whatever the library wrote
         print(f"patchgrid: error: {text}", file=sys.stderr)
         return 2
+    except (Cancelled, KeyboardInterrupt) as exc:
+        signame = exc.signame if isinstance(exc, Cancelled) else "SIGINT"
+        print(f"patchgrid: stopped by {signame}; a running study is recorded as cancelled", file=sys.stderr)
+        return 128 + int(getattr(signal, signame))
+    except Exception as exc:
+        if getattr(args, "verbose", False):
+            raise
+        print(f"patchgrid: error: {' '.join(one_line(exc).split())} (--verbose shows the traceback)", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """What the command line shows a researcher: quiet engine logs, a progress bar, tables."""
 from __future__ import annotations
 
+import logging
 import os
 import sys
 
@@ -19,6 +20,28 @@ def quiet_prefect(verbose: bool = False) -> None:
     if not verbose:
         os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     quiet_engine_logs()
+
+
+class _NoRunFailures(logging.Filter):
+    """A flow or task run's failure, traceback and all, stays in Prefect's own log (its API and
+    UI); the command line says it in one line itself."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.levelno >= logging.ERROR and record.name.startswith(("prefect.flow_runs",
+                                                                                 "prefect.task_runs")))
+
+
+def one_line_failures() -> None:
+    """Keep failure tracebacks off the terminal (call after Prefect has configured its logging)."""
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    loggers = [logging.getLogger()] + [lg for lg in logging.root.manager.loggerDict.values()
+                                       if isinstance(lg, logging.Logger)]
+    for logger in loggers:
+        for handler in logger.handlers:
+            if isinstance(handler, PrefectConsoleHandler) and not any(
+                    isinstance(f, _NoRunFailures) for f in handler.filters):
+                handler.addFilter(_NoRunFailures())
 
 
 class ProgressBar:

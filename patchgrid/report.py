@@ -246,7 +246,7 @@ def write_report(warehouse: str | Path, out: str | Path, run_id: str | None = No
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    con = connect(warehouse, read_only=True)
+    con = connect(warehouse)
     try:
         if run_id is None:
             latest = con.execute("SELECT run_id FROM run_overview ORDER BY started DESC NULLS LAST LIMIT 1").fetchone()

@@ -2,9 +2,9 @@
 
 The sweeps produce effect rows in `EFFECT`, the pairs step writes `PAIR`, the activation cache
 keeps `BASELINE`, a study records `RUN`. Parquet staging files use these schemas, and the
-warehouse loader inserts by column name into tables that declare `run_id` and then exactly these
-columns (the warehouse keeps `PAIR_IN_WAREHOUSE`, a subset of `PAIR`); a test checks that
-`warehouse/schema.sql` and these schemas agree column for column, type for type.
+warehouse's views (generated from these shapes by warehouse/catalog.py) give `run_id` and then
+exactly these columns (the warehouse keeps `PAIR_IN_WAREHOUSE`, a subset of `PAIR`); a test checks
+them column for column, type for type.
 
 Columns with a closed set of values are checked whenever rows are turned into a table, so an
 unknown sweep, site or status never reaches a file.
@@ -33,7 +33,7 @@ REASONS = (
 )
 DIRECTIONS = ("denoise", "noise")  # clean into corrupt | corrupt into clean
 POSITION_ROLES = ROLES + ("all",)  # `all`: a patch over every position at once
-RUN_STATUSES = ("running", "completed", "failed")
+RUN_STATUSES = ("running", "completed", "failed", "cancelled")  # cancelled: SIGTERM or SIGINT
 
 
 class RowError(ValueError):
@@ -159,6 +159,7 @@ RUN = RowShape("run", pa.schema([
     ("started", pa.timestamp("us")),
     ("finished", pa.timestamp("us")),
     ("status", pa.string()),
+    ("reason", pa.string()),  # why a run failed or was cancelled, in one line
 ]), {"status": RUN_STATUSES})
 
 # warehouse table -> the shape of its rows after `run_id` (runs: the whole row)

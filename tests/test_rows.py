@@ -11,18 +11,22 @@ from patchgrid.pairs import to_table as pairs_table
 from patchgrid.rows import EFFECT, PAIR, WAREHOUSE_TABLES, RowError, warehouse_columns
 from patchgrid.sites import SITE_KINDS
 from patchgrid.sweeps import SWEEP_KINDS
-from patchgrid.warehouse.loader import connect, load_run, start_run
+from patchgrid.warehouse.loader import connect, ensure, load_run, start_run
 
 
 def test_warehouse_tables_declare_exactly_the_row_shapes(tmp_path):
-    con = connect(tmp_path / "w.duckdb")
-    try:
-        for table in WAREHOUSE_TABLES:
-            declared = con.execute("SELECT column_name, data_type FROM information_schema.columns "
-                                   "WHERE table_name = ? ORDER BY ordinal_position", [table]).fetchall()
-            assert declared == warehouse_columns(table), table
-    finally:
-        con.close()
+    """Both ways of reading: patchgrid's snapshot connection and the file dashboards open."""
+    import duckdb
+
+    ensure(tmp_path / "w.duckdb")
+    for con in (connect(tmp_path / "w.duckdb"), duckdb.connect(str(tmp_path / "w.duckdb"), read_only=True)):
+        try:
+            for table in WAREHOUSE_TABLES:
+                declared = con.execute("SELECT column_name, data_type FROM information_schema.columns "
+                                       "WHERE table_name = ? ORDER BY ordinal_position", [table]).fetchall()
+                assert declared == warehouse_columns(table), table
+        finally:
+            con.close()
 
 
 def effect(**change):
@@ -70,7 +74,7 @@ def test_the_loader_refuses_a_staged_file_outside_the_sets(tmp_path):
     pairs = PAIR.table([{"pair_id": "p", "status": "accepted"}])
     with pytest.raises(RowError, match="effect rows: site 'nowhere'"):
         load_run(wh, "r", pairs, [{"pair_id": "p"}], [tmp_path / "bad.parquet"])
-    con = connect(wh, read_only=True)
+    con = connect(wh)
     assert con.execute("SELECT count(*) FROM effects").fetchone()[0] == 0
     con.close()
 

@@ -1,209 +1,272 @@
-"""Open, version and load the DuckDB warehouse.
+"""Write runs into the warehouse, and open it for reading.
 
-Loads are idempotent (a run's rows for the loaded pairs are replaced, never duplicated), one
-writer at a time (an exclusive lock file queues concurrent writers, so nobody sees DuckDB's lock
-error), and atomic (one transaction: a failed load leaves the warehouse as it was).
+Writers never wait for readers or for each other (see layout.py): a run's state is a new status
+file per change, a run's rows are a new load folder renamed into place whole, so a study can load
+while any number of dashboards and queries hold the warehouse open, and studies on many machines
+can load into one shared folder at once. Loads are idempotent: a rerun's load replaces its run's
+rows. A load that dies half-way leaves the warehouse as it was.
 """
 from __future__ import annotations
 
-import fcntl
 import json
-import time
-from contextlib import contextmanager
-from importlib import resources
+import os
+import shutil
+import sys
 from pathlib import Path
 
-from patchgrid.rows import BASELINE, EFFECT, PAIR, RUN, WAREHOUSE_TABLES
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
-SCHEMA_VERSION = 1
+from patchgrid.rows import BASELINE, EFFECT, PAIR, PAIR_IN_WAREHOUSE, RUN, RUN_STATUSES, RowError
 
-# A read-only connection (queries, the report) reads the warehouse and nothing else: no file is read
-# or written through SQL (COPY, read_csv, ATTACH, EXPORT), no extension is installed or loaded, and
-# these settings cannot be changed back from SQL.
-READ_ONLY_CONFIG = {"enable_external_access": False, "lock_configuration": True,
-                    "autoload_known_extensions": False, "autoinstall_known_extensions": False}
+from .catalog import BASE_CONFIG, catalog_is_current, open_snapshot, write_catalog
+from .layout import EMPTY_RUN, SCHEMA_VERSION, Layout, publish_dir, publish_file, remove_superseded, stamp
+
+__all__ = ["SCHEMA_VERSION", "WarehouseError", "check_writable", "connect", "ensure", "finish_run", "load_run",
+           "query", "start_run"]
+
+# Statements a query may run: reading only (SHOW, DESCRIBE, SUMMARIZE, WITH and VALUES are SELECTs).
+QUERY_STATEMENTS = {"SELECT"}
 
 
 class WarehouseError(ValueError):
-    """A warehouse file that cannot be used; the message names the file and the problem."""
+    """A warehouse that cannot be used; the message names the file and the problem."""
 
 
-def _sql(name: str) -> str:
-    return resources.files("patchgrid.warehouse").joinpath(name).read_text()
-
-
-@contextmanager
-def writer_lock(path: Path):
-    """Exclusive across processes: DuckDB allows one writing process per file."""
-    lock = Path(str(path) + ".lock")
-    with open(lock, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
-def connect(path: str | Path, *, read_only: bool = False, wait_s: float = 60.0):
-    """A connection to a warehouse whose schema this code knows; creates it when writing."""
+def _duckdb_kind(path: Path) -> str:
+    """'v1' (a schema-1 warehouse: tables in one DuckDB file), 'catalog' (views over the data
+    folder), or raises for anything else at `path`."""
     import duckdb
 
-    path = Path(path)
-    if read_only and not path.exists():
-        raise WarehouseError(f"warehouse {path} does not exist (run a study first)")
-    if path.exists() and path.is_dir():
+    if path.is_dir():
         raise WarehouseError(f"warehouse {path} is a folder, not a DuckDB file")
-    if path.exists() and path.stat().st_size > 0:
+    if path.stat().st_size > 0:
         with open(path, "rb") as f:
             head = f.read(16)
         if head[8:12] != b"DUCK":
             raise WarehouseError(f"warehouse {path} is not a DuckDB file")
-    if not read_only and path.exists() and not path.stat().st_mode & 0o222:
-        # honoured even for root, who could write anyway: the user marked it read-only
-        raise WarehouseError(f"warehouse {path} is read-only (its file mode allows no writing)")
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            con = duckdb.connect(str(path), read_only=read_only, config=READ_ONLY_CONFIG if read_only else {})
-            break
-        except duckdb.IOException as exc:
-            msg = str(exc)
-            if "lock" in msg.lower() and time.monotonic() < deadline:
-                time.sleep(0.2)  # another process is writing: wait our turn
-                continue
-            if "Permission denied" in msg or "Read-only file system" in msg:
-                raise WarehouseError(f"warehouse {path} cannot be opened for writing: permission denied") from None
-            raise WarehouseError(f"warehouse {path} cannot be opened: {msg.splitlines()[0]}") from None
-        except duckdb.Error as exc:
-            raise WarehouseError(f"warehouse {path} cannot be opened: {str(exc).splitlines()[0]}") from None
     try:
-        _check_schema(con, path, read_only)
-    except Exception:
+        con = duckdb.connect(str(path), read_only=True, config=BASE_CONFIG)
+    except duckdb.Error as exc:
+        raise WarehouseError(f"warehouse {path} cannot be opened: {str(exc).strip().splitlines()[0]}") from None
+    try:
+        tables = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+        if "patchgrid_catalog" in tables:
+            return "catalog"
+        if "patchgrid_schema" in tables:
+            version = con.execute("SELECT max(version) FROM patchgrid_schema").fetchone()[0]
+            if version == 1:
+                return "v1"
+            raise WarehouseError(f"warehouse {path} has schema v{version}, which this patchgrid does not know")
+        raise WarehouseError(f"warehouse {path} is a DuckDB file but not a patchgrid warehouse")
+    except duckdb.Error as exc:
+        raise WarehouseError(f"warehouse {path} cannot be read: {str(exc).strip().splitlines()[0]}") from None
+    finally:
         con.close()
-        raise
-    return con
 
 
-def _check_schema(con, path: Path, read_only: bool) -> None:
-    tables = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
-    if "patchgrid_schema" not in tables:
-        if tables:
-            raise WarehouseError(f"warehouse {path} is a DuckDB file but not a patchgrid warehouse")
-        if read_only:
-            raise WarehouseError(f"warehouse {path} is empty (run a study first)")
-        con.execute("BEGIN")
-        con.execute(_sql("schema.sql"))
-        con.execute("INSERT INTO patchgrid_schema VALUES (?)", [SCHEMA_VERSION])
-        con.execute(_sql("views.sql"))
-        con.execute("COMMIT")
-        return
-    row = con.execute("SELECT max(version) FROM patchgrid_schema").fetchone()
-    version = row[0] if row else None
-    if version is None:
-        raise WarehouseError(f"warehouse {path} has no schema version")
+def _recorded_catalog(path: Path):
+    import duckdb
+
+    con = duckdb.connect(str(path), read_only=True, config=BASE_CONFIG)
+    try:
+        return con.execute("SELECT schema, data, views FROM patchgrid_catalog").fetchone()
+    finally:
+        con.close()
+
+
+def _check_version(layout: Layout) -> None:
+    try:
+        version = layout.version()
+    except ValueError as exc:
+        raise WarehouseError(f"warehouse {layout.catalog}: {exc}") from None
     if version > SCHEMA_VERSION:
-        raise WarehouseError(f"warehouse {path} is from a newer patchgrid (schema v{version}; this one knows "
-                             f"v{SCHEMA_VERSION}): upgrade patchgrid")
-    if not read_only:
-        con.execute(_sql("views.sql"))  # views are code: refresh them on every write
+        raise WarehouseError(f"warehouse {layout.catalog} is from a newer patchgrid (schema v{version}; this one "
+                             f"knows v{SCHEMA_VERSION}): upgrade patchgrid")
+
+
+def _empty_load(folder: Path) -> None:
+    pq.write_table(PAIR_IN_WAREHOUSE.table([]), folder / "pairs.parquet")
+    pq.write_table(BASELINE.table([]), folder / "baselines.parquet")
+    (folder / "effects").mkdir()
+    pq.write_table(EFFECT.table([]), folder / "effects" / "part-00000.parquet")
+
+
+def ensure(path: str | Path) -> Layout:
+    """The warehouse at `path`, ready to be written: created when missing, migrated from schema
+    v1, its dashboard file rewritten when its views are out of date."""
+    layout = Layout.of(path)
+    catalog = layout.catalog
+    if not catalog.parent.is_dir():
+        raise WarehouseError(f"warehouse {catalog}: folder {catalog.parent} does not exist")
+    kind = _duckdb_kind(catalog) if catalog.exists() else None
+    if catalog.exists() and not catalog.stat().st_mode & 0o222:
+        # honoured even for root, who could write anyway: the user marked it read-only
+        raise WarehouseError(f"warehouse {catalog} is read-only (its file mode allows no writing)")
+    if layout.data.exists() and not layout.data.is_dir():
+        raise WarehouseError(f"warehouse {catalog}: {layout.data} is a file, not the warehouse's data folder")
+    if kind == "v1":
+        from .migrate import migrate_v1
+
+        print(migrate_v1(layout), file=sys.stderr)
+    if layout.exists():
+        _check_version(layout)
+    else:
+        try:
+            layout.data.mkdir(exist_ok=True)
+        except OSError as exc:
+            raise WarehouseError(f"warehouse {catalog}: cannot create {layout.data} ({exc.strerror})") from None
+        publish_file(lambda tmp: tmp.write_text(json.dumps({"schema": SCHEMA_VERSION}) + "\n"), layout.version_file)
+    if not os.access(layout.data, os.W_OK):
+        raise WarehouseError(f"warehouse {catalog} is read-only ({layout.data} cannot be written)")
+    if not layout.loads(EMPTY_RUN):
+        try:
+            publish_dir(_empty_load, layout.run_dir(EMPTY_RUN), "load=0")
+        except OSError:
+            if not layout.loads(EMPTY_RUN):  # not another process creating it at the same moment
+                raise
+    if not any(layout.status_dir(EMPTY_RUN).glob("*.parquet")):
+        publish_file(lambda tmp: pq.write_table(RUN.table([]), tmp), layout.status_dir(EMPTY_RUN) / "0.parquet")
+    if kind != "catalog" or not catalog_is_current(layout, _recorded_catalog(catalog)):
+        write_catalog(layout)
+    return layout
 
 
 def check_writable(path: str | Path) -> None:
     """Fail early, before a study runs, on a warehouse it could not load into."""
-    path = Path(path)
-    if path.exists():
-        with writer_lock(path):
-            connect(path).close()
-    elif not path.parent.is_dir():
-        raise WarehouseError(f"warehouse {path}: folder {path.parent} does not exist")
+    ensure(path)
+
+
+def _latest_state(layout: Layout, run_id: str) -> dict | None:
+    files = sorted(layout.status_dir(run_id).glob("*.parquet")) if layout.status_dir(run_id).is_dir() else []
+    if not files:
+        return None
+    rows = pq.read_table(files[-1]).to_pylist()
+    return rows[0] if rows else None
+
+
+def _write_state(layout: Layout, row: dict) -> None:
+    table = RUN.table([row])
+    publish_file(lambda tmp: pq.write_table(table, tmp), layout.status_dir(row["run_id"]) / f"{stamp()}.parquet")
 
 
 def start_run(path: str | Path, run: dict) -> None:
-    """Record a run as running (replacing an earlier attempt of the same run id).
+    """Record a run as running (a rerun of the same run id starts a new state).
 
-    run: a rows.RUN row; `params` may be a dict (stored as JSON); status and finished are set here.
+    run: a rows.RUN row; `params` may be a dict (stored as JSON); status, reason and finished are set here.
     """
     params = run.get("params", {})
-    row = {**run, "params": params if isinstance(params, str) else json.dumps(params), "finished": None,
-           "status": "running"}
-    new_run = RUN.table([row])
-    with writer_lock(Path(path)):
-        con = connect(path)
+    layout = ensure(path)
+    _write_state(layout, {**run, "params": params if isinstance(params, str) else json.dumps(params),
+                          "finished": None, "status": "running", "reason": None})
+
+
+def finish_run(path: str | Path, run_id: str, status: str, *, finished=None, reason: str | None = None) -> None:
+    """Record how a run ended: completed, failed (with the error's one-line reason) or cancelled."""
+    if status not in RUN_STATUSES or status == "running":
+        raise RowError(f"run rows: status {status!r} does not end a run")
+    layout = ensure(path)
+    row = _latest_state(layout, run_id) or {"run_id": run_id, "model": ""}
+    _write_state(layout, {**row, "status": status, "finished": finished, "reason": reason})
+
+
+def _checked_effects(source: Path, target: Path) -> int:
+    """The effect file at `target`: hard-linked when it already has the shape, else rewritten in
+    it; its closed columns checked first. Returns its row count."""
+    meta = pq.read_metadata(source)
+    if meta.schema.to_arrow_schema().remove_metadata() == EFFECT.schema:
+        closed = pq.read_table(source, columns=list(EFFECT.closed))
+        for column in EFFECT.closed:
+            EFFECT.check(pa.table({column: pc.unique(closed.column(column))}), columns=[column])
         try:
-            con.execute("BEGIN")
-            con.execute("DELETE FROM runs WHERE run_id = ?", [run["run_id"]])
-            con.register("new_run", new_run)
-            con.execute("INSERT INTO runs BY NAME SELECT * FROM new_run")
-            con.execute("COMMIT")
-        finally:
-            con.close()
-
-
-def _insert_for_run(con, table: str, source: str, run_id: str) -> int:
-    """Insert `source`'s rows (a registered table or a read_parquet call) into `table` by column name,
-    taking exactly the columns of the table's row shape."""
-    cols = ", ".join(f'"{c}"' for c in WAREHOUSE_TABLES[table].columns)
-    return con.execute(f"INSERT INTO {table} BY NAME SELECT ?::VARCHAR AS run_id, {cols} FROM {source}",
-                       [run_id]).fetchone()[0]
+            os.link(source, target)
+        except OSError:  # another file system, or links not allowed
+            shutil.copyfile(source, target)
+        return meta.num_rows
+    table = pq.read_table(source)
+    missing = [c for c in EFFECT.columns if c not in table.column_names]
+    if missing:
+        raise RowError(f"effect file {source}: no column {missing[0]!r}")
+    table = table.select(EFFECT.columns).cast(EFFECT.schema)
+    EFFECT.check(table)
+    pq.write_table(table, target)
+    return table.num_rows
 
 
 def load_run(path: str | Path, run_id: str, pairs, baselines, effect_files, *, finished=None,
              status: str = "completed") -> dict:
-    """Load a run's pairs table, baselines and effect Parquet files in one transaction.
+    """Publish a run's pairs table, baselines and effect Parquet files as its new load, replacing
+    its earlier one, and record the run as `status`.
 
     pairs: a pyarrow table in the rows.PAIR shape; baselines: rows.BASELINE rows (a list of dicts or
-    a table); effect_files: Parquet files in the rows.EFFECT shape. Rows of this run for the loaded
-    pairs are replaced. Returns counts of rows loaded.
+    a table); effect_files: Parquet files in the rows.EFFECT shape. Returns counts of rows loaded.
     """
-    path = Path(path)
     PAIR.check(pairs)
-    base_table = BASELINE.table(baselines) if isinstance(baselines, list) else baselines
-    with writer_lock(path):
-        con = connect(path)
-        try:
-            con.execute("BEGIN")
-            con.register("new_pairs", pairs)
-            con.execute("CREATE TEMP TABLE loaded_ids AS SELECT DISTINCT pair_id FROM new_pairs")
-            for table in ("pairs", "baselines", "effects"):
-                con.execute(f"DELETE FROM {table} WHERE run_id = ? AND pair_id IN (SELECT pair_id FROM loaded_ids)",
-                            [run_id])
-            _insert_for_run(con, "pairs", "new_pairs", run_id)
-            con.register("new_baselines", base_table)
-            _insert_for_run(con, "baselines", "new_baselines", run_id)
-            n_effects = 0
-            for f in effect_files:
-                source = f"read_parquet('{_sql_path(f)}')"
-                _check_closed(con, source, EFFECT)
-                n_effects += _insert_for_run(con, "effects", source, run_id)
-            con.execute("UPDATE runs SET status = ?, finished = ? WHERE run_id = ?", [status, finished, run_id])
-            con.execute("DROP TABLE loaded_ids")
-            con.execute("COMMIT")
-        except Exception:
-            con.execute("ROLLBACK")
-            raise
-        finally:
-            con.close()
-    return {"pairs": pairs.num_rows, "baselines": base_table.num_rows, "effects": n_effects}
+    base_table = BASELINE.table(baselines) if isinstance(baselines, list) else baselines.select(BASELINE.columns)
+    BASELINE.check(base_table)
+    layout = ensure(path)
+    counts = {"pairs": pairs.num_rows, "baselines": base_table.num_rows, "effects": 0}
+
+    def fill(folder: Path) -> None:
+        (folder / "effects").mkdir()
+        for k, f in enumerate(effect_files):
+            counts["effects"] += _checked_effects(Path(f), folder / "effects" / f"part-{k:05d}.parquet")
+        pq.write_table(base_table.cast(BASELINE.schema), folder / "baselines.parquet")
+        pq.write_table(pairs.select(PAIR_IN_WAREHOUSE.columns).cast(PAIR_IN_WAREHOUSE.schema),
+                       folder / "pairs.parquet")
+
+    publish_dir(fill, layout.run_dir(run_id), f"load={stamp()}")
+    row = _latest_state(layout, run_id) or {"run_id": run_id, "model": ""}
+    _write_state(layout, {**row, "status": status, "finished": finished, "reason": None})
+    remove_superseded(layout, run_id)
+    return counts
 
 
-def _check_closed(con, source: str, shape) -> None:
-    """The closed columns' values in a file, checked against the shape before anything is inserted."""
-    import pyarrow as pa
+def connect(path: str | Path):
+    """A read-only connection to the warehouse (a snapshot of its published loads; see catalog.py)."""
+    import duckdb
 
-    for column in shape.closed:
-        values = con.execute(f'SELECT DISTINCT "{column}" FROM {source}').fetchall()
-        shape.check(pa.table({column: pa.array([v for (v,) in values], pa.string())}), columns=[column])
+    layout = Layout.of(path)
+    if not layout.catalog.exists() and not layout.exists():
+        raise WarehouseError(f"warehouse {path} does not exist (run a study first)")
+    kind = _duckdb_kind(layout.catalog) if layout.catalog.exists() else "catalog"
+    if kind == "v1":  # not migrated yet (that takes a writer): read its tables as they are
+        con = duckdb.connect(str(layout.catalog), read_only=True, config=BASE_CONFIG)
+        con.execute("SET enable_external_access = false")
+        con.execute("SET lock_configuration = true")
+        return con
+    if not layout.exists():
+        raise WarehouseError(f"warehouse {path}: its data folder {layout.data} is missing")
+    _check_version(layout)
+    try:
+        return open_snapshot(layout)
+    except duckdb.Error as exc:
+        raise WarehouseError(f"warehouse {path} cannot be read: {str(exc).strip().splitlines()[0]}") from None
 
 
-def _sql_path(path) -> str:
-    return str(path).replace("'", "''")
+def _refusal(sql: str) -> str | None:
+    import duckdb
+
+    try:
+        kinds = [str(s.type).rsplit(".", 1)[-1] for s in duckdb.extract_statements(sql)]
+    except duckdb.Error:
+        return None  # let the query itself report the syntax error
+    for kind in kinds:
+        if kind not in QUERY_STATEMENTS:
+            return (f"query refused: a {kind} statement; the warehouse is read-only to queries "
+                    f"(SELECT, WITH, SHOW, DESCRIBE, SUMMARIZE)")
+    return None
 
 
 def query(path: str | Path, sql: str, params=None):
-    """Run SQL on a read-only connection: nothing a query says can change the warehouse."""
+    """Run SQL that reads the warehouse: nothing a query says can change it or touch another file."""
     import duckdb
 
-    con = connect(path, read_only=True)
+    refusal = _refusal(sql)
+    if refusal:
+        raise WarehouseError(refusal)
+    con = connect(path)
     try:
         cur = con.execute(sql, params or [])
         cols = [d[0] for d in cur.description] if cur.description else []

@@ -8,7 +8,7 @@ import sys
 import duckdb
 import pytest
 
-from patchgrid.warehouse.loader import SCHEMA_VERSION, connect
+from patchgrid.warehouse.loader import SCHEMA_VERSION, ensure
 from tests.study_helpers import DATA
 
 
@@ -36,14 +36,12 @@ def _not_duckdb(tmp):
 
 
 def _newer_schema(tmp):
-    con = connect(tmp / "w.duckdb")
-    con.execute("UPDATE patchgrid_schema SET version = ?", [SCHEMA_VERSION + 5])
-    con.close()
+    ensure(tmp / "w.duckdb").version_file.write_text(f'{{"schema": {SCHEMA_VERSION + 5}}}')
     return {"--warehouse": str(tmp / "w.duckdb")}
 
 
 def _read_only(tmp):
-    connect(tmp / "w.duckdb").close()
+    ensure(tmp / "w.duckdb")
     (tmp / "w.duckdb").chmod(0o444)
     return {"--warehouse": str(tmp / "w.duckdb")}
 
@@ -54,9 +52,7 @@ def _foreign_duckdb(tmp):
 
 
 def _corrupted(tmp):
-    con = connect(tmp / "w.duckdb")
-    con.execute("CHECKPOINT")
-    con.close()
+    ensure(tmp / "w.duckdb")
     data = bytearray((tmp / "w.duckdb").read_bytes())
     for i in range(4096, len(data), 7):  # scribble over everything past the headers
         data[i] = (data[i] * 31 + 17) % 256
@@ -125,7 +121,7 @@ def test_pairs_check_refuses(tmp_path, name, content, message):
 def test_query_and_report_refuse(tmp_path):
     assert_one_clear_line(run(["query", "--warehouse", str(tmp_path / "none.duckdb"), "SELECT 1"], tmp_path),
                           "does not exist")
-    connect(tmp_path / "w.duckdb").close()
+    ensure(tmp_path / "w.duckdb")
     assert_one_clear_line(run(["query", "--warehouse", str(tmp_path / "w.duckdb"), "SELEC oops"], tmp_path),
                           "query failed")
     assert_one_clear_line(run(["report", "--warehouse", str(tmp_path / "w.duckdb"), "--run", "nope", "--out",

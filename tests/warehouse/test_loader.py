@@ -1,4 +1,4 @@
-"""The DuckDB warehouse: schema versioning, idempotent atomic loads, views, read-only queries."""
+"""The warehouse: schema versioning, idempotent atomic loads, views, read-only queries, migration."""
 from __future__ import annotations
 
 import math
@@ -11,7 +11,8 @@ import pytest
 
 from patchgrid.effects import write_effects
 from patchgrid.pairs import to_table as pairs_table
-from patchgrid.warehouse.loader import SCHEMA_VERSION, WarehouseError, connect, load_run, query, start_run
+from patchgrid.warehouse.layout import Layout
+from patchgrid.warehouse.loader import SCHEMA_VERSION, WarehouseError, ensure, load_run, query, start_run
 
 ROLES = ["subject_first", "subject_last", "further", "further", "last"]
 
@@ -55,12 +56,16 @@ def count(wh, table, run_id=None):
 
 def test_schema_applied_and_versioned(tmp_path):
     wh = tmp_path / "w.duckdb"
-    con = connect(wh)
-    assert con.execute("SELECT version FROM patchgrid_schema").fetchall() == [(SCHEMA_VERSION,)]
+    layout = ensure(wh)
+    assert layout.version() == SCHEMA_VERSION
+    con = duckdb.connect(str(wh), read_only=True)  # as a dashboard opens it
     views = {r[0] for r in con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()}
-    assert {"effect_summary", "relation_summary", "rejections"} <= views
+    assert {"runs", "pairs", "baselines", "effects", "effect_summary", "relation_summary", "rejections"} <= views
+    assert con.execute("SELECT count(*) FROM effects").fetchone() == (0,)
     con.close()
-    connect(wh).close()  # opening again applies nothing twice
+    mtime = wh.stat().st_mtime_ns
+    ensure(wh)  # opening again rewrites nothing
+    assert wh.stat().st_mtime_ns == mtime
 
 
 def test_load_is_idempotent_and_runs_coexist(tmp_path):
@@ -78,7 +83,7 @@ def test_a_failed_load_leaves_the_warehouse_as_it_was(tmp_path):
     wh = tmp_path / "w.duckdb"
     _, effects = load(tmp_path, wh)
     pairs, baselines, _ = synthetic(seed=5)
-    with pytest.raises(duckdb.Error):
+    with pytest.raises(OSError):
         load_run(wh, "run-a", pairs, baselines, [tmp_path / "run-a-0.parquet", tmp_path / "missing.parquet"])
     assert count(wh, "effects") == len(effects) and count(wh, "baselines") == 6
 
@@ -126,16 +131,15 @@ def test_bad_warehouse_files(tmp_path, make, message):
     wh = tmp_path / "w.duckdb"
     make(wh)
     with pytest.raises(WarehouseError, match=message):
-        connect(wh)
+        ensure(wh)
 
 
 def test_newer_schema_is_refused(tmp_path):
     wh = tmp_path / "w.duckdb"
-    con = connect(wh)
-    con.execute("UPDATE patchgrid_schema SET version = ?", [SCHEMA_VERSION + 1])
-    con.close()
-    with pytest.raises(WarehouseError, match=f"newer patchgrid \\(schema v{SCHEMA_VERSION + 1}"):
-        connect(wh)
+    ensure(wh).version_file.write_text(f'{{"schema": {SCHEMA_VERSION + 1}}}')
+    for use in (ensure, lambda p: query(p, "SELECT 1")):
+        with pytest.raises(WarehouseError, match=f"newer patchgrid \\(schema v{SCHEMA_VERSION + 1}"):
+            use(wh)
 
 
 def test_query_cannot_change_the_warehouse(tmp_path):
@@ -164,3 +168,100 @@ def test_concurrent_writers_queue_without_lock_errors(tmp_path):
         sizes = pool.map(_writer, [(wh, f"run-{i}", i, str(tmp_path)) for i in range(3)])
     for i, n in enumerate(sizes):
         assert count(wh, "effects", f"run-{i}") == n
+
+
+def _v1_warehouse(tmp_path, wh):
+    """A schema-v1 file (tables inside DuckDB) holding the synthetic run, as patchgrid 0.1.0 wrote it."""
+    from pathlib import Path
+
+    pairs, baselines, effects = synthetic()
+    con = duckdb.connect(str(wh))
+    con.execute((Path(__file__).parent / "v1_schema.sql").read_text())
+    con.execute("INSERT INTO patchgrid_schema VALUES (1)")
+    con.execute((Path(__file__).parents[2] / "warehouse" / "views.sql").read_text())
+    con.execute("""INSERT INTO runs VALUES ('run-old', '', 'm', 'sha', '{"x": 1}', '0.1.0', TIMESTAMP '2026-01-01',
+                   TIMESTAMP '2026-01-02', 'completed')""")
+    con.register("p", pairs)
+    con.execute("""INSERT INTO pairs BY NAME SELECT 'run-old' AS run_id, pair_id, relation, clean_prompt, corrupt_prompt,
+                   clean_answer, corrupt_answer, status, reason, detail, subject, subject_start, subject_end, roles FROM p""")
+    import pyarrow as pa
+
+    con.register("b", pa.Table.from_pylist(baselines))
+    con.execute("INSERT INTO baselines BY NAME SELECT 'run-old' AS run_id, * FROM b")
+    con.register("e", write_and_read(effects, tmp_path))
+    con.execute("INSERT INTO effects BY NAME SELECT 'run-old' AS run_id, * FROM e")
+    con.close()
+    return len(effects)
+
+
+def write_and_read(effects, tmp_path):
+    import pyarrow.parquet as pq
+
+    return pq.read_table(write_effects(effects, tmp_path / "v1-effects.parquet"))
+
+
+def test_a_v1_warehouse_is_read_and_then_migrated(tmp_path, capsys):
+    wh = tmp_path / "w.duckdb"
+    n = _v1_warehouse(tmp_path, wh)
+    summary = "SELECT layer, position_role, n_pairs, mean_recovery FROM effect_summary ORDER BY ALL"
+    before = query(wh, summary)[1]
+    assert count(wh, "effects") == n  # read as it is, before any writer migrates it
+
+    load(tmp_path, wh, run_id="run-new")  # a writer migrates it, with a message
+    message = capsys.readouterr().err
+    assert "migrated from schema v1 to v2 (1 runs, 90 effect rows" in message
+    assert (tmp_path / "w.v1.duckdb").exists()
+    old = query(wh, "SELECT layer, position_role, n_pairs, mean_recovery FROM effect_summary WHERE run_id = 'run-old' "
+                    "ORDER BY ALL")[1]
+    assert old == before
+    assert query(wh, "SELECT run_id, status, params->>'x' FROM runs ORDER BY run_id")[1] == [
+        ("run-new", "completed", "1"), ("run-old", "completed", "1")]
+    assert count(wh, "pairs", "run-old") == 7 and count(wh, "baselines", "run-old") == 6
+
+
+def test_a_reader_snapshot_never_sees_half_a_load(tmp_path):
+    """A connection's view of the warehouse is fixed when it opens; a new connection sees the new load."""
+    from patchgrid.warehouse.loader import connect
+
+    wh = tmp_path / "w.duckdb"
+    _, effects = load(tmp_path, wh)
+    con = connect(wh)
+    try:
+        first = con.execute("SELECT sum(recovery) FROM effects").fetchone()
+        load(tmp_path, wh, seed=3)  # a rerun of the same run id with other numbers
+        load(tmp_path, wh, run_id="run-b", seed=4)
+        assert con.execute("SELECT sum(recovery) FROM effects").fetchone() == first
+        assert con.execute("SELECT count(DISTINCT run_id) FROM effects").fetchone() == (1,)
+    finally:
+        con.close()
+    assert query(wh, "SELECT sum(recovery) FROM effects WHERE run_id = 'run-a'")[1][0] != first
+    assert count(wh, "effects", "run-a") == len(effects) and count(wh, "effects", "run-b") == len(effects)
+    assert len(Layout.of(wh).loads("run-a")) == 2  # the superseded load stays for readers a while
+
+
+def test_superseded_loads_are_removed_after_the_grace_period(tmp_path):
+    import time
+
+    from patchgrid.warehouse.layout import SUPERSEDED_GRACE_S, remove_superseded
+
+    wh = tmp_path / "w.duckdb"
+    for seed in range(3):
+        load(tmp_path, wh, seed=seed)
+    layout = Layout.of(wh)
+    assert len(layout.loads("run-a")) == 3
+    assert remove_superseded(layout, "run-a", now_ns=time.time_ns() + int(2 * SUPERSEDED_GRACE_S * 1e9)) == 2
+    assert len(layout.loads("run-a")) == 1 and count(wh, "effects") == 90
+
+
+def test_run_states(tmp_path):
+    from patchgrid.warehouse.loader import finish_run
+
+    wh = tmp_path / "w.duckdb"
+    start_run(wh, {"run_id": "r1", "model": "m", "params": {"x": 1}})
+    finish_run(wh, "r1", "failed", reason="ValueError: no accepted pairs")
+    start_run(wh, {"run_id": "r2", "model": "m"})
+    finish_run(wh, "r2", "cancelled", reason="SIGTERM")
+    assert query(wh, "SELECT run_id, model, status, reason, params->>'x' FROM runs ORDER BY run_id")[1] == [
+        ("r1", "m", "failed", "ValueError: no accepted pairs", "1"), ("r2", "m", "cancelled", "SIGTERM", None)]
+    with pytest.raises(ValueError, match="does not end a run"):
+        finish_run(wh, "r1", "running")

@@ -3,12 +3,15 @@ from __future__ import annotations
 
 import pytest
 
+from patchgrid.warehouse.layout import Layout
 from patchgrid.warehouse.loader import WarehouseError, connect, query
 from tests.warehouse.test_loader import load
 
 
 @pytest.mark.parametrize("sql", [
     "COPY (SELECT 42) TO '{tmp}/x.csv'",
+    "COPY (SELECT 42) TO '{data}/runs/x.parquet'",  # not even into the warehouse's own folder
+    "SELECT 1; COPY (SELECT 42) TO '{tmp}/x.csv'",
     "SELECT * FROM read_csv('/etc/passwd')",
     "SELECT * FROM glob('/etc/*')",
     "ATTACH '{tmp}/other.duckdb'",
@@ -21,10 +24,12 @@ from tests.warehouse.test_loader import load
 def test_a_query_cannot_touch_the_file_system(tmp_path, sql):
     wh = tmp_path / "w.duckdb"
     load(tmp_path, wh)
-    before = sorted(p.name for p in tmp_path.iterdir())
-    with pytest.raises(WarehouseError, match="query (refused|failed): .*(disabled (by|through) configuration|locked)"):
-        query(wh, sql.format(tmp=tmp_path))
-    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    data = Layout.of(wh).data
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    with pytest.raises(WarehouseError, match="query (refused|failed): .*(disabled (by|through) configuration|locked"
+                                             "|read-only to queries)"):
+        query(wh, sql.format(tmp=tmp_path, data=data))
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
 
 
 def test_the_report_connection_is_sandboxed_too(tmp_path):
@@ -32,7 +37,7 @@ def test_the_report_connection_is_sandboxed_too(tmp_path):
 
     wh = tmp_path / "w.duckdb"
     load(tmp_path, wh)
-    con = connect(wh, read_only=True)  # what the report reads through
+    con = connect(wh)  # what the report reads through
     try:
         assert con.execute("SELECT count(*) FROM effect_summary").fetchone()[0] > 0
         with pytest.raises(duckdb.PermissionException):

@@ -1,7 +1,5 @@
--- patchgrid warehouse schema. Applied and versioned by patchgrid.warehouse.loader: bump
--- SCHEMA_VERSION there with every change here. Each table is `run_id` and then the columns of its
--- row shape in patchgrid/rows.py, in order and type (FLOAT is Arrow's float32); a test holds the two
--- together, and the loader inserts by column name.
+-- A schema-v1 warehouse (patchgrid 0.1.0 before the Parquet layout): every table inside one DuckDB
+-- file. Kept to test the migration to v2 (warehouse/migrate.py).
 
 CREATE TABLE IF NOT EXISTS patchgrid_schema (
     version INTEGER NOT NULL

@@ -1,0 +1,51 @@
+"""How a study stops when asked to: SIGTERM (what Slurm and Kubernetes send first) and SIGINT
+become a `Cancelled` exception in the main thread, so every `with` block and `finally` on the way
+out runs (engines shut down, the run is recorded as cancelled, Prefect stops the server it
+started) and the process exits by itself, leaving nothing behind.
+"""
+from __future__ import annotations
+
+import signal
+import threading
+from contextlib import contextmanager
+
+
+class Cancelled(BaseException):
+    """The study was asked to stop. A BaseException, like KeyboardInterrupt: no `except Exception`
+    on the way out swallows it."""
+
+    def __init__(self, signame: str):
+        super().__init__(f"cancelled by {signame}")
+        self.signame = signame
+
+
+@contextmanager
+def cancel_on_signals():
+    """Within the block, the first SIGTERM or SIGINT raises Cancelled; later ones are ignored, so
+    that the clean-up they interrupt still finishes. Outside the main thread (where Python cannot
+    take signals) this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    fired = []
+
+    def handler(signum, frame):
+        if fired:
+            return
+        fired.append(signum)
+        raise Cancelled(signal.Signals(signum).name)
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def one_line(exc: BaseException) -> str:
+    """An error as the runs table records it: its type and the first line of its message."""
+    if isinstance(exc, Cancelled):
+        return str(exc)
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__

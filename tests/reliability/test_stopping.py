@@ -1,0 +1,66 @@
+"""A study that is stopped or fails says so in the warehouse, and leaves nothing running."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+
+from patchgrid.warehouse.loader import query
+from tests.conftest import needs_vllm
+from tests.study_helpers import DATA
+
+from .helpers import env_for, start, study_args, wait_for
+
+
+def _left_in_session(sid: int) -> list[str]:
+    out = subprocess.run(["ps", "-o", "pid=,args=", "-s", str(sid)], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if line.strip()]
+
+
+def _collect(stream, into: list) -> None:
+    threading.Thread(target=lambda: [into.append(chunk) for chunk in iter(lambda: stream.read(1), "")],
+                     daemon=True).start()
+
+
+@needs_vllm
+def test_sigterm_mid_sweep_stops_within_10s_cancelled_and_leaves_no_process(tmp_path):
+    wh = tmp_path / "w.duckdb"
+    proc = start(study_args(tmp_path, wh, tmp_path / "work", "--sweeps", "resid,heads"), env_for(tmp_path), tmp_path)
+    err: list[str] = []
+    _collect(proc.stderr, err)
+    try:
+        wait_for(lambda: "patched runs" in "".join(err), 400, proc, "the sweeps to start")
+        t0 = time.monotonic()
+        os.kill(proc.pid, signal.SIGTERM)  # the study's own process only, as Kubernetes does
+        proc.wait(timeout=30)
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    time.sleep(0.5)
+    left = _left_in_session(proc.pid)
+    if left:
+        os.killpg(proc.pid, signal.SIGKILL)
+    assert took <= 10, f"took {took:.1f} s to stop"
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert left == [], f"left running: {left}"
+    assert "stopped by SIGTERM" in "".join(err).strip().splitlines()[-1]
+    assert query(wh, "SELECT status, reason, finished IS NOT NULL FROM runs")[1] == [
+        ("cancelled", "cancelled by SIGTERM", True)]
+
+
+def test_a_failing_flow_is_recorded_failed_with_its_reason(tmp_path):
+    """A data set in which no pair is accepted: the flow raises after the run has started."""
+    one = tmp_path / "one.jsonl"
+    one.write_text(DATA.read_text().splitlines()[0] + "\n")  # a fact with no partner to swap with
+    wh = tmp_path / "w.duckdb"
+    args = study_args(tmp_path, wh, tmp_path / "work")
+    args[args.index(str(DATA))] = str(one)
+    res = subprocess.run(args, env=env_for(tmp_path), cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2
+    lines = res.stderr.strip().splitlines()
+    assert lines[-1].startswith("patchgrid: error: no accepted pairs in") and "Traceback" not in res.stderr
+    [(status, reason)] = query(wh, "SELECT status, reason FROM runs")[1]
+    assert status == "failed" and reason.startswith("ValueError: no accepted pairs in")

@@ -1,0 +1,121 @@
+"""The warehouse's views over its Parquet files: the same SQL for the DuckDB file dashboards open
+and for the in-memory connection patchgrid's own queries and report read through.
+
+Base views (`runs`, `pairs`, `baselines`, `effects`) are generated from the row shapes in
+patchgrid/rows.py: `run_id`, then exactly the shape's columns and types. The summaries on top of
+them are `views.sql`. `published` lists each run's current load (its latest); every data view
+reads only published loads, so a load being written, or one superseded, is never read.
+
+patchgrid's own connections take a snapshot when they open (`published` and `runs` are copied into
+the connection), so every query on one connection sees the same set of loads, however many land
+meanwhile. The dashboard file cannot hold a snapshot (it is opened read-only): each of its queries
+lists the loads afresh.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from importlib import resources
+from pathlib import Path
+
+from patchgrid.rows import WAREHOUSE_TABLES, sql_type
+
+from .layout import SCHEMA_VERSION, TMP_PREFIX, Layout, stamp
+
+# Neither loads an extension behind the user's back; both hold for every connection opened here.
+BASE_CONFIG = {"autoload_known_extensions": False, "autoinstall_known_extensions": False}
+HIVE = "hive_partitioning = true, hive_types = {'run_id': 'VARCHAR', 'load': 'VARCHAR'}"
+
+
+def _q(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _lit(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _columns(table: str, alias: str) -> str:
+    shape = WAREHOUSE_TABLES[table]
+    cols = [f"{alias}.{_q(f.name)}::{sql_type(f)} AS {_q(f.name)}" for f in shape.schema]
+    return ", ".join(cols if table == "runs" else [f"{alias}.run_id::VARCHAR AS run_id", *cols])
+
+
+def base_view_statements(layout: Layout, snapshot: bool) -> list[str]:
+    """SQL creating `published`, `runs`, `pairs`, `baselines` and `effects` (tables for the first
+    two when `snapshot`)."""
+    kind = "TABLE" if snapshot else "VIEW"
+    status_files = f"read_parquet({_lit(layout.glob('status'))}, filename = true, union_by_name = true)"
+    # a load folder is published when its pairs file is there (the folder appears whole)
+    loads = (f"SELECT m.run_id AS run_id, max(m.load) AS load FROM (SELECT regexp_extract(file, "
+             f"'/run_id=([^/]+)/load=([^/]+)/pairs\\.parquet$', ['run_id', 'load']) AS m "
+             f"FROM glob({_lit(layout.glob('pairs'))})) GROUP BY m.run_id")
+    statements = [
+        f"CREATE OR REPLACE {kind} published AS {loads}",
+        f"CREATE OR REPLACE {kind} runs AS SELECT {_columns('runs', 's')} FROM (SELECT *, row_number() OVER "
+        f"(PARTITION BY run_id ORDER BY filename DESC) AS state_rank FROM {status_files}) s WHERE s.state_rank = 1",
+    ]
+    for table in ("pairs", "baselines", "effects"):
+        # the published load is bound first: a load that lands meanwhile is filtered out, not half read
+        statements.append(
+            f"CREATE OR REPLACE VIEW {table} AS SELECT {_columns(table, 't')} FROM published p "
+            f"JOIN read_parquet({_lit(layout.glob(table))}, {HIVE}, union_by_name = true) t "
+            f"ON t.run_id = p.run_id AND t.load = p.load")
+    return statements
+
+
+def summary_view_sql() -> str:
+    return resources.files("patchgrid.warehouse").joinpath("views.sql").read_text()
+
+
+def views_fingerprint(layout: Layout) -> str:
+    text = "\n".join(base_view_statements(layout, snapshot=False)) + summary_view_sql()
+    return hashlib.sha256(f"{SCHEMA_VERSION}\n{text}".encode()).hexdigest()[:16]
+
+
+def write_catalog(layout: Layout) -> None:
+    """The dashboard file: views only, written whole under a temporary name and renamed over the
+    old one (a dashboard holding the old one open keeps reading it)."""
+    import duckdb
+
+    tmp = layout.catalog.with_name(f"{TMP_PREFIX}{layout.catalog.name}-{stamp()}")
+    try:
+        con = duckdb.connect(str(tmp), config=BASE_CONFIG)
+        try:
+            for sql in base_view_statements(layout, snapshot=False):
+                con.execute(sql)
+            con.execute(summary_view_sql())
+            con.execute("CREATE TABLE patchgrid_catalog (schema INTEGER, data VARCHAR, views VARCHAR)")
+            con.execute("INSERT INTO patchgrid_catalog VALUES (?, ?, ?)",
+                        [SCHEMA_VERSION, str(layout.data.resolve()), views_fingerprint(layout)])
+            con.execute("CHECKPOINT")
+        finally:
+            con.close()
+        os.replace(tmp, layout.catalog)
+    finally:
+        tmp.unlink(missing_ok=True)
+        Path(str(tmp) + ".wal").unlink(missing_ok=True)
+
+
+def catalog_is_current(layout: Layout, recorded: tuple | None) -> bool:
+    return recorded is not None and tuple(recorded) == (SCHEMA_VERSION, str(layout.data.resolve()),
+                                                        views_fingerprint(layout))
+
+
+def open_snapshot(layout: Layout):
+    """An in-memory connection whose views read the warehouse's files and nothing else: no other
+    file is read or written through SQL, no extension is loaded, and the settings are locked."""
+    import duckdb
+
+    con = duckdb.connect(":memory:", config=BASE_CONFIG)
+    try:
+        con.execute("SET allowed_directories = ?", [[str(layout.data.resolve()) + os.sep]])
+        for sql in base_view_statements(layout, snapshot=True):
+            con.execute(sql)
+        con.execute(summary_view_sql())
+        con.execute("SET enable_external_access = false")
+        con.execute("SET lock_configuration = true")
+    except Exception:
+        con.close()
+        raise
+    return con
