@@ -2,13 +2,18 @@
 
 Prints rows loaded per second (target >= 1,000,000) and the query's seconds (target <= 2). The
 rows have a study's shape: 2,000 pairs x 30 layers x 8 positions x (resid denoise + noise,
-attn_out, mlp_out) ~ 1.9 M rows per run, over several runs.
+attn_out, mlp_out) ~ 1.9 M rows per run, over several runs. Then, with the warehouse full:
+- the same query while another process loads runs without pause (ratio to the idle query);
+- 4 loader processes at once, each loading its own run (rows/s over all four, and the ratio to
+  one loader at a time).
 
     .venv/bin/python benchmarks/warehouse_scale.py [--rows 10000000] [--runs 5]
 """
 from __future__ import annotations
 
 import argparse
+import multiprocessing as mp
+import platform
 import sys
 import tempfile
 import time
@@ -69,6 +74,59 @@ def pairs_for(table: pa.Table):
                       "subject_start": 2, "subject_end": 4} for p in ids])
 
 
+def cpu_model() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def _load(args) -> int:
+    """One loader process: record the run, then publish its load."""
+    wh, run_id, effects, pairs_file = args
+    from patchgrid.warehouse.loader import load_run, start_run
+
+    start_run(wh, {"run_id": run_id, "model": "synthetic"})
+    return load_run(wh, run_id, pq.read_table(pairs_file), [], [effects])["effects"]
+
+
+def _warm(folder: str) -> int:
+    """A small load into a scratch warehouse, so that a pool worker's timed load does not include
+    its imports (a study's loader has them already); the pause makes each worker take one."""
+    import os
+
+    scratch = Path(folder) / f"warm-{os.getpid()}"
+    scratch.mkdir(exist_ok=True)
+    table = synthetic_run(1000, 0)
+    pq.write_table(table, scratch / "e.parquet")
+    pq.write_table(pairs_for(table), scratch / "p.parquet")
+    _load((str(scratch / "w.duckdb"), "warm", str(scratch / "e.parquet"), str(scratch / "p.parquet")))
+    time.sleep(1.0)
+    return os.getpid()
+
+
+def _load_forever(args) -> None:
+    wh, effects, pairs_file, stop = args
+    k = 0
+    while not Path(stop).exists():
+        _load((wh, f"run-busy-{k % 2}", effects, pairs_file))
+        k += 1
+
+
+def _query_times(wh, run_id: str, n: int) -> list[float]:
+    from patchgrid.warehouse.loader import query
+
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        query(wh, "SELECT * FROM effect_summary WHERE run_id = ?", [run_id])
+        times.append(time.perf_counter() - t0)
+    return sorted(times)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=10_000_000)
@@ -106,7 +164,37 @@ def main():
     print(f"loaded {loaded:,} effect rows in {t_load:.2f} s: {loaded / t_load:,.0f} rows/s (target >= 1,000,000)")
     print(f"effect_summary for one run ({per_run:,} rows, {len(rows):,} summary rows): {t_query:.2f} s median of 3 "
           f"(target <= 2)")
-    print(f"warehouse file: {wh.stat().st_size / 1e6:.0f} MB")
+    data = sum(f.stat().st_size for f in wh.with_name(wh.stem + ".data").rglob("*") if f.is_file())
+    print(f"warehouse: {data / 1e6:.0f} MB of Parquet files, {wh.stat().st_size / 1e6:.1f} MB dashboard file (views)")
+
+    # query latency while another run loads, again and again, from another process
+    pairs_file = work / "pairs0.parquet"
+    pq.write_table(pairs[0], pairs_file)
+    idle = _query_times(wh, "run-2", 5)
+    stop = work / "stop"
+    ctx = mp.get_context("spawn")
+    loader = ctx.Process(target=_load_forever, args=((str(wh), str(files[0]), str(pairs_file), str(stop)),))
+    loader.start()
+    time.sleep(2.0)  # the loader has started (spawn imports) and is loading
+    busy = _query_times(wh, "run-2", 5)
+    stop.write_text("")
+    loader.join()
+    print(f"effect_summary for one run while another run loads: median {busy[2]:.2f} s, max {busy[-1]:.2f} s "
+          f"(idle median {idle[2]:.2f} s; ratio {busy[2] / idle[2]:.2f}x)")
+
+    # 4 loaders at once, each its own run, against one at a time
+    t0 = time.perf_counter()
+    one = _load((str(wh), "run-solo", str(files[0]), str(pairs_file)))
+    t_one = time.perf_counter() - t0
+    with ctx.Pool(4) as pool:
+        assert len(set(pool.map(_warm, [str(work)] * 4, chunksize=1))) == 4
+        t0 = time.perf_counter()
+        many = sum(pool.map(_load, [(str(wh), f"run-par-{k}", str(files[k % len(files)]), str(pairs_file))
+                                    for k in range(4)]))
+        t_many = time.perf_counter() - t0
+    print(f"4 concurrent loaders: {many:,} rows in {t_many:.2f} s: {many / t_many:,.0f} rows/s "
+          f"(one loader: {one / t_one:,.0f} rows/s; ratio {(many / t_many) / (one / t_one):.2f}x)")
+    print(f"CPU: {cpu_model()}, {mp.cpu_count()} cores")
 
 
 if __name__ == "__main__":

@@ -47,7 +47,9 @@ def _duckdb_kind(path: Path) -> str:
         if head[8:12] != b"DUCK":
             raise WarehouseError(f"warehouse {path} is not a DuckDB file")
     try:
-        con = duckdb.connect(str(path), read_only=True, config=BASE_CONFIG)
+        # no config of our own: a process that holds the file open (a notebook's dashboard
+        # connection) can still be asked, which a connection with other settings could not
+        con = duckdb.connect(str(path), read_only=True)
     except duckdb.Error as exc:
         raise WarehouseError(f"warehouse {path} cannot be opened: {str(exc).strip().splitlines()[0]}") from None
     try:
@@ -69,7 +71,7 @@ def _duckdb_kind(path: Path) -> str:
 def _recorded_catalog(path: Path):
     import duckdb
 
-    con = duckdb.connect(str(path), read_only=True, config=BASE_CONFIG)
+    con = duckdb.connect(str(path), read_only=True)
     try:
         return con.execute("SELECT schema, data, views FROM patchgrid_catalog").fetchone()
     finally:
@@ -230,7 +232,8 @@ def connect(path: str | Path):
     layout = Layout.of(path)
     if not layout.catalog.exists() and not layout.exists():
         raise WarehouseError(f"warehouse {path} does not exist (run a study first)")
-    kind = _duckdb_kind(layout.catalog) if layout.catalog.exists() else "catalog"
+    # the data folder is all a reader needs; the DuckDB file is asked only when there is none
+    kind = "catalog" if layout.exists() else _duckdb_kind(layout.catalog)
     if kind == "v1":  # not migrated yet (that takes a writer): read its tables as they are
         con = duckdb.connect(str(layout.catalog), read_only=True, config=BASE_CONFIG)
         con.execute("SET enable_external_access = false")
