@@ -1,11 +1,8 @@
 """`patchgrid study`, `query` and `serve` as a researcher runs them: real processes."""
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -58,59 +55,6 @@ def test_study_bad_arguments(tmp_path, args, message):
 def test_serve_refuses_a_bad_cron(tmp_path):
     res = cli("serve", "--cron", "every night", "--pairs", str(DATA), "--model", "tiny-llama", timeout=60)
     assert res.returncode == 2 and "--cron 'every night' is not a cron expression" in res.stderr
-
-
-@needs_vllm
-def test_serve_registers_a_scheduled_deployment_and_runs_it(tmp_path):
-    """`patchgrid serve` from one process: a deployment with the cron schedule, and a run of it works."""
-    import asyncio
-
-    port = 4391
-    env = dict(os.environ, PREFECT_HOME=str(tmp_path / "prefect"))
-    env.pop("PREFECT_API_URL", None)
-    proc = subprocess.Popen([sys.executable, "-m", "patchgrid", "serve", "--cron", "0 3 * * *", "--model",
-                             "tiny-llama", "--pairs", str(DATA), "--limit", "1", "--no-require-known", "--sweeps",
-                             "resid", "--warehouse", str(tmp_path / "w.duckdb"), "--workdir", str(tmp_path / "work"),
-                             "--port", str(port)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        from prefect.client.orchestration import PrefectClient
-
-        async def scenario():
-            client = PrefectClient(f"http://127.0.0.1:{port}/api")
-            deadline = time.monotonic() + 120
-            deployment = None
-            while deployment is None:
-                assert time.monotonic() < deadline, "the deployment never appeared"
-                assert proc.poll() is None, proc.stdout.read()
-                try:
-                    found = await client.read_deployments()
-                    deployment = next((d for d in found if d.name == "patchgrid-study"), None)
-                except Exception:
-                    pass
-                await asyncio.sleep(1)
-            assert [s.schedule.cron for s in deployment.schedules] == ["0 3 * * *"]
-            run = await client.create_flow_run_from_deployment(deployment.id)
-            while True:
-                assert time.monotonic() < deadline + 180, "the served run never finished"
-                run = await client.read_flow_run(run.id)
-                if run.state.is_final():
-                    return run.state
-                await asyncio.sleep(2)
-
-        state = asyncio.run(scenario())
-        assert state.is_completed(), state
-        import duckdb
-
-        con = duckdb.connect(str(tmp_path / "w.duckdb"), read_only=True)
-        assert con.execute("SELECT count(*) FROM effects").fetchone()[0] > 0
-        con.close()
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
 
 
 def test_prefect_yaml_deploys_the_study_flow_on_cron_schedules():
