@@ -3,8 +3,8 @@
 Every run reads a `Reading` at the last position: the logit difference
 logit(clean answer) - logit(corrupt answer), and the clean answer's probability. An effect row
 names the metric its `effect` and `recovery` are computed on. To add a metric: a field of
-`Reading`, filled in `Reading.of`, its entry in `METRICS`, and its patched/clean/corrupt columns in
-`rows.EFFECT`.
+`Reading`, filled in `Reading.of`, its entries in `METRICS` and `MIN_SPAN`, and its
+patched/clean/corrupt columns in `rows.EFFECT`.
 """
 from __future__ import annotations
 
@@ -13,6 +13,14 @@ from dataclasses import dataclass
 METRICS = {
     "logit_diff": "logit(clean answer) - logit(corrupt answer) at the last position",
     "p": "probability of the clean answer at the last position",
+}
+
+# A recovery divides by the span clean - corrupt. Where the span is smaller than this (or
+# negative, which --no-require-known allows), the ratio is noise: the pair is left out of the
+# recovery averages (and counted there as n_small_span); its effect is still averaged.
+MIN_SPAN = {
+    "logit_diff": 0.5,  # logits
+    "p": 0.02,  # probability
 }
 
 

@@ -14,6 +14,8 @@ from pathlib import Path
 from .rows import POSITION_ROLES as ROLE_ORDER
 
 TRACE_PANELS = (("resid", "hidden state"), ("mlp_out", "MLP (window)"), ("attn_out", "attention (window)"))
+# Meng et al.'s token buckets, top to bottom (the trace_buckets view)
+TRACE_BUCKETS = ("first_subject", "middle_subject", "last_subject", "first_subsequent", "further", "last")
 
 
 @dataclass
@@ -40,14 +42,30 @@ def _q(con, sql, params=()):
 
 
 def _note(row, what="recovery"):
-    mean = row["mean_recovery"] if what == "recovery" else row["mean_effect"]
-    text = f"{what} {mean:+.3f}"
-    if what == "recovery" and row["ci95_low"] is not None:
-        text += f" (95% CI {row['ci95_low']:+.3f} to {row['ci95_high']:+.3f})"
-    elif what == "effect" and row.get("sd_effect") is not None and row["n_pairs"] > 1:
-        se = row["sd_effect"] / row["n_pairs"] ** 0.5
-        text += f" (95% CI {mean - 1.96 * se:+.3f} to {mean + 1.96 * se:+.3f})"
-    return text + f", {row['n_pairs']} pairs"
+    """Hover text: the mean, its t interval (pairs as independent) and the pairs behind it."""
+    if what == "recovery":
+        mean, lo, hi, n = row["mean_recovery"], row["ci95_low"], row["ci95_high"], row["n_recovery"]
+    else:
+        mean, lo, hi, n = row["mean_effect"], row["effect_ci95_low"], row["effect_ci95_high"], row["n_pairs"]
+    if mean is None:
+        return f"no {what}: every pair's span is below the threshold"
+    text = f"{what} ({row['metric']}) {mean:+.3f}"
+    if lo is not None:
+        text += f" (95% t interval {lo:+.3f} to {hi:+.3f})"
+    return text + f", {n} pairs"
+
+
+def _bucket_note(row):
+    text = f"AIE (p) {row['aie']:+.3f}"
+    if row["ci95_low"] is not None:
+        text += f" (95% t interval {row['ci95_low']:+.3f} to {row['ci95_high']:+.3f})"
+    return text + f", {row['n_tokens']} tokens of {row['n_prompts']} prompts"
+
+
+def _symmetric_limit(values) -> float:
+    """A colour scale symmetric about zero that reaches the panel's largest magnitude."""
+    flat = [abs(v) for row in values for v in row if v is not None]
+    return max(flat + [1e-6])
 
 
 def _grid(rows, row_key, col_key, row_labels, col_labels, value, note):
@@ -79,15 +97,25 @@ def collect(con, run_id: str) -> dict:
         rows = [r for r in summary if (r["sweep"], r["site"], r["direction"]) == (sweep, site, direction)]
         layers = sorted({r["layer"] for r in rows}, key=lambda layer: -1 if layer is None else layer)
         roles = _roles_present(rows)
-        values, notes = _grid(rows, "layer", "position_role", layers, roles, lambda r: r["mean_recovery"], _note)
+        if direction == "denoise":
+            value = lambda r: r["mean_recovery"]
+            units, what = "mean recovery", "clean into corrupt"
+            reading = ("Recovery = (patched − corrupt) / (clean − corrupt) logit difference, averaged over pairs. "
+                       "Red, 1: the patch alone restores the clean answer; 0: it does nothing.")
+        else:
+            # patching corrupt into clean: a recovery of 1 means the site changed nothing, so the
+            # picture shows what the patch took away, with important sites red as in denoising
+            value = lambda r: None if r["mean_recovery"] is None else 1 - r["mean_recovery"]
+            units, what = "1 − mean recovery", "corrupt into clean"
+            reading = ("1 − recovery: the share of the clean answer's logit-difference lead that the patch takes "
+                       "away, averaged over pairs. Red, 1: the site carries the whole answer (patching it alone "
+                       "makes the run corrupt); 0: the answer does not depend on it.")
+        values, notes = _grid(rows, "layer", "position_role", layers, roles, value, _note)
         layers = ["embedding" if layer is None else layer for layer in layers]  # the embed sweep has no layer
-        what = "clean into corrupt" if direction == "denoise" else "corrupt into clean"
-        reading = ("1: the patch alone restores the clean answer; 0: it does nothing." if direction == "denoise"
-                   else "1: the clean answer survives the patch; 0: the patch alone makes the run corrupt.")
         figures.append(Heatmap(f"{sweep}-{direction}", f"{site} patching, {direction} ({what})", layers, roles,
-                               values, notes, "layer", "position role", "mean recovery", 1.0,
-                               caption="Recovery = (patched − corrupt) / (clean − corrupt) logit difference, "
-                                       f"averaged over pairs. {reading}"))
+                               values, notes, "layer", "position role", units, 1.0,
+                               caption=reading + " Pairs whose clean − corrupt span is below the threshold are "
+                                                 "left out (see n_small_span)."))
     heads = [r for r in summary if r["sweep"] == "heads"]
     for role in _roles_present(heads):
         rows = [r for r in heads if r["position_role"] == role]
@@ -96,23 +124,28 @@ def collect(con, run_id: str) -> dict:
         values, notes = _grid(rows, "layer", "head", layers, n_heads, lambda r: r["mean_recovery"], _note)
         where = "every position at once" if role == "all" else f"the {role.replace('_', ' ')} position"
         figures.append(Heatmap(f"heads-{role}", f"attention heads patched at {where}", layers, n_heads, values,
-                               notes, "layer", "head", "mean recovery", 1.0,
-                               caption="Each head's output (z) patched clean into corrupt."))
-    trace = [r for r in summary if r["sweep"] == "trace"]
-    if trace:
-        limit = max([abs(r["mean_effect"]) for r in trace if r["mean_effect"] is not None] + [1e-6])
+                               notes, "layer", "head", "mean recovery", _symmetric_limit(values),
+                               caption="Each head's output (z) patched clean into corrupt; recovery on the logit "
+                                       "difference. The colour scale reaches this panel's largest magnitude "
+                                       "(legend), so small head effects show."))
+    buckets = _q(con, "SELECT * FROM trace_buckets WHERE run_id = ?", [run_id])
+    if buckets:
+        limit = max([abs(r["aie"]) for r in buckets if r["aie"] is not None] + [1e-6])
+        order = [b for b in TRACE_BUCKETS if b in {r["bucket"] for r in buckets}]
         for site, label in TRACE_PANELS:
-            rows = [r for r in trace if r["site"] == site]
+            rows = [r for r in buckets if r["site"] == site]
             if not rows:
                 continue
             layers = sorted({r["layer"] for r in rows})
-            roles = _roles_present(rows)
-            values, notes = _grid(rows, "position_role", "layer", roles, layers, lambda r: r["mean_effect"],
-                                  lambda r: _note(r, "effect"))
-            figures.append(Heatmap(f"trace-{site}", f"causal tracing: restoring the {label}", roles, layers, values,
-                                   notes, "position role", "layer", "indirect effect on p(answer)", limit,
-                                   caption="Mean restored − mean noised probability of the clean answer, noise on "
-                                           "the subject's embeddings."))
+            values, notes = _grid(rows, "bucket", "layer", order, layers, lambda r: r["aie"], _bucket_note)
+            axis = "layer" if site == "resid" else "window centre (layer)"
+            figures.append(Heatmap(f"trace-{site}", f"causal tracing: restoring the {label}", order, layers, values,
+                                   notes, "token", axis, "AIE on p(answer)", limit,
+                                   caption="Average indirect effect: mean p(answer) with one state restored − mean "
+                                           "p(answer) noised, noise on the subject's embeddings; averaged over "
+                                           "(prompt, token) in Meng et al.'s token buckets."
+                                           + ("" if site == "resid" else " Each cell restores a window of layers "
+                                              "around its centre, clipped at the model's first and last layer.")))
     multiples = []
     for relation in sorted({r["relation"] for r in by_relation if r["relation"] is not None}):
         rows = [r for r in by_relation if r["relation"] == relation]

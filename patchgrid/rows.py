@@ -138,7 +138,7 @@ PAIR = RowShape("pair", pa.schema([
 # What the warehouse keeps of each input record (token ids stay in the run's pairs table).
 PAIR_IN_WAREHOUSE = PAIR.select("pair", [
     "pair_id", "relation", "clean_prompt", "corrupt_prompt", "clean_answer", "corrupt_answer", "status", "reason",
-    "detail", "subject", "subject_start", "subject_end", "roles",
+    "detail", "subject", "subject_start", "subject_end", "roles", "known_alone",
 ])
 
 BASELINE = RowShape("baseline", pa.schema([

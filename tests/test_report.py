@@ -47,7 +47,7 @@ def test_report_files(warehouse, tmp_path):
                 "heads-all.png", "heads-last.png", "trace-resid.png", "trace-mlp_out.png", "trace-attn_out.png"):
         assert key in pngs
     assert any(p.startswith("relation-") for p in pngs)
-    assert "95% CI" in text and "pairs" in text  # hover text
+    assert "95% t interval" in text and "pairs" in text and "(logit_diff)" in text  # hover text
     assert "no_partner" in text or "answer_multi_token" in text  # rejections by reason
 
 
@@ -86,3 +86,38 @@ def test_page_renders_in_headless_chromium(warehouse, tmp_path):
         browser.close()
     assert errors == []
     assert [u for u in requests if not u.startswith(("file://", "data:"))] == []
+
+
+def test_noising_draws_the_sites_that_carry_the_answer_as_important(warehouse):
+    """Patching the corrupt run's last-layer state at the last position into the clean run makes it
+    the corrupt run (recovery 0): the noising picture must draw that cell as important (full red),
+    not pale as a recovery scale would."""
+    from patchgrid.report import collect, colour, svg_heatmap
+    from patchgrid.warehouse.loader import connect
+
+    con = connect(warehouse)
+    try:
+        figures = {f.key: f for f in collect(con, "run-report")["figures"]}
+    finally:
+        con.close()
+    noise = figures["resid-noise"]
+    last = max(r for r in noise.rows if r != "embedding")
+    assert noise.values[noise.rows.index(last)][noise.cols.index("last")] == pytest.approx(1.0, abs=1e-3)
+    svg = svg_heatmap(noise)
+    cell = svg[svg.index(f"layer {last}, position role last:") - 120:svg.index(f"layer {last}, position role last:")]
+    assert f'fill="{colour(1.0, 1.0)}"' in cell and colour(1.0, 1.0) == "#b2182b"
+    assert "1 − mean recovery" in svg
+
+
+def test_head_panels_scale_to_their_own_largest_effect(warehouse):
+    from patchgrid.report import collect
+    from patchgrid.warehouse.loader import connect
+
+    con = connect(warehouse)
+    try:
+        heads = [f for f in collect(con, "run-report")["figures"] if f.key.startswith("heads-")]
+    finally:
+        con.close()
+    for fig in heads:
+        largest = max(abs(v) for row in fig.values for v in row if v is not None)
+        assert fig.limit == pytest.approx(largest)

@@ -18,6 +18,7 @@ import os
 from importlib import resources
 from pathlib import Path
 
+from patchgrid.metrics import METRICS, MIN_SPAN
 from patchgrid.rows import WAREHOUSE_TABLES, sql_type
 
 from .layout import SCHEMA_VERSION, TMP_PREFIX, Layout, stamp
@@ -64,8 +65,20 @@ def base_view_statements(layout: Layout, snapshot: bool) -> list[str]:
     return statements
 
 
+def metric_statements() -> list[str]:
+    """`metrics` (each metric, what it is, the smallest span a recovery divides by) and the macro
+    `metric_value(metric, logit_diff, p)` that picks a reading's value on a row's metric, both
+    from patchgrid/metrics.py."""
+    rows = ", ".join(f"({_lit(m)}, {_lit(text)}, {float(MIN_SPAN[m])!r})" for m, text in METRICS.items())
+    fields = ", ".join(METRICS)  # Reading's fields are the metrics' names
+    cases = " ".join(f"WHEN {_lit(m)} THEN {m}" for m in METRICS)
+    return [f"CREATE OR REPLACE VIEW metrics AS SELECT * FROM (VALUES {rows}) t(metric, meaning, min_span)",
+            f"CREATE OR REPLACE MACRO metric_value(metric, {fields}) AS CASE metric {cases} END"]
+
+
 def summary_view_sql() -> str:
-    return resources.files("patchgrid.warehouse").joinpath("views.sql").read_text()
+    text = resources.files("patchgrid.warehouse").joinpath("views.sql").read_text()
+    return ";\n".join(metric_statements()) + ";\n" + text
 
 
 def views_fingerprint(layout: Layout) -> str:

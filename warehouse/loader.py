@@ -88,6 +88,13 @@ def _check_version(layout: Layout) -> None:
                              f"knows v{SCHEMA_VERSION}): upgrade patchgrid")
 
 
+def _shapes_fingerprint() -> str:
+    import hashlib
+
+    text = "|".join(str(shape.schema) for shape in (PAIR_IN_WAREHOUSE, BASELINE, EFFECT, RUN))
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
 def _empty_load(folder: Path) -> None:
     pq.write_table(PAIR_IN_WAREHOUSE.table([]), folder / "pairs.parquet")
     pq.write_table(BASELINE.table([]), folder / "baselines.parquet")
@@ -122,14 +129,18 @@ def ensure(path: str | Path) -> Layout:
         publish_file(lambda tmp: tmp.write_text(json.dumps({"schema": SCHEMA_VERSION}) + "\n"), layout.version_file)
     if not os.access(layout.data, os.W_OK):
         raise WarehouseError(f"warehouse {catalog} is read-only ({layout.data} cannot be written)")
-    if not layout.loads(EMPTY_RUN):
+    # Empty files in today's shapes: every glob matches a file, and every column of the shapes is
+    # in one (loads written before a column was added read it as NULL).
+    empty = f"load=0-{_shapes_fingerprint()}"
+    if not (layout.run_dir(EMPTY_RUN) / empty).is_dir():
         try:
-            publish_dir(_empty_load, layout.run_dir(EMPTY_RUN), "load=0")
+            publish_dir(_empty_load, layout.run_dir(EMPTY_RUN), empty)
         except OSError:
-            if not layout.loads(EMPTY_RUN):  # not another process creating it at the same moment
+            if not (layout.run_dir(EMPTY_RUN) / empty).is_dir():  # not another process creating it
                 raise
-    if not any(layout.status_dir(EMPTY_RUN).glob("*.parquet")):
-        publish_file(lambda tmp: pq.write_table(RUN.table([]), tmp), layout.status_dir(EMPTY_RUN) / "0.parquet")
+    status = layout.status_dir(EMPTY_RUN) / f"0-{_shapes_fingerprint()}.parquet"
+    if not status.exists():
+        publish_file(lambda tmp: pq.write_table(RUN.table([]), tmp), status)
     if kind != "catalog" or not catalog_is_current(layout, _recorded_catalog(catalog)):
         write_catalog(layout)
     return layout

@@ -15,12 +15,16 @@ import pyarrow.parquet as pq
 
 from patchgrid.rows import BASELINE, EFFECT, PAIR_IN_WAREHOUSE, RUN
 
-from .catalog import BASE_CONFIG, write_catalog
+from .catalog import BASE_CONFIG
 from .layout import SCHEMA_VERSION, Layout, publish_dir, publish_file, stamp
 
 
 def _select(con, table: str, shape, run_id: str) -> pa.Table:
-    cols = ", ".join(f'"{c}"' for c in shape.columns if c != "run_id")
+    """The v1 table's rows of the run, in the shape's columns that v1 had (the views read the
+    others, added since, as NULL)."""
+    had = {r[0] for r in con.execute("SELECT column_name FROM information_schema.columns WHERE table_name = ?",
+                                     [table]).fetchall()}
+    cols = ", ".join(f'"{c}"' for c in shape.columns if c != "run_id" and c in had)
     got = con.sql(f"SELECT {cols} FROM {table} WHERE run_id = ?", params=[run_id]).to_arrow_table()
     return got.cast(pa.schema([shape.schema.field(c) for c in got.column_names]))
 
@@ -68,7 +72,6 @@ def migrate_v1(layout: Layout) -> str:
         finally:
             con.close()
         publish_file(lambda tmp: tmp.write_text(json.dumps({"schema": SCHEMA_VERSION}) + "\n"), layout.version_file)
-        os.replace(layout.catalog, backup)
-        write_catalog(layout)
+        os.replace(layout.catalog, backup)  # ensure() writes the view file next
     return (f"warehouse {layout.catalog}: migrated from schema v1 to v{SCHEMA_VERSION} ({len(runs)} runs, "
             f"{n_effects:,} effect rows, now Parquet files under {layout.data}); the v1 file is kept as {backup}")

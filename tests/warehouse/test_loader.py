@@ -97,14 +97,16 @@ def test_effect_summary_matches_a_direct_computation(tmp_path):
         if e["layer"] == 1 and e["position_role"] == "further":
             per_pair.setdefault(e["pair_id"], []).append(e["recovery"])
     values = [statistics.mean(v) for v in per_pair.values()]
-    cols, rows = query(wh, """SELECT n_pairs, mean_recovery, sd_recovery, se_recovery, ci95_low, ci95_high
-                              FROM effect_summary WHERE run_id = 'run-a' AND layer = 1 AND position_role = 'further'""")
-    n, mean, sd, se, lo, hi = rows[0]
-    assert n == 6
+    cols, rows = query(wh, """SELECT n_pairs, n_recovery, metric, mean_recovery, sd_recovery, se_recovery, ci95_low,
+                              ci95_high FROM effect_summary
+                              WHERE run_id = 'run-a' AND layer = 1 AND position_role = 'further'""")
+    n, n_rec, metric, mean, sd, se, lo, hi = rows[0]
+    assert n == n_rec == 6 and metric == "logit_diff"
     assert mean == pytest.approx(statistics.mean(values), rel=1e-5)
     assert sd == pytest.approx(statistics.stdev(values), rel=1e-4)
-    assert se == pytest.approx(sd / math.sqrt(6)) and lo == pytest.approx(mean - 1.96 * se)
-    assert hi == pytest.approx(mean + 1.96 * se)
+    # Student's t on 5 degrees of freedom, not 1.96
+    assert se == pytest.approx(sd / math.sqrt(6)) and lo == pytest.approx(mean - 2.5706 * se, rel=1e-4)
+    assert hi == pytest.approx(mean + 2.5706 * se, rel=1e-4)
     rel = query(wh, "SELECT relation, n_pairs FROM relation_summary WHERE layer = 1 AND position_role = 'last' "
                     "ORDER BY relation")[1]
     assert rel == [("capital", 3), ("currency", 3)]
@@ -115,11 +117,17 @@ def test_views_unique_and_not_null(tmp_path):
     """dbt-style tests: each summary row unique on its key; counts and means never null."""
     wh = tmp_path / "w.duckdb"
     load(tmp_path, wh)
-    dup = query(wh, """SELECT count(*) FROM (SELECT run_id, sweep, site, direction, layer, position_role, head,
-                        count(*) c FROM effect_summary GROUP BY ALL HAVING c > 1)""")[1][0][0]
-    assert dup == 0
-    nulls = query(wh, "SELECT count(*) FROM effect_summary WHERE n_pairs IS NULL OR mean_recovery IS NULL")[1][0][0]
-    assert nulls == 0
+    for view, key in (("effect_summary", "run_id, sweep, site, direction, metric, layer, position_role, head"),
+                      ("relation_summary", "run_id, relation, sweep, site, direction, metric, layer, position_role, head"),
+                      ("pair_effects", "run_id, pair_id, sweep, site, direction, metric, layer, position_role, head, "
+                                       "\"window\"")):
+        dup = query(wh, f"SELECT count(*) FROM (SELECT {key}, count(*) c FROM {view} GROUP BY ALL HAVING c > 1)")[1]
+        assert dup == [(0,)], view
+        nulls = query(wh, f"SELECT count(*) FROM {view} WHERE n_pairs IS NULL OR metric IS NULL OR mean_effect IS NULL"
+                      if view != "pair_effects" else f"SELECT count(*) FROM {view} WHERE metric IS NULL OR effect IS NULL")
+        assert nulls[1] == [(0,)], view
+    # the pairs behind each mean are the ones counted
+    assert query(wh, "SELECT count(*) FROM effect_summary WHERE n_recovery + n_small_span <> n_pairs")[1] == [(0,)]
 
 
 @pytest.mark.parametrize("make, message", [
@@ -178,7 +186,6 @@ def _v1_warehouse(tmp_path, wh):
     con = duckdb.connect(str(wh))
     con.execute((Path(__file__).parent / "v1_schema.sql").read_text())
     con.execute("INSERT INTO patchgrid_schema VALUES (1)")
-    con.execute((Path(__file__).parents[2] / "warehouse" / "views.sql").read_text())
     con.execute("""INSERT INTO runs VALUES ('run-old', '', 'm', 'sha', '{"x": 1}', '0.1.0', TIMESTAMP '2026-01-01',
                    TIMESTAMP '2026-01-02', 'completed')""")
     con.register("p", pairs)

@@ -1,0 +1,112 @@
+"""The summary views on hand-built rows: t intervals, the span filter, the ratio of means, intervals
+that allow for shared facts, and causal tracing averaged in Meng et al.'s token buckets."""
+from __future__ import annotations
+
+import math
+import statistics
+
+import pytest
+
+from patchgrid.effects import write_effects
+from patchgrid.metrics import MIN_SPAN
+from patchgrid.pairs import to_table as pairs_table
+from patchgrid.warehouse.loader import load_run, query, start_run
+
+
+def pair(pid, clean="c", corrupt="x", roles=("subject_last", "last"), start=0, end=1):
+    return {"pair_id": pid, "relation": "r", "status": "accepted", "clean_prompt": clean, "corrupt_prompt": corrupt,
+            "roles": list(roles), "subject_start": start, "subject_end": end}
+
+
+def effect(pid, recovery, *, span=4.0, role="last", position=1, sweep="resid", site="resid", metric="logit_diff",
+           layer=0, p=None, noised_p=None):
+    corrupt, clean = -2.0, -2.0 + span
+    patched = corrupt + recovery * span
+    row = {"pair_id": pid, "relation": "r", "sweep": sweep, "site": site, "direction": "denoise", "layer": layer,
+           "position": position, "position_role": role, "metric": metric, "patched_logit_diff": patched,
+           "clean_logit_diff": clean, "corrupt_logit_diff": corrupt, "clean_p": 0.9, "corrupt_p": 0.1,
+           "patched_p": 0.5, "effect": patched - corrupt, "recovery": recovery}
+    if metric == "p":
+        row.update(patched_p=p, corrupt_p=noised_p, clean_p=0.9, effect=p - noised_p,
+                   recovery=(p - noised_p) / (0.9 - noised_p))
+    return row
+
+
+def warehouse(tmp_path, pairs, effects):
+    wh = tmp_path / "w.duckdb"
+    start_run(wh, {"run_id": "r", "model": "m"})
+    load_run(wh, "r", pairs_table(pairs), [], [write_effects(effects, tmp_path / "e.parquet")])
+    return wh
+
+
+def summary(wh, columns):
+    cols, rows = query(wh, f"SELECT {columns} FROM effect_summary")
+    assert len(rows) == 1
+    return dict(zip(cols, rows[0]))
+
+
+def test_student_t_interval_on_three_pairs(tmp_path):
+    values = [0.0, 0.5, 1.0]
+    wh = warehouse(tmp_path, [pair(f"p{i}", clean=f"c{i}", corrupt=f"x{i}") for i in range(3)],
+                   [effect(f"p{i}", v) for i, v in enumerate(values)])
+    s = summary(wh, "*")
+    se = statistics.stdev(values) / math.sqrt(3)
+    assert s["n_pairs"] == s["n_recovery"] == 3 and s["metric"] == "logit_diff"
+    assert s["ci95_low"] == pytest.approx(0.5 - 4.3027 * se, abs=1e-4)  # t(0.975, 2), not 1.96
+    assert s["ci95_high"] == pytest.approx(0.5 + 4.3027 * se, abs=1e-4)
+    # six distinct facts, none shared: the fact interval is the simple one
+    assert s["n_facts"] == 6
+    assert (s["ci95_low_facts"], s["ci95_high_facts"]) == pytest.approx((s["ci95_low"], s["ci95_high"]), abs=1e-6)
+
+
+@pytest.mark.parametrize("df, t", [(1, 12.7062), (4, 2.7764), (10, 2.2281), (30, 2.0423), (120, 1.9799), (10**6, 1.96)])
+def test_t_quantiles(tmp_path, df, t):
+    wh = warehouse(tmp_path, [pair("p0")], [effect("p0", 0.5)])
+    assert query(wh, "SELECT t975(?)", [df])[1][0][0] == pytest.approx(t, abs=2e-4)
+
+
+def test_small_spans_are_left_out_of_recovery_and_counted(tmp_path):
+    small = MIN_SPAN["logit_diff"] / 5
+    pairs = [pair(f"p{i}", clean=f"c{i}", corrupt=f"x{i}") for i in range(4)]
+    effects = [effect("p0", 0.2), effect("p1", 0.4), effect("p2", 0.6, span=2.0),
+               effect("p3", 25.0, span=small)]  # a tiny span makes a wild ratio
+    s = summary(warehouse(tmp_path, pairs, effects), "*")
+    assert (s["n_pairs"], s["n_recovery"], s["n_small_span"]) == (4, 3, 1)
+    assert s["mean_recovery"] == pytest.approx(0.4)
+    # ratio of means: sum(patched - corrupt) / sum(clean - corrupt) over the same three pairs
+    assert s["ratio_of_means"] == pytest.approx((0.2 * 4 + 0.4 * 4 + 0.6 * 2) / (4 + 4 + 2))
+    # the effect is averaged over every pair
+    assert s["mean_effect"] == pytest.approx(statistics.mean([0.8, 1.6, 1.2, 25.0 * small]), rel=1e-5)
+
+
+def test_shared_facts_widen_the_fact_interval(tmp_path):
+    """Six pairs on two facts, A->B three times and B->A three times, with alike values per
+    direction: the fact interval is wider than the one that takes the pairs as independent."""
+    pairs = [pair(f"p{i}", clean="A" if i < 3 else "B", corrupt="B" if i < 3 else "A") for i in range(6)]
+    values = [0.9, 0.92, 0.88, 0.1, 0.12, 0.08]
+    s = summary(warehouse(tmp_path, pairs, [effect(f"p{i}", v) for i, v in enumerate(values)]), "*")
+    assert s["n_facts"] == 2 and s["n_pairs"] == 6
+    assert s["ci95_high_facts"] - s["ci95_low_facts"] > 3 * (s["ci95_high"] - s["ci95_low"])
+
+
+def test_trace_buckets_average_as_meng_et_al(tmp_path):
+    """A one-token subject counts as first and last subject token; further tokens weigh per token;
+    the indirect effect is p restored - p noised, not divided."""
+    pairs = [pair("one", clean="c1", roles=("subject_last", "after_subject", "further", "further", "last")),
+             pair("two", clean="c2", roles=("before_subject", "subject_first", "subject_last", "further", "last"),
+                  start=1, end=3)]
+    rows = []
+    for pid, roles, ps in (("one", pairs[0]["roles"], [0.5, 0.3, 0.2, 0.4, 0.6]),
+                           ("two", pairs[1]["roles"], [0.1, 0.3, 0.7, 0.2, 0.5])):
+        for pos, (role, p) in enumerate(zip(roles, ps)):
+            rows.append(effect(pid, 0, role=role, position=pos, sweep="trace", metric="p", p=p, noised_p=0.1))
+    wh = warehouse(tmp_path, pairs, rows)
+    got = {b: (n_prompts, n_tokens, aie) for b, n_prompts, n_tokens, aie in query(
+        wh, "SELECT bucket, n_prompts, n_tokens, aie FROM trace_buckets WHERE site = 'resid'")[1]}
+    assert got["first_subject"] == (2, 2, pytest.approx(((0.5 - 0.1) + (0.3 - 0.1)) / 2))
+    assert got["last_subject"] == (2, 2, pytest.approx(((0.5 - 0.1) + (0.7 - 0.1)) / 2))
+    assert got["first_subsequent"] == (1, 1, pytest.approx(0.3 - 0.1))
+    assert got["further"] == (2, 3, pytest.approx(((0.2 - 0.1) + (0.4 - 0.1) + (0.2 - 0.1)) / 3))
+    assert got["last"] == (2, 2, pytest.approx(((0.6 - 0.1) + (0.5 - 0.1)) / 2))
+    assert "middle_subject" not in got and None not in got  # before_subject is left out
+    assert query(wh, "SELECT DISTINCT metric FROM trace_buckets")[1] == [("p",)]
