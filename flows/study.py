@@ -20,7 +20,7 @@ from patchgrid.spec import ShardSpec, StudySpec
 from patchgrid.stopping import Cancelled, cancel_on_signals, one_line
 from patchgrid.tasks.cache import cache_activations
 from patchgrid.tasks.pairs import align_pairs
-from patchgrid.tasks.sweeps import sweep_shard
+from patchgrid.tasks.sweeps import measure_trace_noise, sweep_shard
 from patchgrid.tasks.warehouse import load_warehouse, record_run, summarize
 
 DEFAULT = StudySpec()
@@ -50,7 +50,8 @@ def _produced(task, *args, sound=lambda path: Path(path).exists(), **kwargs) -> 
 def study(model: str = DEFAULT.model, pairs: str = DEFAULT.pairs, sweeps: str = ",".join(DEFAULT.sweeps),
           limit: int | None = DEFAULT.limit, warehouse: str = DEFAULT.warehouse, workdir: str = DEFAULT.workdir,
           pairs_format: str | None = DEFAULT.pairs_format, require_known: bool = DEFAULT.require_known,
-          seed: int = DEFAULT.seed, trace_samples: int = DEFAULT.trace_samples, shard_size: int = DEFAULT.shard_size,
+          seed: int = DEFAULT.seed, trace_samples: int = DEFAULT.trace_samples,
+          trace_noise: float | None = DEFAULT.trace_noise, shard_size: int = DEFAULT.shard_size,
           backend: str = DEFAULT.backend, max_requests: int = DEFAULT.max_requests, run_id: str | None = DEFAULT.run_id,
           runner: str = DEFAULT.runner, ray_address: str | None = DEFAULT.ray_address,
           ray_workers: int = DEFAULT.ray_workers, gpus_per_engine: float = DEFAULT.gpus_per_engine,
@@ -58,8 +59,8 @@ def study(model: str = DEFAULT.model, pairs: str = DEFAULT.pairs, sweeps: str = 
     """Run a whole activation-patching study and load it into the warehouse; returns the run id."""
     spec = StudySpec(model=model, pairs=pairs, sweeps=sweeps, limit=limit, warehouse=warehouse, workdir=workdir,
                      pairs_format=pairs_format, require_known=require_known, seed=seed, trace_samples=trace_samples,
-                     shard_size=shard_size, backend=backend, max_requests=max_requests, run_id=run_id, runner=runner,
-                     ray_address=ray_address, ray_workers=ray_workers, gpus_per_engine=gpus_per_engine,
+                     trace_noise=trace_noise, shard_size=shard_size, backend=backend, max_requests=max_requests,
+                     run_id=run_id, runner=runner, ray_address=ray_address, ray_workers=ray_workers, gpus_per_engine=gpus_per_engine,
                      tensor_parallel_size=tensor_parallel_size)
     # SIGTERM and SIGINT stop the study through every clean-up on the way out (engines first)
     with cancel_on_signals(), EnginePool() as engines:
@@ -79,9 +80,16 @@ def run_study(spec: StudySpec, engines: EnginePool) -> str:
     model_sha = model_identity(prepare(spec.model))["weights_sha256"]
     # The same inputs give the same run id: a rerun resumes and replaces, never duplicates.
     spec = spec.with_run_id(spec.run_id or "run-" + fingerprint(model_sha, spec.recorded_params())[:12])
-    record_run(spec, str(flow_run.get_id() or ""), model_sha, code_version(), _now())
+    noise = None
+    if "trace" in spec.sweeps:
+        from patchgrid.sweeps import TraceNoise
+
+        noise = (TraceNoise(spec.trace_noise, "--trace-noise") if spec.trace_noise is not None
+                 else measure_trace_noise(spec, model_sha))
+    record_run(spec, str(flow_run.get_id() or ""), model_sha, code_version(), _now(),
+               noise.recorded() if noise else None)
     try:
-        return _sweep_and_load(spec, engines, model_sha)
+        return _sweep_and_load(spec, engines, model_sha, noise.std if noise else 0.0)
     except BaseException as exc:
         # a run that stops says why, in the warehouse, rather than staying `running` for ever
         status = "cancelled" if isinstance(exc, (Cancelled, KeyboardInterrupt)) else "failed"
@@ -89,11 +97,10 @@ def run_study(spec: StudySpec, engines: EnginePool) -> str:
         raise
 
 
-def _sweep_and_load(spec: StudySpec, engines: EnginePool, model_sha: str) -> str:
-    from patchgrid.cache import ActivationCache, damage
+def _sweep_and_load(spec: StudySpec, engines: EnginePool, model_sha: str, noise_std: float) -> str:
+    from patchgrid.cache import damage
     from patchgrid.pairs import accepted_pairs, read_pairs
     from patchgrid.shards import split
-    from patchgrid.sweeps import trace_noise_std
 
     logger = get_run_logger()
     work = Path(spec.workdir).resolve()
@@ -107,9 +114,6 @@ def _sweep_and_load(spec: StudySpec, engines: EnginePool, model_sha: str) -> str
     cache_folder = _produced(cache_activations, spec, accepted, str(work / "cache"), model_sha, engines,
                              sound=lambda folder: damage(folder) is None)
     sweeps = spec.sweep_config()
-    noise_std = 0.0
-    if "trace" in spec.sweeps:
-        noise_std = trace_noise_std(ActivationCache(Path(cache_folder)), accepted, sweeps.trace_noise_scale)
     shards = split(accepted, spec.shard_size, cache_folder, sweeps, noise_std, run_dir / "effects")
     if spec.runner == "ray":
         engines.close()  # the shards' engines live in Ray actors; free this process's engine

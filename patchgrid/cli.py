@@ -164,7 +164,8 @@ def study_spec(args, **overrides) -> StudySpec:
     params = dict(model=args.model, pairs=str(source.resolve()) if source.exists() else args.pairs,
                   sweeps=args.sweeps, limit=args.limit, warehouse=args.warehouse, workdir=args.workdir,
                   pairs_format=args.format, require_known=not args.no_require_known, seed=args.seed,
-                  trace_samples=args.trace_samples, shard_size=args.shard_size, backend=args.backend,
+                  trace_samples=args.trace_samples, trace_noise=args.trace_noise, shard_size=args.shard_size,
+                  backend=args.backend,
                   runner=args.runner, ray_address=args.ray_address, ray_workers=args.ray_workers,
                   gpus_per_engine=args.gpus_per_engine, tensor_parallel_size=args.tensor_parallel_size)
     params.update(overrides)
@@ -198,15 +199,19 @@ def cmd_study(args) -> int:
 
 def cmd_demo_study(args) -> int:
     from .report import write_report
-    from .warehouse.queries import stream_by_layer
+    from .warehouse.queries import stream_by_layer, trace_by_bucket
 
     spec = StudySpec(model=args.model, sweeps=("resid", "attn_out", "mlp_out", "heads", "trace"), limit=args.limit,
                      warehouse=args.warehouse, trace_samples=args.trace_samples, backend=args.backend)
     quiet_prefect(False)
     run_id = _run_study(spec)
-    cols, rows = stream_by_layer(args.warehouse, run_id, every=4)
-    print(f"\nrun {run_id} -> {args.warehouse}; effect_summary (resid and trace hidden state, every 4th layer):")
-    print(format_rows(cols, rows))
+    print(f"\nrun {run_id} -> {args.warehouse}")
+    print("\nresid patched clean into corrupt: recovery of the logit difference, mean over pairs "
+          "(effect_summary, every 4th layer):")
+    print(format_rows(*stream_by_layer(args.warehouse, run_id, every=4)))
+    print("\ncausal tracing, hidden state restored: average indirect effect on p(answer), in Meng et al.'s "
+          "buckets (trace_buckets, every 4th layer):")
+    print(format_rows(*trace_by_bucket(args.warehouse, run_id, every=4)))
     print(f"\nmore: patchgrid query --warehouse {args.warehouse} \"SELECT * FROM effect_summary LIMIT 20\"")
     page = write_report(args.warehouse, Path(args.warehouse).resolve().parent / "report", run_id)
     print(f"report: {page}")
@@ -315,6 +320,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--no-require-known", action="store_true", help="keep pairs the model does not know")
         p.add_argument("--seed", type=int, default=DEFAULT_STUDY.seed)
         p.add_argument("--trace-samples", type=int, default=DEFAULT_STUDY.trace_samples)
+        p.add_argument("--trace-noise", type=float, default=DEFAULT_STUDY.trace_noise,
+                       help="std of causal tracing's noise (default: 3 x std of the data set's subject embeddings)")
         p.add_argument("--shard-size", type=int, default=DEFAULT_STUDY.shard_size, help="pairs per sweep task")
         p.add_argument("--backend", default=DEFAULT_BACKEND, choices=BACKENDS)
         p.add_argument("--runner", default=DEFAULT_STUDY.runner, choices=RUNNERS,

@@ -55,6 +55,7 @@ class StudySpec:
     require_known: bool = True
     seed: int = 0
     trace_samples: int = 10
+    trace_noise: float | None = None  # default: 3 x std of the data set's subject embeddings
     shard_size: int = 8  # pairs per sweep task
     backend: str = DEFAULT_BACKEND
     max_requests: int = 2048  # patched runs per engine call
@@ -77,6 +78,8 @@ class StudySpec:
             self.sweep_config()  # the sweeps' own checks, naming what is wrong
         except ValueError as exc:
             raise SpecError(None, str(exc)) from None
+        if self.trace_noise is not None and not self.trace_noise > 0:
+            raise SpecError("trace_noise", f"{self.trace_noise} must be above 0")
         if self.gpus_per_engine < 0:
             raise SpecError("gpus_per_engine", f"{self.gpus_per_engine} must not be negative")
         if self.backend not in BACKENDS:
@@ -98,7 +101,7 @@ class StudySpec:
         """What a run records as its parameters, and what its default run id is derived from."""
         return dict(model=self.model, pairs=self.pairs, sweeps=list(self.sweeps), limit=self.limit,
                     pairs_format=self.pairs_format, require_known=self.require_known, seed=self.seed,
-                    trace_samples=self.trace_samples, backend=self.backend)
+                    trace_samples=self.trace_samples, trace_noise=self.trace_noise, backend=self.backend)
 
     def flow_parameters(self) -> dict:
         """The study flow's parameters for this spec (the flow builds the same spec from them)."""

@@ -29,3 +29,17 @@ def sweep_shard(spec: StudySpec, shard: ShardSpec, model_sha256: str, engines: E
         raise
     logger.info("shard of %d pairs: %d effect rows -> %s (pid %d)", len(shard.pairs), n, shard.out, os.getpid())
     return shard.out
+
+
+@task(cache_key_fn=keyed_on("model", "pairs", "pairs_format"), persist_result=True)
+def measure_trace_noise(spec: StudySpec, model_sha256: str):
+    """The causal-tracing noise for this data set and model (3 x the std of its subjects' token
+    embeddings), the same whatever pairs a study keeps."""
+    from patchgrid.models import prepare
+    from patchgrid.pairs import read_source
+    from patchgrid.sweeps import TRACE_NOISE_SCALE, subject_noise
+
+    _, records = read_source(spec.pairs, spec.pairs_format)
+    noise = subject_noise(prepare(spec.model), [r.subject for r in records], TRACE_NOISE_SCALE)
+    get_run_logger().info("trace noise: %.4f (%s)", noise.std, noise.source)
+    return noise

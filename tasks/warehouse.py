@@ -7,11 +7,14 @@ from patchgrid.spec import StudySpec
 
 
 @task
-def record_run(spec: StudySpec, flow_run_id: str, model_sha256: str, code_version: str, started) -> None:
+def record_run(spec: StudySpec, flow_run_id: str, model_sha256: str, code_version: str, started,
+               measured: dict | None = None) -> None:
+    """The run, as running; `measured`: what the run derived from its inputs (the trace noise),
+    recorded beside its parameters."""
     from patchgrid.warehouse.loader import start_run
 
     start_run(spec.warehouse, {"run_id": spec.run_id, "flow_run_id": flow_run_id, "model": spec.model,
-                               "model_hash": model_sha256, "params": spec.recorded_params(),
+                               "model_hash": model_sha256, "params": {**spec.recorded_params(), **(measured or {})},
                                "code_version": code_version, "started": started})
 
 

@@ -63,6 +63,8 @@ def test_rows_are_complete_and_consistent(tmp_path, engines, tokenizers):
         assert (r["position"] is None) == (r["position_role"] == "all")
         assert (r["head"] is not None) == (r["sweep"] == "heads")
         assert (r["window"] is not None) == (r["sweep"] == "trace" and r["site"] != "resid")
+        if r["window"] is not None:  # the layers actually restored, cut at the model's ends
+            assert r["window"] == len(trace_window(r["layer"], ALL.trace_window, 4)) < ALL.trace_window
     assert {r["direction"] for r in rows if r["sweep"] == "resid"} == {"denoise", "noise"}
     heads_all = [r for r in rows if r["sweep"] == "heads" and r["position"] is None]
     assert len(heads_all) == len(pairs) * 4 * 4
@@ -132,3 +134,34 @@ def test_smollm2_shapes_averaged_over_pairs(tmp_path, engines, tokenizers):
     for layer in range(n // 2):
         others = [v for (role, lay), v in trace.items() if lay == layer and role != "subject_last"]
         assert trace[("subject_last", layer)] > max(others)
+
+
+def test_trace_noise_is_meng_et_al_s_over_the_data_set(tokenizers):
+    """3 x the std of the subjects' token embeddings, each subject tokenized alone: the same for any
+    subset of pairs a study keeps, and equal to the embedding matrix read by transformers."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from patchgrid.models import prepare
+    from patchgrid.pairs import read_source
+    from patchgrid.spec import StudySpec
+    from patchgrid.sweeps import subject_noise
+    from patchgrid.tasks.sweeps import measure_trace_noise
+    from tests.study_helpers import DATA
+
+    _, records = read_source(str(DATA))
+    subjects = [r.subject for r in records]
+    tok = tokenizers("tiny-llama")
+    weight = AutoModelForCausalLM.from_pretrained(prepare("tiny-llama"), dtype=torch.float32).get_input_embeddings().weight.detach()
+    ids = [i for s in subjects for i in tok(s, add_special_tokens=False).input_ids]
+    expected = 3 * float(weight[torch.tensor(ids)].std())
+    noise = subject_noise(prepare("tiny-llama"), subjects, 3.0)
+    assert noise.std == pytest.approx(expected, rel=1e-5) and f"{len(subjects)} subjects" in noise.source
+    # what a study measures depends on the data set and the model, not on --limit or --require-known
+    from prefect.logging import disable_run_logger
+
+    with disable_run_logger():
+        few = measure_trace_noise.fn(StudySpec(model="tiny-llama", pairs=str(DATA), limit=2), "sha")
+        many = measure_trace_noise.fn(StudySpec(model="tiny-llama", pairs=str(DATA), limit=50, require_known=False),
+                                      "sha")
+    assert few == many and few.std == pytest.approx(expected, rel=1e-5)

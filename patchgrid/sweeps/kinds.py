@@ -67,7 +67,7 @@ class SweepKind:
         """The engine request for `cell`; `source` names the cached run it patches from."""
         raise NotImplementedError
 
-    def rows(self, pair, readings: list[tuple[Cell, Reading]], baseline: dict) -> list[dict]:
+    def rows(self, pair, readings: list[tuple[Cell, Reading]], baseline: dict, ctx: SweepContext) -> list[dict]:
         """Effect rows from every cell's reading (one row per cell, unless the kind averages)."""
         clean, corrupt = baselines(baseline)
         return [effect_row(pair, cell, r, clean, corrupt, self.metric) for cell, r in readings]
@@ -188,7 +188,7 @@ class TraceSweep(SweepKind):
                             for w in trace_window(cell.layer, cell.window, ctx.n_layers))
         return Request(tokens=pair.clean_ids, answers=_answers(pair), noise=noise, patches=patches)
 
-    def rows(self, pair, readings, baseline):
+    def rows(self, pair, readings, baseline, ctx):
         sums = defaultdict(lambda: [0.0, 0.0, 0])  # restored site (sample dropped) -> [ld, p, n]
         for cell, r in readings:
             acc = sums[Cell(cell.sweep, cell.site, cell.direction, cell.layer, cell.position, cell.head, cell.window)]
@@ -199,8 +199,13 @@ class TraceSweep(SweepKind):
         ld, p, n = sums.pop(noised_key)
         noised = Reading(ld / n, p / n)
         clean, _ = baselines(baseline)
-        return [effect_row(pair, cell, Reading(ld / n, p / n), clean, noised, self.metric)
-                for cell, (ld, p, n) in sums.items()]
+        out = []
+        for cell, (ld, p, n) in sums.items():
+            row = effect_row(pair, cell, Reading(ld / n, p / n), clean, noised, self.metric)
+            if cell.window is not None:  # the layers actually restored: the window is cut at the model's ends
+                row["window"] = len(trace_window(cell.layer, cell.window, ctx.n_layers))
+            out.append(row)
+        return out
 
 
 SWEEP_KINDS: dict[str, SweepKind] = {kind.name: kind for kind in (

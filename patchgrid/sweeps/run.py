@@ -91,5 +91,5 @@ def run_sweeps(engine, pairs, store, config: SweepConfig, progress: Progress | N
     rows: list[dict] = []
     for i, p in enumerate(pairs):
         for name in config.sweeps:
-            rows += SWEEP_KINDS[name].rows(p, readings[(i, name)], store.baselines[p.pair_id])
+            rows += SWEEP_KINDS[name].rows(p, readings[(i, name)], store.baselines[p.pair_id], ctx)
     return rows
