@@ -8,6 +8,7 @@ from them and hands it to every task.
 from __future__ import annotations
 
 import subprocess
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -86,8 +87,11 @@ def run_study(spec: StudySpec, engines: EnginePool) -> str:
 
         noise = (TraceNoise(spec.trace_noise, "--trace-noise") if spec.trace_noise is not None
                  else measure_trace_noise(spec, model_sha))
-    record_run(spec, str(flow_run.get_id() or ""), model_sha, code_version(), _now(),
-               noise.recorded() if noise else None)
+    measured = None
+    if noise:
+        measured = {**noise.recorded(), "traced": "facts whose top-1 prediction is the answer (known_alone), "
+                                                  "with or without a partner"}
+    record_run(spec, str(flow_run.get_id() or ""), model_sha, code_version(), _now(), measured)
     try:
         return _sweep_and_load(spec, engines, model_sha, noise.std if noise else 0.0)
     except BaseException as exc:
@@ -99,7 +103,7 @@ def run_study(spec: StudySpec, engines: EnginePool) -> str:
 
 def _sweep_and_load(spec: StudySpec, engines: EnginePool, model_sha: str, noise_std: float) -> str:
     from patchgrid.cache import damage
-    from patchgrid.pairs import accepted_pairs, read_pairs
+    from patchgrid.pairs import accepted_pairs, read_pairs, traced_facts
     from patchgrid.shards import split
 
     logger = get_run_logger()
@@ -107,14 +111,29 @@ def _sweep_and_load(spec: StudySpec, engines: EnginePool, model_sha: str, noise_
     run_dir = work / "runs" / spec.run_id
     logger.info("run %s: model %s, pairs %s, sweeps %s", spec.run_id, spec.model, spec.pairs, ",".join(spec.sweeps))
     table = _produced(align_pairs, spec, model_sha, str(run_dir / "pairs.parquet"), engines)
-    accepted = accepted_pairs(read_pairs(table), spec.limit)
-    if not accepted:
+    patching = tuple(name for name in spec.sweeps if name != "trace")
+    accepted = accepted_pairs(read_pairs(table), spec.limit) if patching else []
+    if patching and not accepted:
         raise ValueError(f"no accepted pairs in {spec.pairs}: see the rejections in {table}")
-    # a cache folder damaged since it was written is found by its checksums, discarded and rebuilt
-    cache_folder = _produced(cache_activations, spec, accepted, str(work / "cache"), model_sha, engines,
-                             sound=lambda folder: damage(folder) is None)
-    sweeps = spec.sweep_config()
-    shards = split(accepted, spec.shard_size, cache_folder, sweeps, noise_std, run_dir / "effects")
+    # causal tracing runs on the facts the model knows alone, partner or not (Meng et al.)
+    facts = traced_facts(read_pairs(table), spec.limit) if "trace" in spec.sweeps else []
+    if "trace" in spec.sweeps and not facts:
+        raise ValueError(f"no fact in {spec.pairs} that the model knows alone (its top prediction the answer): "
+                         f"nothing to trace; see {table}")
+    def sound(folder):  # a cache folder damaged since it was written: found by its checksums, rebuilt
+        return damage(folder) is None
+
+    config = spec.sweep_config()
+    shards = []
+    if accepted:
+        folder = _produced(cache_activations, spec, accepted, str(work / "cache"), model_sha, engines, patching,
+                           sound=sound)
+        shards += split(accepted, spec.shard_size, folder, replace(config, sweeps=patching), 0.0, run_dir / "effects")
+    if facts:
+        folder = _produced(cache_activations, spec, facts, str(work / "cache"), model_sha, engines, ("trace",),
+                           sound=sound)
+        shards += split(facts, spec.shard_size, folder, replace(config, sweeps=("trace",)), noise_std,
+                        run_dir / "effects", first=len(shards), name="trace-shard", writes_baselines=False)
     if spec.runner == "ray":
         engines.close()  # the shards' engines live in Ray actors; free this process's engine
         effect_files = sweep_shards_on_ray_with(spec, shards, model_sha)
@@ -125,10 +144,10 @@ def _sweep_and_load(spec: StudySpec, engines: EnginePool, model_sha: str, noise_
         for k, shard in enumerate(shards):
             effect_files.append(_produced(sweep_shard, spec, shard, model_sha, engines))
             update_progress_artifact(progress, progress=100.0 * (k + 1) / len(shards))
-    load_warehouse(spec, table, [s.baselines_out for s in shards], effect_files, _now())
+    load_warehouse(spec, table, [s.baselines_out for s in shards if s.writes_baselines], effect_files, _now())
     top = summarize(spec)
-    logger.info("run %s done: %d pairs in %d shards; strongest: %s", spec.run_id, len(accepted), len(shards),
-                top[:1])
+    logger.info("run %s done: %d pairs, %d traced facts, in %d shards; strongest: %s", spec.run_id, len(accepted),
+                len(facts), len(shards), top[:1])
     return spec.run_id
 
 

@@ -12,9 +12,11 @@ from .staging import write_parquet
 from .sweeps import SweepConfig, run_sweeps
 
 
-def split(pairs, size: int, cache_folder: str, sweeps: SweepConfig, noise_std: float, out_dir: Path) -> list[ShardSpec]:
-    return [ShardSpec(k, tuple(pairs[start:start + size]), cache_folder, sweeps, noise_std,
-                      str(out_dir / f"shard-{k:05d}.parquet"))
+def split(pairs, size: int, cache_folder: str, sweeps: SweepConfig, noise_std: float, out_dir: Path, *,
+          first: int = 0, name: str = "shard", writes_baselines: bool = True) -> list[ShardSpec]:
+    """Shards of `size` pairs, numbered from `first`, written as out_dir/<name>-<index>.parquet."""
+    return [ShardSpec(first + k, tuple(pairs[start:start + size]), cache_folder, sweeps, noise_std,
+                      str(out_dir / f"{name}-{first + k:05d}.parquet"), writes_baselines)
             for k, start in enumerate(range(0, len(pairs), size))]
 
 
@@ -25,6 +27,7 @@ def compute_shard(engine, shard: ShardSpec, progress: Progress | None = None) ->
     pairs = list(shard.pairs)
     rows = run_sweeps(engine, pairs, cache, shard.sweeps, progress=progress, noise_std=shard.noise_std)
     Path(shard.out).parent.mkdir(parents=True, exist_ok=True)
-    write_parquet(BASELINE.table([cache.baselines[p.pair_id] for p in pairs]), shard.baselines_out)
+    if shard.writes_baselines:
+        write_parquet(BASELINE.table([cache.baselines[p.pair_id] for p in pairs]), shard.baselines_out)
     write_effects(rows, shard.out)
     return len(rows)

@@ -150,6 +150,7 @@ class ShardSpec:
     sweeps: SweepConfig
     noise_std: float  # the trace noise scale, set by the whole data set's subjects
     out: str = field(metadata=OUTPUT)  # the effects Parquet file; its existence marks the shard done
+    writes_baselines: bool = True  # the pairs' baselines (tracing's facts have none of their own)
 
     @property
     def baselines_out(self) -> str:

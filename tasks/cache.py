@@ -14,15 +14,18 @@ from .keys import keyed_on
 @task(cache_key_fn=keyed_on("model", "backend", "sweeps", "trace_samples"), persist_result=True, retries=2,
       retry_delay_seconds=1)
 def cache_activations(spec: StudySpec, pairs: list[Pair], cache_root: str, model_sha256: str,
-                      engines: EnginePool) -> str:
-    """Capture each pair's clean (and corrupt) activations once; return the cache folder."""
+                      engines: EnginePool, sweeps: tuple[str, ...]) -> str:
+    """Capture each pair's clean (and corrupt) activations once, the sites `sweeps` read; return
+    the cache folder."""
+    from dataclasses import replace
+
     from patchgrid.cache import load_or_build
     from patchgrid.sweeps import cache_spec
 
     logger = get_run_logger()
     engine = engines.get(spec.model, spec.backend)
     try:
-        cache, built = load_or_build(engine, pairs, cache_spec(spec.sweep_config(), engine.shape.n_layers),
+        cache, built = load_or_build(engine, pairs, cache_spec(replace(spec.sweep_config(), sweeps=tuple(sweeps)), engine.shape.n_layers),
                                      Path(cache_root), log=logger.info)
     except Exception:
         engines.drop(spec.model, spec.backend)  # a retry starts a fresh engine

@@ -29,7 +29,8 @@ def load_warehouse(spec: StudySpec, pairs_table: str, baseline_files: list[str],
     from patchgrid.rows import BASELINE
     from patchgrid.warehouse.loader import load_run
 
-    baselines = pa.concat_tables([pq.read_table(f, schema=BASELINE.schema) for f in baseline_files])
+    baselines = (pa.concat_tables([pq.read_table(f, schema=BASELINE.schema) for f in baseline_files])
+                 if baseline_files else BASELINE.table([]))
     counts = load_run(spec.warehouse, spec.run_id, read_pairs(pairs_table), baselines, effect_files,
                       finished=finished)
     get_run_logger().info("warehouse %s: loaded %s", spec.warehouse, counts)

@@ -44,8 +44,10 @@ def build_pairs(records: list[Record], tokenizer, *, max_len: int, seed: int = 0
                 facts[i] = _fact(tokenizer, rec, answer_policy, max_len)
             except Rejection as r:
                 rows[i] = _row(rec, reason=(r.code, r.detail), usable_alone=False)
-    _pair_facts(facts, rows, seed, engine if require_known else None)
-    _check_explicit(records, pairs, rows, tokenizer, answer_policy, max_len, engine if require_known else None)
+    # with an engine, every fact is asked whether the model knows it alone (causal tracing's
+    # facts); pairs are filtered by what the model knows only with require_known
+    _pair_facts(facts, rows, seed, engine, require_known)
+    _check_explicit(records, pairs, rows, tokenizer, answer_policy, max_len, engine, require_known)
     return rows
 
 
@@ -66,7 +68,7 @@ def _fact(tok, rec: Record, policy: str, max_len: int) -> _Fact:
     return _Fact(rec, prompt, aid, cut)
 
 
-def _pair_facts(facts: dict[int, _Fact], rows, seed: int, engine) -> None:
+def _pair_facts(facts: dict[int, _Fact], rows, seed: int, engine, require_known: bool) -> None:
     groups: dict[tuple, list[int]] = defaultdict(list)
     for i, f in facts.items():
         groups[(f.rec.relation, f.rec.template)].append(i)
@@ -90,6 +92,7 @@ def _pair_facts(facts: dict[int, _Fact], rows, seed: int, engine) -> None:
             lds = None
             if logits is not None:
                 lds = (logits[i][a.answer_id] - logits[i][b.answer_id], logits[j][a.answer_id] - logits[j][b.answer_id])
+            if require_known:
                 if lds[0] <= 0:
                     continue
                 clean_known += 1
@@ -133,7 +136,7 @@ def _fact_logits(facts, groups, engine) -> dict[int, dict]:
 
 # ---- explicit pairs ----
 
-def _check_explicit(records, idx, rows, tok, policy, max_len, engine) -> None:
+def _check_explicit(records, idx, rows, tok, policy, max_len, engine, require_known: bool) -> None:
     ok = []
     for i in idx:
         rec = records[i]
@@ -177,6 +180,8 @@ def _check_explicit(records, idx, rows, tok, policy, max_len, engine) -> None:
         cl, co = float(c.answer_logits[0] - c.answer_logits[1]), float(d.answer_logits[0] - d.answer_logits[1])
         row = rows[i]
         row.update(clean_logit_diff=cl, corrupt_logit_diff=co, known_alone=c.top_ids[0] == row["clean_answer_id"])
+        if not require_known:
+            continue
         if cl <= 0:
             row.update(status="rejected", reason="not_known_clean",
                        detail=f"clean logit difference {cl:+.3f} is not positive")
@@ -221,9 +226,11 @@ def _row(rec: Record, *, reason=None, clean: Prompt | None = None, corrupt: Prom
 
 
 def build_from_source(model: str, source: str, fmt: str | None = None, *, seed: int = 0,
-                      answer_policy: str = "single", engine=None) -> tuple[str, list[Record], list[dict]]:
-    """Read a data set and pair and align it with `model`'s tokenizer; with an engine, keep only
-    pairs the model knows. Returns (format, records, one row per record)."""
+                      answer_policy: str = "single", engine=None,
+                      require_known: bool | None = None) -> tuple[str, list[Record], list[dict]]:
+    """Read a data set and pair and align it with `model`'s tokenizer; with an engine, ask the model
+    which facts it knows alone, and (require_known, by default with an engine) keep only pairs it
+    knows. Returns (format, records, one row per record)."""
     from transformers import AutoConfig, AutoTokenizer
 
     from ..models import prepare
@@ -234,5 +241,5 @@ def build_from_source(model: str, source: str, fmt: str | None = None, *, seed: 
     fmt, records = read_source(source, fmt)
     max_len = shape_of(AutoConfig.from_pretrained(folder, trust_remote_code=False)).max_len
     rows = build_pairs(records, tokenizer, max_len=max_len, seed=seed, answer_policy=answer_policy, engine=engine,
-                       require_known=engine is not None)
+                       require_known=engine is not None if require_known is None else require_known)
     return fmt, records, rows

@@ -67,14 +67,18 @@ def test_study_end_to_end_then_rerun_replaces(prefect_api, tmp_path):
     # every input record, accepted or rejected, with the run's baselines and effects
     assert query(wh, "SELECT count(*) FROM pairs WHERE run_id = ?", [run_id])[1][0][0] == 1157
     assert query(wh, "SELECT count(*) FROM baselines WHERE run_id = ?", [run_id])[1][0][0] == 4
-    from patchgrid.pairs import accepted_pairs, read_pairs
+    from patchgrid.pairs import accepted_pairs, read_pairs, traced_facts
 
-    pairs = accepted_pairs(read_pairs(tmp_path / "work" / "runs" / run_id / "pairs.parquet"), 4)
-    cfg = SweepConfig(sweeps=("resid", "heads", "trace"), trace_samples=2)
-    n_trace_runs = sum(2 * (1 + 3 * 4 * len(p.clean_ids)) for p in pairs)
+    table = read_pairs(tmp_path / "work" / "runs" / run_id / "pairs.parquet")
+    pairs, facts = accepted_pairs(table, 4), traced_facts(table, 4)
+    assert facts  # tracing runs on the facts the model knows alone, not on the accepted pairs
     n_effects = query(wh, "SELECT count(*) FROM effects WHERE run_id = ?", [run_id])[1][0][0]
-    trace_rows = sum(3 * 4 * len(p.clean_ids) for p in pairs)  # one per restored site, samples averaged
-    assert n_effects == count_runs(pairs, cfg, 4, 4) - n_trace_runs + trace_rows
+    trace_rows = sum(3 * 4 * len(f.clean_ids) for f in facts)  # one per restored site, samples averaged
+    assert n_effects == count_runs(pairs, SweepConfig(sweeps=("resid", "heads")), 4, 4) + trace_rows
+    traced = query(wh, "SELECT DISTINCT pair_id FROM effects WHERE run_id = ? AND sweep = 'trace' ORDER BY 1",
+                   [run_id])[1]
+    assert traced == sorted((f.pair_id,) for f in facts)
+    assert query(wh, "SELECT params->>'traced' FROM runs")[1][0][0].startswith("facts whose top-1 prediction")
     status = query(wh, "SELECT status, model, flow_run_id FROM runs WHERE run_id = ?", [run_id])[1][0]
     assert status[0] == "completed" and status[1] == "tiny-llama" and status[2]
     assert query(wh, "SELECT count(*) FROM rejections WHERE run_id = ?", [run_id])[1][0][0] >= 1
