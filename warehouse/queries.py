@@ -30,8 +30,8 @@ def trace_by_bucket(path, run_id: str, every: int = 4):
     """Causal tracing's average indirect effect on p(answer) of restoring the hidden state, in Meng et
     al.'s last-subject-token and last-token buckets, every `every`-th layer, as (columns, rows)."""
     return query(path, """
-        SELECT layer, bucket, metric, n_prompts, round(aie, 3) AS aie, round(ci95_low, 3) AS ci95_low,
-               round(ci95_high, 3) AS ci95_high, round(mean_noised_p, 3) AS noised_p
+        SELECT layer, bucket, metric, n_prompts, round(aie, 3) + 0 AS aie, round(ci95_low, 3) + 0 AS ci95_low,
+               round(ci95_high, 3) + 0 AS ci95_high, round(mean_noised_p, 3) AS noised_p
         FROM trace_buckets WHERE run_id = ? AND site = 'resid' AND bucket IN ('last_subject', 'last')
           AND layer % ? = 0
         ORDER BY bucket DESC, layer""", [run_id, int(every)])

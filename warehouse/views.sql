@@ -14,22 +14,18 @@ END;
 
 -- staging: one row per (run, pair, sweep, site, direction, metric, layer, role, head, window).
 -- moved = patched - corrupt and span = clean - corrupt on the row's metric, so that
--- recovery = moved / span and a ratio of means can be taken; the prompts name the two facts a
--- pair is made of, for intervals that allow for pairs sharing a fact.
+-- recovery = moved / span and a ratio of means can be taken.
 CREATE OR REPLACE VIEW pair_effects AS
 SELECT
-    e.run_id, e.pair_id, e.relation, coalesce(p.clean_prompt, e.pair_id) AS clean_fact,
-    coalesce(p.corrupt_prompt, e.pair_id || ' (corrupt)') AS corrupt_fact,
-    e.sweep, e.site, e.direction, e.metric, e.layer, e.position_role, e.head, e."window",
-    count(*)        AS n_positions,
-    avg(e.effect)   AS effect,
-    avg(e.recovery) AS recovery,
-    avg(metric_value(e.metric, e.patched_logit_diff, e.patched_p)
-        - metric_value(e.metric, e.corrupt_logit_diff, e.corrupt_p)) AS moved,
-    avg(metric_value(e.metric, e.clean_logit_diff, e.clean_p)
-        - metric_value(e.metric, e.corrupt_logit_diff, e.corrupt_p)) AS span
-FROM effects e
-LEFT JOIN pairs p ON p.run_id = e.run_id AND p.pair_id = e.pair_id
+    run_id, pair_id, relation, sweep, site, direction, metric, layer, position_role, head, "window",
+    count(*)      AS n_positions,
+    avg(effect)   AS effect,
+    avg(recovery) AS recovery,
+    avg(metric_value(metric, patched_logit_diff, patched_p) - metric_value(metric, corrupt_logit_diff, corrupt_p))
+                  AS moved,
+    avg(metric_value(metric, clean_logit_diff, clean_p) - metric_value(metric, corrupt_logit_diff, corrupt_p))
+                  AS span
+FROM effects
 GROUP BY ALL;
 
 -- A pair enters the recovery averages when its span is at least its metric's min_span.
@@ -41,36 +37,12 @@ SELECT pe.*, pe.span >= m.min_span AS span_ok,
 FROM pair_effects pe JOIN metrics m USING (metric);
 
 -- Per cell (run, sweep, site, direction, metric, layer, role, head), over pairs:
---   effect: every pair; mean, sd, and a t interval (pairs as independent).
+--   effect: every pair; mean, sd, and a t interval.
 --   recovery: pairs with span_ok (n_recovery of n_pairs; n_small_span left out): the mean of
 --   ratios with its t interval, and the ratio of means sum(moved) / sum(span) beside it.
---   *_facts intervals: pairs are not independent when they share a fact (a fact is the corrupt
---   side of several pairs, A->B and B->A both exist). Each pair belongs to its two facts (its
---   clean and its corrupt prompt); the variance of the mean sums the residual cross-products of
---   pairs that share a fact, (sum over facts of (sum of its pairs' residuals)^2 - sum of squared
---   residuals) / n^2, times n/(n-1), and is never taken below the simple one; t has
---   min(n, G) - 1 degrees of freedom (G facts).
+-- The intervals take pairs as independent; effect_summary_facts allows for shared facts.
 CREATE OR REPLACE VIEW effect_summary AS
-WITH residuals AS (
-    SELECT j.*,
-           j.effect - avg(j.effect) OVER cell                AS r_effect,
-           j.kept_recovery - avg(j.kept_recovery) OVER cell  AS r_recovery
-    FROM pair_effects_judged j
-    WINDOW cell AS (PARTITION BY run_id, sweep, site, direction, metric, layer, position_role, head)
-),
-by_fact AS (
-    SELECT run_id, sweep, site, direction, metric, layer, position_role, head, fact,
-           sum(r_effect) AS s_effect, sum(r_recovery) AS s_recovery, count(r_recovery) AS n_kept
-    FROM (SELECT *, clean_fact AS fact FROM residuals UNION ALL SELECT *, corrupt_fact AS fact FROM residuals)
-    GROUP BY ALL
-),
-clustered AS (
-    SELECT run_id, sweep, site, direction, metric, layer, position_role, head,
-           count(*) AS n_facts, sum(s_effect ^ 2) AS ss_effect,
-           count(*) FILTER (WHERE n_kept > 0) AS n_facts_recovery, sum(s_recovery ^ 2) AS ss_recovery
-    FROM by_fact GROUP BY ALL
-),
-simple AS (
+WITH cell AS (
     SELECT run_id, sweep, site, direction, metric, layer, position_role, head,
            count(*)                         AS n_pairs,
            avg(effect)                      AS mean_effect,
@@ -79,42 +51,81 @@ simple AS (
            count(*) - count(kept_recovery)  AS n_small_span,
            avg(kept_recovery)               AS mean_recovery,
            stddev_samp(kept_recovery)       AS sd_recovery,
-           sum(kept_moved) / sum(kept_span) AS ratio_of_means,
-           sum(r_effect ^ 2)                AS rr_effect,
-           sum(r_recovery ^ 2)              AS rr_recovery
-    FROM residuals GROUP BY ALL
-),
-joined AS (
-    SELECT s.*, c.n_facts, c.n_facts_recovery,
-           least(s.n_pairs, c.n_facts) - 1 AS df_effect_facts,
-           least(s.n_recovery, c.n_facts_recovery) - 1 AS df_recovery_facts,
-           sqrt(greatest(greatest(c.ss_effect - s.rr_effect, 0) / (s.n_pairs * nullif(s.n_pairs - 1, 0)),
-                         s.sd_effect ^ 2 / s.n_pairs)) AS se_effect_facts,
-           sqrt(greatest(greatest(c.ss_recovery - s.rr_recovery, 0) / (s.n_recovery * nullif(s.n_recovery - 1, 0)),
-                         s.sd_recovery ^ 2 / nullif(s.n_recovery, 0))) AS se_recovery_facts
-    -- head (and layer) are NULL where they do not apply: keys match NULL to NULL
-    FROM simple s JOIN clustered c ON c.run_id IS NOT DISTINCT FROM s.run_id AND c.sweep IS NOT DISTINCT FROM s.sweep AND c.site IS NOT DISTINCT FROM s.site AND
-        c.direction IS NOT DISTINCT FROM s.direction AND c.metric IS NOT DISTINCT FROM s.metric AND c.layer IS NOT DISTINCT FROM s.layer AND c.position_role IS NOT DISTINCT FROM s.position_role AND c.head IS NOT DISTINCT FROM s.head
+           sum(kept_moved) / sum(kept_span) AS ratio_of_means
+    FROM pair_effects_judged GROUP BY ALL
 )
 SELECT
     run_id, sweep, site, direction, metric, layer, position_role, head,
     n_pairs, mean_effect, sd_effect,
     mean_effect - t975(n_pairs - 1) * sd_effect / sqrt(n_pairs)            AS effect_ci95_low,
     mean_effect + t975(n_pairs - 1) * sd_effect / sqrt(n_pairs)            AS effect_ci95_high,
-    n_facts,
-    mean_effect - t975(df_effect_facts) * se_effect_facts                   AS effect_ci95_low_facts,
-    mean_effect + t975(df_effect_facts) * se_effect_facts                   AS effect_ci95_high_facts,
     n_recovery, n_small_span, mean_recovery, sd_recovery,
     sd_recovery / sqrt(n_recovery)                                          AS se_recovery,
     mean_recovery - t975(n_recovery - 1) * sd_recovery / sqrt(n_recovery)   AS ci95_low,
     mean_recovery + t975(n_recovery - 1) * sd_recovery / sqrt(n_recovery)   AS ci95_high,
-    n_facts_recovery,
-    mean_recovery - t975(df_recovery_facts) * se_recovery_facts             AS ci95_low_facts,
-    mean_recovery + t975(df_recovery_facts) * se_recovery_facts             AS ci95_high_facts,
     ratio_of_means
-FROM joined;
+FROM cell;
 
--- The same per relation (simple t intervals: a relation's pairs are few).
+-- effect_summary's means with two intervals side by side: the simple t interval (pairs as
+-- independent) and one that allows for pairs sharing a fact (a fact is the corrupt side of
+-- several pairs, A->B and B->A both exist). Each pair belongs to its two facts, its clean and
+-- its corrupt prompt (causal tracing reads the clean prompt alone: one fact). The variance of
+-- the mean adds the residual cross-products of every two pairs that share a fact:
+--   (sum over facts f of (sum of f's pairs' residuals)^2 - sum of squared residuals) / (n (n - 1)),
+-- never below the simple variance, with t on min(n, facts) - 1 degrees of freedom. With
+-- S_f = T_f - n_f * mean (T_f, n_f: f's sum and count), sum S_f^2 = sum T_f^2 - 2 mean sum n_f T_f
+-- + mean^2 sum n_f^2, so no window function is needed.
+CREATE OR REPLACE VIEW effect_summary_facts AS
+WITH judged AS (
+    SELECT j.*, coalesce(p.clean_prompt, j.pair_id) AS clean_fact,
+           CASE WHEN j.sweep = 'trace' THEN coalesce(p.clean_prompt, j.pair_id)
+                ELSE coalesce(p.corrupt_prompt, j.pair_id || ' (corrupt)') END AS corrupt_fact
+    FROM pair_effects_judged j LEFT JOIN pairs p ON p.run_id = j.run_id AND p.pair_id = j.pair_id
+),
+memberships AS (  -- each pair once per distinct fact it belongs to
+    SELECT * EXCLUDE (clean_fact, corrupt_fact), clean_fact AS fact FROM judged
+    UNION ALL
+    SELECT * EXCLUDE (clean_fact, corrupt_fact), corrupt_fact AS fact FROM judged WHERE corrupt_fact <> clean_fact
+),
+by_fact AS (
+    SELECT run_id, sweep, site, direction, metric, layer, position_role, head, fact,
+           sum(effect) AS t_effect, count(*) AS n_effect,
+           sum(kept_recovery) AS t_recovery, count(kept_recovery) AS n_recovery
+    FROM memberships GROUP BY ALL
+),
+clustered AS (
+    SELECT run_id, sweep, site, direction, metric, layer, position_role, head,
+           count(*) AS n_facts,
+           sum(t_effect ^ 2) AS tt_effect, sum(n_effect * t_effect) AS nt_effect, sum(n_effect ^ 2) AS nn_effect,
+           count(*) FILTER (WHERE n_recovery > 0) AS n_facts_recovery,
+           sum(t_recovery ^ 2) AS tt_recovery, sum(n_recovery * t_recovery) AS nt_recovery,
+           sum(n_recovery ^ 2) AS nn_recovery
+    FROM by_fact GROUP BY ALL
+),
+variances AS (
+    SELECT s.*, c.n_facts, c.n_facts_recovery,
+           greatest((c.tt_effect - 2 * s.mean_effect * c.nt_effect + s.mean_effect ^ 2 * c.nn_effect
+                     - (s.n_pairs - 1) * s.sd_effect ^ 2) / (s.n_pairs * nullif(s.n_pairs - 1, 0)),
+                    s.sd_effect ^ 2 / s.n_pairs) AS var_effect_facts,
+           greatest((c.tt_recovery - 2 * s.mean_recovery * c.nt_recovery + s.mean_recovery ^ 2 * c.nn_recovery
+                     - (s.n_recovery - 1) * s.sd_recovery ^ 2) / (s.n_recovery * nullif(s.n_recovery - 1, 0)),
+                    s.sd_recovery ^ 2 / nullif(s.n_recovery, 0)) AS var_recovery_facts
+    -- head (and layer) are NULL where they do not apply: keys match NULL to NULL
+    FROM effect_summary s JOIN clustered c ON c.run_id = s.run_id AND c.sweep = s.sweep AND c.site = s.site
+        AND c.direction = s.direction AND c.metric = s.metric AND c.layer IS NOT DISTINCT FROM s.layer
+        AND c.position_role = s.position_role AND c.head IS NOT DISTINCT FROM s.head
+)
+SELECT
+    run_id, sweep, site, direction, metric, layer, position_role, head,
+    n_pairs, n_facts, mean_effect, effect_ci95_low, effect_ci95_high,
+    mean_effect - t975(least(n_pairs, n_facts) - 1) * sqrt(var_effect_facts)  AS effect_ci95_low_facts,
+    mean_effect + t975(least(n_pairs, n_facts) - 1) * sqrt(var_effect_facts)  AS effect_ci95_high_facts,
+    n_recovery, n_facts_recovery, mean_recovery, ci95_low, ci95_high,
+    mean_recovery - t975(least(n_recovery, n_facts_recovery) - 1) * sqrt(var_recovery_facts) AS ci95_low_facts,
+    mean_recovery + t975(least(n_recovery, n_facts_recovery) - 1) * sqrt(var_recovery_facts) AS ci95_high_facts
+FROM variances;
+
+-- The same per relation (simple t intervals).
 CREATE OR REPLACE VIEW relation_summary AS
 SELECT
     run_id, relation, sweep, site, direction, metric, layer, position_role, head,

@@ -39,8 +39,8 @@ def warehouse(tmp_path, pairs, effects):
     return wh
 
 
-def summary(wh, columns):
-    cols, rows = query(wh, f"SELECT {columns} FROM effect_summary")
+def summary(wh, columns, view="effect_summary"):
+    cols, rows = query(wh, f"SELECT {columns} FROM {view}")
     assert len(rows) == 1
     return dict(zip(cols, rows[0]))
 
@@ -55,8 +55,9 @@ def test_student_t_interval_on_three_pairs(tmp_path):
     assert s["ci95_low"] == pytest.approx(0.5 - 4.3027 * se, abs=1e-4)  # t(0.975, 2), not 1.96
     assert s["ci95_high"] == pytest.approx(0.5 + 4.3027 * se, abs=1e-4)
     # six distinct facts, none shared: the fact interval is the simple one
-    assert s["n_facts"] == 6
-    assert (s["ci95_low_facts"], s["ci95_high_facts"]) == pytest.approx((s["ci95_low"], s["ci95_high"]), abs=1e-6)
+    f = summary(wh, "*", "effect_summary_facts")
+    assert f["n_facts"] == 6 and (f["ci95_low"], f["ci95_high"]) == (s["ci95_low"], s["ci95_high"])
+    assert (f["ci95_low_facts"], f["ci95_high_facts"]) == pytest.approx((s["ci95_low"], s["ci95_high"]), abs=1e-6)
 
 
 @pytest.mark.parametrize("df, t", [(1, 12.7062), (4, 2.7764), (10, 2.2281), (30, 2.0423), (120, 1.9799), (10**6, 1.96)])
@@ -84,7 +85,8 @@ def test_shared_facts_widen_the_fact_interval(tmp_path):
     direction: the fact interval is wider than the one that takes the pairs as independent."""
     pairs = [pair(f"p{i}", clean="A" if i < 3 else "B", corrupt="B" if i < 3 else "A") for i in range(6)]
     values = [0.9, 0.92, 0.88, 0.1, 0.12, 0.08]
-    s = summary(warehouse(tmp_path, pairs, [effect(f"p{i}", v) for i, v in enumerate(values)]), "*")
+    s = summary(warehouse(tmp_path, pairs, [effect(f"p{i}", v) for i, v in enumerate(values)]), "*",
+                "effect_summary_facts")
     assert s["n_facts"] == 2 and s["n_pairs"] == 6
     assert s["ci95_high_facts"] - s["ci95_low_facts"] > 3 * (s["ci95_high"] - s["ci95_low"])
 
@@ -110,3 +112,20 @@ def test_trace_buckets_average_as_meng_et_al(tmp_path):
     assert got["last"] == (2, 2, pytest.approx(((0.6 - 0.1) + (0.5 - 0.1)) / 2))
     assert "middle_subject" not in got and None not in got  # before_subject is left out
     assert query(wh, "SELECT DISTINCT metric FROM trace_buckets")[1] == [("p",)]
+
+
+def test_the_fact_interval_matches_a_direct_computation(tmp_path):
+    """Five pairs on four facts, one fact shared by three pairs: the view's variance equals the
+    formula computed pair by pair."""
+    facts = [("A", "B"), ("C", "B"), ("D", "B"), ("A", "C"), ("D", "A")]
+    values = [0.3, 0.9, 0.5, 0.7, 0.1]
+    pairs = [pair(f"p{i}", clean=c, corrupt=k) for i, (c, k) in enumerate(facts)]
+    s = summary(warehouse(tmp_path, pairs, [effect(f"p{i}", v) for i, v in enumerate(values)]), "*",
+                "effect_summary_facts")
+    n, mean = 5, statistics.mean(values)
+    r = [v - mean for v in values]
+    cross = sum(r[i] * r[j] * len(set(facts[i]) & set(facts[j])) for i in range(n) for j in range(n))
+    var = max((cross - sum(x * x for x in r)) / (n * (n - 1)), statistics.variance(values) / n)
+    assert s["n_facts"] == 4
+    # t on min(5 pairs, 4 facts) - 1 = 3 degrees of freedom
+    assert s["ci95_high_facts"] - s["mean_recovery"] == pytest.approx(3.1824 * math.sqrt(var), rel=1e-4)
