@@ -297,8 +297,9 @@ def write_report(warehouse: str | Path, out: str | Path, run_id: str | None = No
              f"{info['n_accepted']} pairs accepted of {info['n_records']} records; "
              f"{info['n_swept']} pairs swept; status {html.escape(str(info['status']))}; "
              f"started {info['started']}, finished {info['finished']}; code {html.escape(str(info['code_version']))}."
-             f" Hover a cell for its mean, 95% interval and pair count. Red: the patch moves the answer towards "
-             f"the clean run's; blue: away from it.</p>"]
+             f" Hover a cell for its mean and metric, 95% t interval and pair count. Red marks what matters: "
+             f"denoising, the patch restores the clean answer; noising, the site carries it; tracing, restoring "
+             f"the state raises p(answer). Each figure's caption says what it plots.</p>"]
     n = 0
 
     def figure(h: Heatmap):
