@@ -18,7 +18,7 @@ from prefect.runtime import flow_run
 
 from patchgrid.engine import EnginePool
 from patchgrid.spec import ShardSpec, StudySpec
-from patchgrid.stopping import Cancelled, cancel_on_signals, one_line
+from patchgrid.stopping import Cancelled, cancel_on_signals, one_line, signalled
 from patchgrid.tasks.cache import cache_activations
 from patchgrid.tasks.pairs import align_pairs
 from patchgrid.tasks.sweeps import measure_trace_noise, sweep_shard
@@ -96,7 +96,7 @@ def run_study(spec: StudySpec, engines: EnginePool) -> str:
         return _sweep_and_load(spec, engines, model_sha, noise.std if noise else 0.0)
     except BaseException as exc:
         # a run that stops says why, in the warehouse, rather than staying `running` for ever
-        status = "cancelled" if isinstance(exc, (Cancelled, KeyboardInterrupt)) else "failed"
+        status = "cancelled" if isinstance(exc, (Cancelled, KeyboardInterrupt)) or signalled() else "failed"
         finish_run(spec.warehouse, spec.run_id, status, finished=_now(), reason=one_line(exc))
         raise
 

@@ -370,11 +370,16 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     quiet_engine_logs()
-    from .stopping import Cancelled, cancel_on_signals, one_line
+    from .stopping import Cancelled, cancel_on_signals, one_line, signalled
 
     try:
         with cancel_on_signals():
-            return args.func(args)
+            try:
+                return args.func(args)
+            except Exception:
+                if signalled():  # the signal's exception was replaced on its way out
+                    raise Cancelled(signalled()) from None
+                raise
     # ModelError, PairError, PlanError, SourceError, SpecError, RowError and WarehouseError are
     # ValueErrors: each names what is wrong in the user's input.
     except (UsageError, ValueError, OSError) as exc:

@@ -19,6 +19,17 @@ class Cancelled(BaseException):
         self.signame = signame
 
 
+# The signals this process has been sent, first first. The Cancelled exception a signal raises
+# can be replaced on its way out (Prefect's engine, caught mid-way through setting up a task, raises
+# its own error instead), so how a study ended is decided by this record, not by the exception.
+_received: list[str] = []
+
+
+def signalled() -> str | None:
+    """The first stop signal this process received, by name, or None."""
+    return _received[0] if _received else None
+
+
 @contextmanager
 def cancel_on_signals():
     """Within the block, the first SIGTERM or SIGINT raises Cancelled; later ones are ignored, so
@@ -33,6 +44,7 @@ def cancel_on_signals():
         if fired:
             return
         fired.append(signum)
+        _received.append(signal.Signals(signum).name)
         raise Cancelled(signal.Signals(signum).name)
 
     previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
@@ -47,5 +59,7 @@ def one_line(exc: BaseException) -> str:
     """An error as the runs table records it: its type and the first line of its message."""
     if isinstance(exc, Cancelled):
         return str(exc)
+    if signalled():
+        return f"cancelled by {signalled()}"
     lines = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__

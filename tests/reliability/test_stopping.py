@@ -7,6 +7,8 @@ import subprocess
 import threading
 import time
 
+import pytest
+
 from patchgrid.warehouse.loader import query
 from tests.conftest import needs_vllm
 from tests.study_helpers import DATA
@@ -64,3 +66,23 @@ def test_a_failing_flow_is_recorded_failed_with_its_reason(tmp_path):
     assert lines[-1].startswith("patchgrid: error: no accepted pairs in") and "Traceback" not in res.stderr
     [(status, reason)] = query(wh, "SELECT status, reason FROM runs")[1]
     assert status == "failed" and reason.startswith("ValueError: no accepted pairs in")
+
+
+def test_a_signal_decides_how_the_run_ended_even_when_its_exception_is_replaced(monkeypatch):
+    """Prefect's engine, interrupted while it sets up a task, raises its own ValueError in place of
+    the Cancelled the signal raised (seen in CI): the run is still cancelled, not failed."""
+    from patchgrid import stopping
+
+    monkeypatch.setattr(stopping, "_received", [])
+    assert stopping.signalled() is None
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(ValueError):
+        with stopping.cancel_on_signals():
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(5)  # the handler raises before this ends
+            except stopping.Cancelled:
+                raise ValueError("Task run is not set") from None
+    assert stopping.signalled() == "SIGTERM"
+    assert stopping.one_line(ValueError("Task run is not set")) == "cancelled by SIGTERM"
+    assert signal.getsignal(signal.SIGTERM) is before  # the block put the old handler back
