@@ -292,9 +292,8 @@ def main() -> int:
 
     ref = results["patchgrid"]
     n_layers, n = len(ref["grid"]), len(spec["clean"])
-    print(f"CPU: {cpu_model()}, {os.cpu_count()} cores; 1-minute load average {load_at_start:.2f} at the start, "
-          f"{os.getloadavg()[0]:.2f} at the end (other work on these cores slows every tool, the "
-          "one-forward-per-patch loop most)")
+    print(f"CPU: {cpu_model()}, {os.cpu_count()} cores; 1-minute load average {load_at_start:.2f} before the run "
+          "(other work on these cores slows every tool, the one-forward-per-patch loop most)")
     print(f"model {args.model}, float32: {n_layers} layers x {n} positions = {n_layers * n} patched runs per sweep "
           f"(resid, denoise); one warm-up sweep, then the median of {args.repeats}")
     print(f"tokens (all three tools): {spec['clean']} {spec['strs']}; corrupt {spec['corrupt']}; "
