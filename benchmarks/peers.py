@@ -36,7 +36,6 @@ import argparse
 import hashlib
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -51,16 +50,6 @@ PEERS = ("transformer_lens", "nnsight")
 LABELS = {"patchgrid": "patchgrid (vLLM)", "transformer_lens": "TransformerLens", "nnsight": "nnsight"}
 PAIR = {"clean": "The capital of France is", "corrupt": "The capital of Germany is",
         "clean_answer": " Paris", "corrupt_answer": " Berlin"}
-
-
-def cpu_model() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def median_rate(n_runs: int, sweep, repeats: int) -> tuple[float, list[float]]:
@@ -258,6 +247,8 @@ def main() -> int:
         return run_peer(args)
 
     sys.path.insert(0, str(HERE.parents[1]))
+    from benchmarks.machine import cpu_model
+
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     peers = [p for p in args.peers.split(",") if p]

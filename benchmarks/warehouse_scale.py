@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
-import platform
 import sys
 import tempfile
 import time
@@ -72,16 +71,6 @@ def pairs_for(table: pa.Table):
     ids = sorted(set(table.column("pair_id").to_pylist()))
     return to_table([{"pair_id": p, "relation": "capital", "status": "accepted", "roles": list(ROLES),
                       "subject_start": 2, "subject_end": 4} for p in ids])
-
-
-def cpu_model() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def _load(args) -> int:
@@ -196,6 +185,8 @@ def main():
         t_many = time.perf_counter() - t0
     print(f"4 concurrent loaders: {many:,} rows in {t_many:.2f} s: {many / t_many:,.0f} rows/s "
           f"(one loader: {one / t_one:,.0f} rows/s; ratio {(many / t_many) / (one / t_one):.2f}x)")
+    from benchmarks.machine import cpu_model
+
     print(f"CPU: {cpu_model()}, {mp.cpu_count()} cores")
 
 

@@ -34,9 +34,10 @@ class WarehouseError(ValueError):
     """A warehouse that cannot be used; the message names the file and the problem."""
 
 
-def _duckdb_kind(path: Path) -> str:
-    """'v1' (a schema-1 warehouse: tables in one DuckDB file), 'catalog' (views over the data
-    folder), or raises for anything else at `path`."""
+def _identify(path: Path) -> tuple[str, tuple | None]:
+    """What the DuckDB file at `path` is, with what a view file records of itself:
+    ('catalog', (schema, data folder, views fingerprint)) for views over a data folder, ('v1', None)
+    for a schema-1 warehouse (tables in one DuckDB file); raises for anything else."""
     import duckdb
 
     if path.is_dir():
@@ -55,25 +56,15 @@ def _duckdb_kind(path: Path) -> str:
     try:
         tables = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
         if "patchgrid_catalog" in tables:
-            return "catalog"
+            return "catalog", con.execute("SELECT schema, data, views FROM patchgrid_catalog").fetchone()
         if "patchgrid_schema" in tables:
             version = con.execute("SELECT max(version) FROM patchgrid_schema").fetchone()[0]
             if version == 1:
-                return "v1"
+                return "v1", None
             raise WarehouseError(f"warehouse {path} has schema v{version}, which this patchgrid does not know")
         raise WarehouseError(f"warehouse {path} is a DuckDB file but not a patchgrid warehouse")
     except duckdb.Error as exc:
         raise WarehouseError(f"warehouse {path} cannot be read: {str(exc).strip().splitlines()[0]}") from None
-    finally:
-        con.close()
-
-
-def _recorded_catalog(path: Path):
-    import duckdb
-
-    con = duckdb.connect(str(path), read_only=True)
-    try:
-        return con.execute("SELECT schema, data, views FROM patchgrid_catalog").fetchone()
     finally:
         con.close()
 
@@ -109,7 +100,7 @@ def ensure(path: str | Path) -> Layout:
     catalog = layout.catalog
     if not catalog.parent.is_dir():
         raise WarehouseError(f"warehouse {catalog}: folder {catalog.parent} does not exist")
-    kind = _duckdb_kind(catalog) if catalog.exists() else None
+    kind, recorded = _identify(catalog) if catalog.exists() else (None, None)
     if catalog.exists() and not catalog.stat().st_mode & 0o222:
         # honoured even for root, who could write anyway: the user marked it read-only
         raise WarehouseError(f"warehouse {catalog} is read-only (its file mode allows no writing)")
@@ -141,7 +132,7 @@ def ensure(path: str | Path) -> Layout:
     status = layout.status_dir(EMPTY_RUN) / f"0-{_shapes_fingerprint()}.parquet"
     if not status.exists():
         publish_file(lambda tmp: pq.write_table(RUN.table([]), tmp), status)
-    if kind != "catalog" or not catalog_is_current(layout, _recorded_catalog(catalog)):
+    if kind != "catalog" or not catalog_is_current(layout, recorded):
         write_catalog(layout)
     return layout
 
@@ -244,7 +235,7 @@ def connect(path: str | Path):
     if not layout.catalog.exists() and not layout.exists():
         raise WarehouseError(f"warehouse {path} does not exist (run a study first)")
     # the data folder is all a reader needs; the DuckDB file is asked only when there is none
-    kind = "catalog" if layout.exists() else _duckdb_kind(layout.catalog)
+    kind = "catalog" if layout.exists() else _identify(layout.catalog)[0]
     if kind == "v1":  # not migrated yet (that takes a writer): read its tables as they are
         con = duckdb.connect(str(layout.catalog), read_only=True, config=BASE_CONFIG)
         con.execute("SET enable_external_access = false")
