@@ -53,7 +53,8 @@ def study(model: str = DEFAULT.model, pairs: str = DEFAULT.pairs, sweeps: str = 
           pairs_format: str | None = DEFAULT.pairs_format, require_known: bool = DEFAULT.require_known,
           seed: int = DEFAULT.seed, trace_samples: int = DEFAULT.trace_samples,
           trace_noise: float | None = DEFAULT.trace_noise, shard_size: int = DEFAULT.shard_size,
-          backend: str = DEFAULT.backend, max_requests: int = DEFAULT.max_requests, run_id: str | None = DEFAULT.run_id,
+          backend: str = DEFAULT.backend, max_requests: int = DEFAULT.max_requests, skip: bool = DEFAULT.skip,
+          run_id: str | None = DEFAULT.run_id,
           runner: str = DEFAULT.runner, ray_address: str | None = DEFAULT.ray_address,
           ray_workers: int = DEFAULT.ray_workers, gpus_per_engine: float = DEFAULT.gpus_per_engine,
           tensor_parallel_size: int = DEFAULT.tensor_parallel_size) -> str:
@@ -61,7 +62,7 @@ def study(model: str = DEFAULT.model, pairs: str = DEFAULT.pairs, sweeps: str = 
     spec = StudySpec(model=model, pairs=pairs, sweeps=sweeps, limit=limit, warehouse=warehouse, workdir=workdir,
                      pairs_format=pairs_format, require_known=require_known, seed=seed, trace_samples=trace_samples,
                      trace_noise=trace_noise, shard_size=shard_size, backend=backend, max_requests=max_requests,
-                     run_id=run_id, runner=runner, ray_address=ray_address, ray_workers=ray_workers, gpus_per_engine=gpus_per_engine,
+                     skip=skip, run_id=run_id, runner=runner, ray_address=ray_address, ray_workers=ray_workers, gpus_per_engine=gpus_per_engine,
                      tensor_parallel_size=tensor_parallel_size)
     # SIGTERM and SIGINT stop the study through every clean-up on the way out (engines first)
     with cancel_on_signals(), EnginePool() as engines:
@@ -131,7 +132,7 @@ def _sweep_and_load(spec: StudySpec, engines: EnginePool, model_sha: str, noise_
         shards += split(accepted, spec.shard_size, folder, replace(config, sweeps=patching), 0.0, run_dir / "effects")
     if facts:
         folder = _produced(cache_activations, spec, facts, str(work / "cache"), model_sha, engines, ("trace",),
-                           sound=sound)
+                           noise_std, sound=sound)
         shards += split(facts, spec.shard_size, folder, replace(config, sweeps=("trace",)), noise_std,
                         run_dir / "effects", first=len(shards), name="trace-shard", writes_baselines=False)
     if spec.runner == "ray":

@@ -2,12 +2,15 @@
 
 Layout of one cache data set, a folder named by its key under the cache root:
 
-    manifest.json    what the key was made of, dtype, widths, pair order, each file's size and
-                     sha256 (checked when the set is found); written last
+    manifest.json    what the key was made of, dtype, widths, pair order, the site keys of each
+                     run, each file's size and sha256 (checked when the set is found); written last
     clean.arrow      one row per (pair, position); one column per site key (`resid.3`, `head.3`...),
                      each a fixed-size list of the site's width in the model's dtype (bfloat16
                      is stored as its uint16 bit pattern, since Arrow has no bfloat16)
-    corrupt.arrow    the same for the corrupt runs, when a sweep patches corrupt into clean
+    corrupt.arrow    the same for the corrupt runs: the sites a sweep patches corrupt into clean,
+                     and the stream at every layer, which patched runs start from mid-stack
+    noised.<s>.arrow causal tracing's noised run of sample s (the clean prompt, seeded noise on the
+                     subject): its stream at every layer, where restored runs start
     baselines.arrow  per pair: clean and corrupt logit differences and clean-answer probabilities
 
 The folder is written under a temporary name and renamed when complete, so a crash never leaves
@@ -31,11 +34,12 @@ import pyarrow as pa
 import torch
 
 from .metrics import Reading
-from .plan import Request
+from .plan import Noise, Request, stream_key, trace_seed
 from .rows import BASELINE
 from .sites import site_key
 
-CACHE_VERSION = 2  # 2: the manifest holds each file's size and sha256
+CACHE_VERSION = 3  # 2: the manifest holds each file's size and sha256; 3: each run its own keys
+NOISED = "noised."  # run names noised.0, noised.1, ...: causal tracing's noised runs, one per sample
 
 _ARROW = {torch.bfloat16: (pa.uint16(), np.uint16), torch.float16: (pa.float16(), np.float16),
           torch.float32: (pa.float32(), np.float32)}
@@ -43,17 +47,49 @@ _ARROW = {torch.bfloat16: (pa.uint16(), np.uint16), torch.float16: (pa.float16()
 
 @dataclass(frozen=True)
 class CacheSpec:
-    """What a study's sweeps need captured."""
+    """What a study's sweeps need captured: `keys` from every run of `runs`, and from some runs
+    more (`more`: (run, keys)). A run named noised.<s> is the clean prompt with causal tracing's
+    noise of sample s, drawn with `noise` = (std, seed)."""
 
     keys: tuple[str, ...]  # site keys, e.g. resid.0 ... resid.29, embed
     runs: tuple[str, ...] = ("clean",)
+    more: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    noise: tuple[float, int] | None = None
+
+    def captured(self) -> dict[str, tuple[str, ...]]:
+        """run -> the site keys captured from it; clean (the baseline) always runs."""
+        out: dict[str, tuple[str, ...]] = {"clean": ()}
+        for run in self.runs:
+            out[run] = tuple(self.keys)
+        for run, keys in self.more:
+            out[run] = tuple(dict.fromkeys(out.get(run, ()) + tuple(keys)))
+        return out
+
+    def noised(self) -> bool:
+        return any(run.startswith(NOISED) for run in self.captured())
 
     def covered_by(self, other: CacheSpec) -> bool:
-        return set(self.keys) <= set(other.keys) and set(self.runs) <= set(other.runs)
+        theirs = other.captured()
+        if any(not set(keys) <= set(theirs.get(run, ())) or run not in theirs
+               for run, keys in self.captured().items()):
+            return False
+        return not self.noised() or self.noise == other.noise
+
+    def merge(self, other: CacheSpec) -> CacheSpec:
+        if self.noise and other.noise and self.noise != other.noise:
+            raise ValueError(f"two noise settings for the noised runs: {self.noise} and {other.noise}")
+        mine, theirs = self.captured(), other.captured()
+        runs = {run: tuple(dict.fromkeys(mine.get(run, ()) + theirs.get(run, ()))) for run in {**mine, **theirs}}
+        return CacheSpec((), (), tuple(runs.items()), self.noise or other.noise)
 
 
 def layer_keys(site: str, n_layers: int) -> tuple[str, ...]:
     return tuple(site_key(site, layer) for layer in range(n_layers))
+
+
+def stream_keys(n_layers: int) -> tuple[str, ...]:
+    """The stream entering each layer a patched run can start at (1 .. n_layers - 1)."""
+    return tuple(stream_key(layer) for layer in range(1, n_layers))
 
 
 def model_identity(folder: Path) -> dict:
@@ -94,7 +130,8 @@ class ActivationCache:
         self.dtype = getattr(torch, self.manifest["dtype"])
         self.pair_ids: list[str] = self.manifest["pair_ids"]
         self._index = {pid: i for i, pid in enumerate(self.pair_ids)}
-        self._tables = {run: _read_ipc(self.folder / f"{run}.arrow") for run in self.manifest["runs"]}
+        self._keys: dict[str, list[str]] = self.manifest["captured"]
+        self._tables = {run: _read_ipc(self.folder / f"{run}.arrow") for run in self._keys}
         self._rows = {}  # run -> pair index -> (batch, row0, n)
         self._batches = {run: t.to_batches() for run, t in self._tables.items()}
         for run, batches in self._batches.items():
@@ -111,7 +148,7 @@ class ActivationCache:
 
     @property
     def spec(self) -> CacheSpec:
-        return CacheSpec(tuple(self.manifest["keys"]), tuple(self.manifest["runs"]))
+        return _spec_of(self.manifest)
 
     @property
     def bytes_per_pair(self) -> float:
@@ -124,41 +161,61 @@ class ActivationCache:
                              f"{', '.join(self._rows)}): build it with cache_spec() of the sweeps that read it")
         if pair_id not in self._index:
             raise CacheError(f"the activation cache {self.folder} holds no pair {pair_id!r}")
-        missing = [k for k in keys or () if k not in self.manifest["widths"]]
+        missing = [k for k in keys or () if k not in self._keys[run]]
         if missing:
-            raise CacheError(f"the activation cache {self.folder} holds no {missing[0]}: build it with cache_spec() "
-                             "of the sweeps that read it")
+            raise CacheError(f"the activation cache {self.folder} holds no {missing[0]} of the {run} run: build it "
+                             "with cache_spec() of the sweeps that read it")
         b, row0, n = self._rows[run][self._index[pair_id]]
         batch = self._batches[run][b]
         out = {}
-        for key in keys or self.manifest["keys"]:
+        for key in keys or self._keys[run]:
             out[key] = _tensor(batch.column(key), row0, n, self.manifest["widths"][key], self.dtype)
         return out
+
+
+def _spec_of(manifest: dict) -> CacheSpec:
+    noise = manifest.get("noise")
+    return CacheSpec((), (), tuple((run, tuple(keys)) for run, keys in manifest["captured"].items()),
+                     None if noise is None else tuple(noise))
 
 
 class ActivationStore(Protocol):
     """What sweeps read: each pair's captured activations per run, and its baselines."""
 
     baselines: dict[str, dict]  # pair_id -> a rows.BASELINE row
+    spec: CacheSpec  # what it holds
 
     def captures(self, pair_id: str, run: str = "clean", keys=None) -> dict[str, torch.Tensor]: ...
 
 
-def capture_runs(engine, pairs, spec: CacheSpec):
-    """One engine call: each pair's clean and corrupt runs, capturing `spec`'s sites.
+def run_request(pair, run: str, spec: CacheSpec, capture=()) -> Request:
+    """The unpatched run `run` of `pair`: its clean or corrupt prompt, or the clean prompt noised."""
+    answers = (pair.clean_answer_id, pair.corrupt_answer_id)
+    if run == "corrupt":
+        return Request(tokens=pair.corrupt_ids, answers=answers, capture=capture)
+    noise = ()
+    if run.startswith(NOISED):
+        std, seed = spec.noise
+        noise = (Noise(pair.subject_positions, std, trace_seed(seed, pair.pair_id, int(run[len(NOISED):]))),)
+    return Request(tokens=pair.clean_ids, answers=answers, capture=capture, noise=noise)
 
-    Returns (clean results, corrupt results, baseline rows), in pair order; corrupt runs capture
-    only when `spec` asks for the corrupt run.
+
+def capture_runs(engine, pairs, spec: CacheSpec):
+    """One engine call: every run `spec` names for each pair (clean and corrupt always: they are
+    the baselines), capturing its sites.
+
+    Returns ({run: results in pair order}, baseline rows).
     """
-    reqs = []
-    for p in pairs:
-        answers = (p.clean_answer_id, p.corrupt_answer_id)
-        reqs.append(Request(tokens=p.clean_ids, answers=answers, capture=spec.keys))
-        reqs.append(Request(tokens=p.corrupt_ids, answers=answers,
-                            capture=spec.keys if "corrupt" in spec.runs else ()))
+    captured = spec.captured()  # clean first, then corrupt: the order the baselines were always run in
+    captured = {"clean": captured.pop("clean"), "corrupt": captured.pop("corrupt", ()), **captured}
+    if spec.noised() and spec.noise is None:
+        raise ValueError("the cache spec names noised runs but no noise (std, seed)")
+    reqs = [run_request(p, run, spec, keys) for p in pairs for run, keys in captured.items()]
     results = engine.run(reqs)
-    clean, corrupt = results[0::2], results[1::2]
-    return clean, corrupt, [baseline_row(p.pair_id, c, k) for p, c, k in zip(pairs, clean, corrupt)]
+    k = len(captured)
+    by_run = {run: results[j::k] for j, run in enumerate(captured)}
+    baselines = [baseline_row(p.pair_id, c, x) for p, c, x in zip(pairs, by_run["clean"], by_run["corrupt"])]
+    return by_run, baselines
 
 
 def baseline_row(pair_id: str, clean, corrupt) -> dict:
@@ -171,9 +228,10 @@ class MemoryStore:
     """Captured activations held in memory: one pair patched at the command line needs no cache."""
 
     def __init__(self, engine, pairs, spec: CacheSpec):
-        clean, corrupt, baselines = capture_runs(engine, pairs, spec)
-        self._captures = {(p.pair_id, "clean"): c.captures for p, c in zip(pairs, clean)}
-        self._captures.update({(p.pair_id, "corrupt"): k.captures for p, k in zip(pairs, corrupt)})
+        by_run, baselines = capture_runs(engine, pairs, spec)
+        self.spec = spec
+        self._captures = {(p.pair_id, run): r.captures for run, results in by_run.items()
+                          for p, r in zip(pairs, results)}
         self.baselines = {b["pair_id"]: b for b in baselines}
 
     def captures(self, pair_id: str, run: str = "clean", keys=None) -> dict[str, torch.Tensor]:
@@ -193,7 +251,8 @@ def load_or_build(engine, pairs, spec: CacheSpec, root: Path, *, batch_pairs: in
     found = _find(root, ident, spec, log)
     if found is not None:
         return ActivationCache(found), False
-    key = hashlib.sha256(json.dumps({**ident, "keys": sorted(spec.keys), "runs": sorted(spec.runs)},
+    captured = {run: sorted(keys) for run, keys in spec.captured().items()}
+    key = hashlib.sha256(json.dumps({**ident, "captured": captured, "noise": spec.noise if spec.noised() else None},
                                     sort_keys=True).encode()).hexdigest()[:24]
     folder = root / key
     _build(engine, pairs, spec, ident, folder, batch_pairs, log)
@@ -209,7 +268,7 @@ def _find(root: Path, ident: dict, spec: CacheSpec, log) -> Path | None:
             m = json.loads(manifest.read_text())
         except (OSError, ValueError):
             continue
-        if {k: m.get(k) for k in ident} == ident and spec.covered_by(CacheSpec(tuple(m["keys"]), tuple(m["runs"]))):
+        if {k: m.get(k) for k in ident} == ident and spec.covered_by(_spec_of(m)):
             problem = damage(manifest.parent)
             if problem is None:
                 return manifest.parent
@@ -243,22 +302,24 @@ def _build(engine, pairs, spec: CacheSpec, ident: dict, folder: Path, batch_pair
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
     try:
-        widths = {k: engine.shape.width(k.split(".")[0]) for k in spec.keys}
+        captured = spec.captured()
+        widths = {k: engine.shape.width(k.split(".")[0]) for keys in captured.values() for k in keys}
         dtype_arrow, _ = _ARROW[engine.dtype]
-        fields = [pa.field("pair_index", pa.int32()), pa.field("position", pa.int32())]
-        fields += [pa.field(k, pa.list_(dtype_arrow, widths[k])) for k in spec.keys]
-        schema = pa.schema(fields, metadata={"dtype": str(engine.dtype)})
-        writers = {run: pa.ipc.new_file(str(tmp / f"{run}.arrow"), schema) for run in spec.runs}
+        schemas, writers = {}, {}
+        for run, keys in captured.items():
+            fields = [pa.field("pair_index", pa.int32()), pa.field("position", pa.int32())]
+            fields += [pa.field(k, pa.list_(dtype_arrow, widths[k])) for k in keys]
+            schemas[run] = pa.schema(fields, metadata={"dtype": str(engine.dtype)})
+            writers[run] = pa.ipc.new_file(str(tmp / f"{run}.arrow"), schemas[run])
         baselines = []
         try:
             for start in range(0, len(pairs), batch_pairs):
                 chunk = pairs[start:start + batch_pairs]
-                clean, corrupt, base = capture_runs(engine, chunk, spec)
-                for run, results in (("clean", clean), ("corrupt", corrupt)):
-                    if run in spec.runs:
-                        writers[run].write_batch(_batch(schema, spec.keys, start, chunk, results, engine.dtype))
+                by_run, base = capture_runs(engine, chunk, spec)
+                for run, keys in captured.items():
+                    writers[run].write_batch(_batch(schemas[run], keys, start, chunk, by_run[run], engine.dtype))
                 baselines += base
-                log(f"cached clean runs of {min(start + batch_pairs, len(pairs))}/{len(pairs)} pairs")
+                log(f"cached {', '.join(captured)} runs of {min(start + batch_pairs, len(pairs))}/{len(pairs)} pairs")
         finally:
             for w in writers.values():
                 w.close()
@@ -267,7 +328,8 @@ def _build(engine, pairs, spec: CacheSpec, ident: dict, folder: Path, batch_pair
         from .models import sha256_file
 
         files = {f.name: (f.stat().st_size, sha256_file(f)) for f in sorted(tmp.iterdir())}
-        manifest = {**ident, "keys": list(spec.keys), "runs": list(spec.runs), "widths": widths,
+        manifest = {**ident, "captured": {run: list(keys) for run, keys in captured.items()},
+                    "noise": list(spec.noise) if spec.noised() else None, "widths": widths,
                     "pair_ids": [p.pair_id for p in pairs], "bytes": sum(size for size, _ in files.values()),
                     "files": files}
         (tmp / "manifest.json").write_text(json.dumps(manifest))

@@ -25,6 +25,8 @@ from .spec import RUNNERS, SpecError, StudySpec, sweep_names
 from .sweeps import DEFAULT_SWEEPS, SWEEPS
 
 DEFAULT_STUDY = StudySpec()
+NO_SKIP_HELP = ("run every layer of every patched run (default: start each at its lowest patched layer from the "
+                "cached stream below it; the numbers are the same)")
 
 DEMO = dict(clean="The capital of France is", corrupt="The capital of Germany is",
             clean_answer=" Paris", corrupt_answer=" Berlin")
@@ -130,11 +132,12 @@ def cmd_sweep(args) -> int:
     from .cache import load_or_build
     from .effects import write_effects
     from .engine import load_engine
+    from .models import prepare
     from .pairs import accepted_pairs, read_pairs
-    from .sweeps import SweepConfig, cache_spec, run_sweeps
+    from .sweeps import SweepConfig, cache_spec, run_sweeps, subject_noise
 
     config = SweepConfig(sweeps=sweep_names(args.sweeps), trace_samples=args.trace_samples, seed=args.seed,
-                         max_requests=args.max_requests)
+                         max_requests=args.max_requests, skip=not args.no_skip)
     if args.limit is not None and args.limit < 1:
         raise UsageError(f"--limit {args.limit} must be at least 1")
     if not Path(args.pairs).is_file():
@@ -142,12 +145,19 @@ def cmd_sweep(args) -> int:
     pairs = accepted_pairs(read_pairs(args.pairs), args.limit)
     if not pairs:
         raise UsageError(f"--pairs {args.pairs}: holds no accepted pairs")
+    noise_std = 0.0
+    if "trace" in config.sweeps:
+        import pyarrow.parquet as pq
+
+        # as a study measures it: over the whole data set's subjects (every row of the table)
+        subjects = pq.read_table(args.pairs, columns=["subject"]).column("subject").to_pylist()
+        noise_std = subject_noise(prepare(args.model), subjects, config.trace_noise_scale).std
     engine = load_engine(args.model, args.backend)
     try:
-        cache, built = load_or_build(engine, pairs, cache_spec(config, engine.shape.n_layers), Path(args.cache),
-                                     log=lambda msg: print(msg, file=sys.stderr))
+        cache, built = load_or_build(engine, pairs, cache_spec(config, engine.shape.n_layers, noise_std),
+                                     Path(args.cache), log=lambda msg: print(msg, file=sys.stderr))
         print(f"cache {'built' if built else 'found'}: {cache.folder} ({cache.bytes_per_pair / 1e3:.1f} kB per pair)")
-        rows = run_sweeps(engine, pairs, cache, config,
+        rows = run_sweeps(engine, pairs, cache, config, noise_std=noise_std,
                           progress=lambda done, total: print(f"\r{done}/{total} patched runs", end="",
                                                              file=sys.stderr))
         print(file=sys.stderr)
@@ -165,7 +175,7 @@ def study_spec(args, **overrides) -> StudySpec:
                   sweeps=args.sweeps, limit=args.limit, warehouse=args.warehouse, workdir=args.workdir,
                   pairs_format=args.format, require_known=not args.no_require_known, seed=args.seed,
                   trace_samples=args.trace_samples, trace_noise=args.trace_noise, shard_size=args.shard_size,
-                  backend=args.backend,
+                  backend=args.backend, skip=not args.no_skip,
                   runner=args.runner, ray_address=args.ray_address, ray_workers=args.ray_workers,
                   gpus_per_engine=args.gpus_per_engine, tensor_parallel_size=args.tensor_parallel_size)
     params.update(overrides)
@@ -306,6 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--max-requests", type=int, default=2048, help="patched runs per engine call")
     sweep.add_argument("--cache", default=".patchgrid-cache", help="activation cache folder")
     sweep.add_argument("--backend", default=DEFAULT_BACKEND, choices=BACKENDS)
+    sweep.add_argument("--no-skip", action="store_true", help=NO_SKIP_HELP)
     sweep.add_argument("--out", default="effects.parquet")
     sweep.set_defaults(func=cmd_sweep)
 
@@ -324,6 +335,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="std of causal tracing's noise (default: 3 x std of the data set's subject embeddings)")
         p.add_argument("--shard-size", type=int, default=DEFAULT_STUDY.shard_size, help="pairs per sweep task")
         p.add_argument("--backend", default=DEFAULT_BACKEND, choices=BACKENDS)
+        p.add_argument("--no-skip", action="store_true", help=NO_SKIP_HELP)
         p.add_argument("--runner", default=DEFAULT_STUDY.runner, choices=RUNNERS,
                        help="local: shards one after another in this process; ray: shards as Ray tasks")
         p.add_argument("--ray-address", default=None, help="a Ray cluster (default: a local Ray the flow starts)")

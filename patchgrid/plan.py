@@ -155,6 +155,14 @@ def _check_start(where, req: Request, sources, shape: ModelShape):
             raise PlanError(f"{where}: capture {key} lies below start layer {s.layer}, which skips it")
 
 
+def latest_start(patches, n_layers: int) -> int:
+    """The latest layer a forward with these patches can start at (0: it must run them all): the
+    stream entering layer L+1 already holds a patch on layer L's output; other sites at L need
+    layer L to run; the last layer always runs."""
+    starts = [0 if p.site == "embed" else p.layer + 1 if p.site == "resid" else p.layer for p in patches]
+    return min(starts + [n_layers - 1])
+
+
 def _at_or_above(site: str, layer: int | None, start: int) -> bool:
     """Whether a site is computed (or, for the stream entering `start`, written) when the forward
     begins at `start`."""

@@ -59,6 +59,7 @@ class StudySpec:
     shard_size: int = 8  # pairs per sweep task
     backend: str = DEFAULT_BACKEND
     max_requests: int = 2048  # patched runs per engine call
+    skip: bool = True  # patched runs start at their lowest patched layer (False: every layer runs)
     run_id: str | None = None  # default: derived from the model and these parameters
     runner: str = "local"
     ray_address: str | None = None
@@ -95,13 +96,14 @@ class StudySpec:
 
     def sweep_config(self) -> SweepConfig:
         return SweepConfig(sweeps=self.sweeps, trace_samples=self.trace_samples, seed=self.seed,
-                           max_requests=self.max_requests)
+                           max_requests=self.max_requests, skip=self.skip)
 
     def recorded_params(self) -> dict:
         """What a run records as its parameters, and what its default run id is derived from."""
         return dict(model=self.model, pairs=self.pairs, sweeps=list(self.sweeps), limit=self.limit,
                     pairs_format=self.pairs_format, require_known=self.require_known, seed=self.seed,
-                    trace_samples=self.trace_samples, trace_noise=self.trace_noise, backend=self.backend)
+                    trace_samples=self.trace_samples, trace_noise=self.trace_noise, backend=self.backend,
+                    skip=self.skip)
 
     def flow_parameters(self) -> dict:
         """The study flow's parameters for this spec (the flow builds the same spec from them)."""

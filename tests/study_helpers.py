@@ -25,3 +25,11 @@ def shipped_pairs(tokenizer, n, *, engine=None, max_len=1024, spread=True):
             if by[rel] and len(out) < n:
                 out.append(by[rel].pop(0))
     return out
+
+
+def noise_std_for(engine, pairs, scale: float = 3.0) -> float:
+    """Causal tracing's noise for `pairs`: scale x the std of their subjects' embeddings in context."""
+    from patchgrid.cache import CacheSpec, MemoryStore
+    from patchgrid.sweeps import trace_noise_std
+
+    return trace_noise_std(MemoryStore(engine, pairs, CacheSpec(("embed",))), pairs, scale)

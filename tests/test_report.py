@@ -12,7 +12,7 @@ from patchgrid.pairs.pair import accepted_pairs
 from patchgrid.report import write_report
 from patchgrid.sweeps import SweepConfig, cache_spec, run_sweeps
 from patchgrid.warehouse.loader import load_run, start_run
-from tests.study_helpers import DATA
+from tests.study_helpers import DATA, noise_std_for
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
@@ -27,7 +27,7 @@ def warehouse(tmp_path_factory, engines, tokenizers):
     table = to_table(rows)
     pairs = accepted_pairs(table, 6)
     cfg = SweepConfig(sweeps=("resid", "attn_out", "mlp_out", "heads", "trace"), trace_samples=2)
-    cache, _ = load_or_build(engine, pairs, cache_spec(cfg, 4), tmp / "cache", log=lambda *_: None)
+    cache, _ = load_or_build(engine, pairs, cache_spec(cfg, 4, noise_std_for(engine, pairs)), tmp / "cache", log=lambda *_: None)
     effects = write_effects(run_sweeps(engine, pairs, cache, cfg), tmp / "effects.parquet")
     wh = tmp / "w.duckdb"
     start_run(wh, {"run_id": "run-report", "model": "tiny-gpt2", "params": {"sweeps": list(cfg.sweeps)}})

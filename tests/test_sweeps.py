@@ -6,10 +6,10 @@ from collections import defaultdict
 
 import pytest
 
-from patchgrid.cache import load_or_build
+from patchgrid.cache import CacheError, load_or_build
 from patchgrid.sweeps import SweepConfig, cache_spec, count_runs, run_sweeps, trace_window
 from tests.conftest import TINY, needs_vllm
-from tests.study_helpers import shipped_pairs
+from tests.study_helpers import noise_std_for, shipped_pairs
 
 ALL = SweepConfig(sweeps=("resid", "attn_out", "mlp_out", "heads", "trace"), trace_samples=2, max_requests=700)
 
@@ -31,7 +31,8 @@ def test_every_sweep_kind_equals_the_hf_backend(tmp_path, engines, tokenizers, m
     vl = engines.get(model, "vllm", dtype="float32")
     hf = engines.get(model, "hf", dtype="float32")
     pairs = shipped_pairs(tokenizers(model), 3)
-    cache, _ = load_or_build(vl, pairs, cache_spec(ALL, vl.shape.n_layers), tmp_path, log=lambda *_: None)
+    std = noise_std_for(hf, pairs)
+    cache, _ = load_or_build(vl, pairs, cache_spec(ALL, vl.shape.n_layers, std), tmp_path, log=lambda *_: None)
     a, b = _by_key(run_sweeps(vl, pairs, cache, ALL)), _by_key(run_sweeps(hf, pairs, cache, ALL))
     assert a.keys() == b.keys()
     assert {k[1] for k in a} == {"resid", "attn_out", "mlp_out", "heads", "trace"}
@@ -45,7 +46,7 @@ def test_every_sweep_kind_equals_the_hf_backend(tmp_path, engines, tokenizers, m
 def test_rows_are_complete_and_consistent(tmp_path, engines, tokenizers):
     hf = engines.get("tiny-gpt2", "hf", dtype="float32")
     pairs = shipped_pairs(tokenizers("tiny-gpt2"), 3)
-    cache, _ = load_or_build(hf, pairs, cache_spec(ALL, 4), tmp_path, log=lambda *_: None)
+    cache, _ = load_or_build(hf, pairs, cache_spec(ALL, 4, noise_std_for(hf, pairs)), tmp_path, log=lambda *_: None)
     rows = run_sweeps(hf, pairs, cache, ALL)
     non_trace = [r for r in rows if r["sweep"] != "trace"]
     n_trace = sum(len(p.clean_ids) * 4 * 3 for p in pairs)  # positions x layers x (resid, mlp, attn)
@@ -75,13 +76,18 @@ def test_chunking_and_reruns_do_not_change_a_number(tmp_path, engines, tokenizer
     hf = engines.get("tiny-llama", "hf", dtype="float32")
     pairs = shipped_pairs(tokenizers("tiny-llama"), 3)
     cfg = SweepConfig(sweeps=("resid", "trace"), trace_samples=3, max_requests=10_000)
-    cache, _ = load_or_build(hf, pairs, cache_spec(cfg, 4), tmp_path, log=lambda *_: None)
+    std = noise_std_for(hf, pairs)
+    cache, _ = load_or_build(hf, pairs, cache_spec(cfg, 4, std), tmp_path, log=lambda *_: None)
     a = _by_key(run_sweeps(hf, pairs, cache, cfg))
     b = _by_key(run_sweeps(hf, pairs, cache, SweepConfig(sweeps=("resid", "trace"), trace_samples=3, max_requests=37)))
     assert a.keys() == b.keys()
     for k in a:
         assert a[k]["patched_p"] == pytest.approx(b[k]["patched_p"], abs=1e-6)
-    c = _by_key(run_sweeps(hf, pairs, cache, SweepConfig(sweeps=("resid", "trace"), trace_samples=3, seed=1)))
+    seeded = SweepConfig(sweeps=("resid", "trace"), trace_samples=3, seed=1)
+    with pytest.raises(CacheError, match="seed 1"):  # the cached noised runs were drawn with seed 0
+        run_sweeps(hf, pairs, cache, seeded)
+    cache1, _ = load_or_build(hf, pairs, cache_spec(seeded, 4, std), tmp_path, log=lambda *_: None)
+    c = _by_key(run_sweeps(hf, pairs, cache1, seeded))
     assert any(abs(a[k]["patched_p"] - c[k]["patched_p"]) > 1e-9 for k in a if k[1] == "trace")
 
 
@@ -116,7 +122,9 @@ def test_smollm2_shapes_averaged_over_pairs(tmp_path, engines, tokenizers):
     assert len({p.relation for p in pairs}) >= 8
     cfg = SweepConfig(sweeps=("resid", "trace"), resid_directions=("denoise",), trace_samples=2,
                       trace_sites=("resid",))
-    cache, _ = load_or_build(engine, pairs, cache_spec(cfg, engine.shape.n_layers), tmp_path, log=lambda *_: None)
+    std = noise_std_for(engine, pairs)
+    cache, _ = load_or_build(engine, pairs, cache_spec(cfg, engine.shape.n_layers, std), tmp_path,
+                             log=lambda *_: None)
     rows = run_sweeps(engine, pairs, cache, cfg)
     n = engine.shape.n_layers
     early, late = range(0, n // 3), range(n - 3, n)

@@ -27,6 +27,9 @@ class SweepConfig:
     # Patch only these positions, each on its own (every sweep but heads' defaults: all positions;
     # heads: every position at once and the head_position_roles).
     positions: tuple[int, ...] | None = None
+    # Start each patched run at its lowest patched layer from the cached stream of the run it
+    # equals below there (plan.Start); False: every patched run computes every layer.
+    skip: bool = True
 
     def __post_init__(self):
         bad = [s for s in self.sweeps if s not in SWEEPS]

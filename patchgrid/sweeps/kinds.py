@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from ..cache import CacheSpec, layer_keys
+from ..cache import NOISED, CacheSpec, layer_keys, stream_keys
 from ..effects import effect_row
 from ..metrics import Reading
 from ..plan import Noise, Patch, Request, trace_seed
@@ -41,6 +41,14 @@ class Cell:
         """The cached run whose activations the patch writes."""
         return "corrupt" if self.direction == "noise" else "clean"
 
+    @property
+    def stream(self) -> str:
+        """The cached run this patched run equals below its patches (where it may start): the run
+        the patch goes into, or for causal tracing the noised run of its sample."""
+        if self.sample is not None:
+            return f"{NOISED}{self.sample}"
+        return "clean" if self.direction == "noise" else "corrupt"
+
 
 @dataclass(frozen=True)
 class SweepContext:
@@ -56,7 +64,9 @@ class SweepKind:
     name: str
     metric = "logit_diff"
 
-    def needs(self, config, n_layers: int) -> CacheSpec:
+    def needs(self, ctx: SweepContext) -> CacheSpec:
+        """What the cache must hold: the sites the patches read, and with `config.skip` the streams
+        of the runs the patched runs start from."""
         raise NotImplementedError
 
     def cells(self, pair, ctx: SweepContext) -> list[Cell]:
@@ -100,10 +110,15 @@ class PositionSweep(SweepKind):
     def _directions(self, config) -> tuple[str, ...]:
         return config.resid_directions if self.both_directions else ("denoise",)
 
-    def needs(self, config, n_layers):
-        keys = layer_keys(self.site, n_layers) if self.layered else ("embed",)
+    def needs(self, ctx):
+        config = ctx.config
+        keys = layer_keys(self.site, ctx.n_layers) if self.layered else ("embed",)
         runs = ("clean", "corrupt") if "noise" in self._directions(config) else ("clean",)
-        return CacheSpec(keys, runs)
+        streams = ()
+        if config.skip and self.layered:  # the embedding patch starts at the embedding
+            streams = tuple((Cell(self.name, self.site, d).stream, stream_keys(ctx.n_layers))
+                            for d in self._directions(config))
+        return CacheSpec(keys, runs, streams)
 
     def cells(self, pair, ctx):
         layers = range(ctx.n_layers) if self.layered else [None]
@@ -122,8 +137,9 @@ class HeadSweep(SweepKind):
 
     name, site = "heads", "head"
 
-    def needs(self, config, n_layers):
-        return CacheSpec(layer_keys("head", n_layers), ("clean",))
+    def needs(self, ctx):
+        streams = (("corrupt", stream_keys(ctx.n_layers)),) if ctx.config.skip else ()
+        return CacheSpec(layer_keys("head", ctx.n_layers), ("clean",), streams)
 
     def cells(self, pair, ctx):
         config = ctx.config
@@ -153,9 +169,17 @@ class TraceSweep(SweepKind):
 
     name, metric = "trace", "p"
 
-    def needs(self, config, n_layers):
-        keys = tuple(k for site in config.trace_sites for k in layer_keys(site, n_layers)) + ("embed",)
-        return CacheSpec(keys, ("clean",))
+    def needs(self, ctx):
+        config = ctx.config
+        keys = tuple(k for site in config.trace_sites for k in layer_keys(site, ctx.n_layers)) + ("embed",)
+        noised = ()
+        if config.skip:
+            if not ctx.noise_std > 0:
+                raise ValueError("causal tracing caches its noised runs to start restored runs from: give the noise "
+                                 f"std (cache_spec(..., noise_std); got {ctx.noise_std}), or skip=False")
+            noised = tuple((Cell(self.name, None, sample=s).stream, stream_keys(ctx.n_layers))
+                           for s in range(config.trace_samples))
+        return CacheSpec(keys, ("clean",), noised, (ctx.noise_std, config.seed) if noised else None)
 
     def cells(self, pair, ctx):
         config, out = ctx.config, []

@@ -1,30 +1,31 @@
-"""Running sweeps over many pairs: every kind's cells become requests, batched across pairs into
-engine calls of at most `max_requests`, patched from the activation store."""
+"""Running sweeps over many pairs: every kind's cells become requests, grouped by the layer they
+start at (plan.Start) and batched across pairs into engine calls of at most `max_requests`,
+patched from the activation store."""
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 
 import torch
 
-from ..cache import CacheSpec
+from ..cache import CacheError, CacheSpec
 from ..metrics import Reading
-from ..plan import Request
+from ..plan import Request, Start, latest_start
 from .config import SweepConfig
 from .kinds import SWEEP_KINDS, Cell, SweepContext, SweepKind
 
 Progress = Callable[[int, int], None]  # (patched runs done, total)
 
 
-def cache_spec(config: SweepConfig, n_layers: int) -> CacheSpec:
-    """Every site and run the sweeps of `config` read from the activation cache."""
-    keys: list[str] = []
-    runs = ["clean"]
+def cache_spec(config: SweepConfig, n_layers: int, noise_std: float = 0.0) -> CacheSpec:
+    """Every site and run the sweeps of `config` read from the activation cache (`noise_std`: the
+    trace noise, which the noised runs cached for causal tracing are drawn with)."""
+    ctx = SweepContext(config, n_layers, 0, noise_std)
+    spec = CacheSpec(())
     for name in config.sweeps:
-        need = SWEEP_KINDS[name].needs(config, n_layers)
-        keys += need.keys
-        runs += need.runs
-    return CacheSpec(tuple(dict.fromkeys(keys)), tuple(dict.fromkeys(runs)))
+        spec = spec.merge(SWEEP_KINDS[name].needs(ctx))
+    return spec
 
 
 def count_runs(pairs, config: SweepConfig, n_layers: int, n_heads: int) -> int:
@@ -34,12 +35,17 @@ def count_runs(pairs, config: SweepConfig, n_layers: int, n_heads: int) -> int:
 
 def patched_runs(pairs, ctx: SweepContext) -> Iterator[tuple[int, SweepKind, Cell, Request]]:
     """Every patched run of the sweeps over `pairs`, pair by pair: (pair index, kind, cell, request).
-    A request patches from the source named `{pair index}:{run}`."""
+    A request patches from the source named `{pair index}:{run}`; with `config.skip` it starts at
+    the latest layer its patches allow, from the stream of the run it equals below them."""
     for i, p in enumerate(pairs):
         for name in ctx.config.sweeps:
             kind = SWEEP_KINDS[name]
             for cell in kind.cells(p, ctx):
-                yield i, kind, cell, kind.request(p, cell, ctx, f"{i}:{cell.source}")
+                req = kind.request(p, cell, ctx, f"{i}:{cell.source}")
+                layer = latest_start(req.patches, ctx.n_layers) if ctx.config.skip else 0
+                if layer > 0:
+                    req = dataclasses.replace(req, start=Start(layer, f"{i}:{cell.stream}"))
+                yield i, kind, cell, req
 
 
 def trace_noise_std(store, pairs, scale: float) -> float:
@@ -60,20 +66,31 @@ def run_sweeps(engine, pairs, store, config: SweepConfig, progress: Progress | N
     shape = engine.shape
     std = 0.0
     if "trace" in config.sweeps:
-        std = noise_std if noise_std is not None else trace_noise_std(store, pairs, config.trace_noise_scale)
+        if noise_std is not None:
+            std = noise_std
+        elif store.spec.noised():  # the noise the cached noised runs were drawn with
+            std = store.spec.noise[0]
+        else:
+            std = trace_noise_std(store, pairs, config.trace_noise_scale)
+    need = cache_spec(config, shape.n_layers, std)
+    if not need.covered_by(store.spec):
+        raise CacheError(f"the activation store holds {_described(store.spec)}; these sweeps need "
+                         f"{_described(need)}: build it with cache_spec() of the same sweep settings")
     ctx = SweepContext(config, shape.n_layers, shape.n_heads, std)
     total = count_runs(pairs, config, shape.n_layers, shape.n_heads)
     readings: dict[tuple[int, str], list] = defaultdict(list)
     done = 0
-    buffer: list[tuple] = []  # (pair index, kind, cell, request)
+    # One buffer per start layer: an engine call computes from one layer up (plan.Start).
+    buffers: dict[int, list[tuple]] = defaultdict(list)  # start layer -> [(pair index, kind, cell, request)]
 
-    def flush():
+    def flush(buffer):
         nonlocal done
         sources = {}
-        for i, _, cell, _ in buffer:
-            name = f"{i}:{cell.source}"
-            if name not in sources:
-                sources[name] = store.captures(pairs[i].pair_id, cell.source)
+        for i, _, cell, req in buffer:
+            for run in (cell.source, cell.stream) if req.start else (cell.source,):
+                name = f"{i}:{run}"
+                if name not in sources:
+                    sources[name] = store.captures(pairs[i].pair_id, run)
         results = engine.run([req for *_, req in buffer], sources)
         for (i, kind, cell, _), res in zip(buffer, results):
             readings[(i, kind.name)].append((cell, Reading.of(res)))
@@ -83,13 +100,25 @@ def run_sweeps(engine, pairs, store, config: SweepConfig, progress: Progress | N
             progress(done, total)
 
     for run in patched_runs(pairs, ctx):
+        req = run[-1]
+        buffer = buffers[req.start.layer if req.start else 0]
         buffer.append(run)
         if len(buffer) >= config.max_requests:
-            flush()
-    if buffer:
-        flush()
+            flush(buffer)
+    for _, buffer in sorted(buffers.items()):
+        if buffer:
+            flush(buffer)
     rows: list[dict] = []
     for i, p in enumerate(pairs):
         for name in config.sweeps:
-            rows += SWEEP_KINDS[name].rows(p, readings[(i, name)], store.baselines[p.pair_id], ctx)
+            kind = SWEEP_KINDS[name]
+            # cells arrive grouped by start layer: back in grid order, so that averages add up alike
+            order = {cell: k for k, cell in enumerate(kind.cells(p, ctx))}
+            got = sorted(readings[(i, name)], key=lambda cr, order=order: order[cr[0]])
+            rows += kind.rows(p, got, store.baselines[p.pair_id], ctx)
     return rows
+
+
+def _described(spec: CacheSpec) -> str:
+    runs = "; ".join(f"{run}: {len(keys)} sites" for run, keys in spec.captured().items())
+    return runs + (f"; noise std {spec.noise[0]:g}, seed {spec.noise[1]}" if spec.noised() else "")
