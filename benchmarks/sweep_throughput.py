@@ -1,14 +1,15 @@
-"""Pairs per minute for the default sweep set on smollm2-135m, and the intervention overhead.
+"""Pairs per minute on smollm2-135m with patched runs starting at their lowest patched layer
+(skip) against the same sweeps running every layer (full), for the default sweep set and for
+causal tracing; and the intervention overhead.
 
-In one process, on the same pairs and the same activation cache:
-  engine    patchgrid's sweeps on the vLLM backend
-  hf-batch  the same sweeps on the Hugging Face reference, patched runs batched per forward
-  plain     vLLM prefill of exactly the same token lists with no intervention at all
+In one process, on the same pairs, the same engine and the same activation cache:
+  skip   patchgrid's sweeps on the vLLM backend, each patched run started mid-stack (the default)
+  full   the same sweeps with SweepConfig(skip=False): every patched run computes every layer
+  plain  vLLM prefill of exactly the full runs' token lists with no intervention at all
 
-Prints pairs per minute for engine and hf-batch and their ratio, and the intervention overhead
-= engine sweep time / plain prefill time (target <= 1.25).
+Target: skip / full >= 1.6x for both sweep sets; intervention overhead (full / plain) <= 1.25.
 
-    .venv/bin/python benchmarks/sweep_throughput.py [--pairs 4] [--sweeps resid,attn_out,mlp_out,heads]
+    .venv/bin/python benchmarks/sweep_throughput.py [--pairs 4] [--trace-pairs 2] [--trace-samples 10]
 """
 from __future__ import annotations
 
@@ -25,68 +26,86 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
+def timed_sweeps(engine, pairs, cache, config, noise_std):
+    from patchgrid.sweeps import run_sweeps
+
+    t0 = time.perf_counter()
+    rows = run_sweeps(engine, pairs, cache, config, noise_std=noise_std)
+    return time.perf_counter() - t0, rows
+
+
+def largest_difference(a, b) -> float:
+    key = lambda r: (r["pair_id"], r["sweep"], r["site"], r["direction"], r["layer"], r["position"],  # noqa: E731
+                     r["head"], r["window"])
+    other = {key(r): r for r in b}
+    return max(abs(r["patched_p"] - other[key(r)]["patched_p"]) for r in a)
+
+
+def compare(name, engine, pairs, config, noise_std, plain=False):
+    from patchgrid.cache import load_or_build
+    from patchgrid.sweeps import SweepContext, cache_spec, count_runs, patched_runs
+
+    shape = engine.shape
+    cache, _ = load_or_build(engine, pairs, cache_spec(config, shape.n_layers, noise_std), Path(tempfile.mkdtemp()),
+                             log=lambda *_: None)
+    warm = replace(config, trace_samples=1)
+    for skip in (True, False):  # warm-up: the first calls pay one-off costs
+        timed_sweeps(engine, pairs[:1], cache, replace(warm, skip=skip), noise_std)
+    t_skip, rows_skip = timed_sweeps(engine, pairs, cache, config, noise_std)
+    t_full, rows_full = timed_sweeps(engine, pairs, cache, replace(config, skip=False), noise_std)
+    runs = count_runs(pairs, config, shape.n_layers, shape.n_heads)
+    per_min = lambda t: len(pairs) * 60 / t  # noqa: E731
+    print(f"{name}: {len(pairs)} pairs, {runs} patched runs ({runs / len(pairs):.0f} per pair); cache "
+          f"{cache.bytes_per_pair / 1e6:.2f} MB per pair (streams included)")
+    print(f"  {'skip (start mid-stack)':<24} {per_min(t_skip):8.2f} pairs/min  ({runs / t_skip:7.1f} patched runs/s)")
+    print(f"  {'full forward':<24} {per_min(t_full):8.2f} pairs/min  ({runs / t_full:7.1f} patched runs/s)")
+    print(f"  skip / full = {t_full / t_skip:5.2f}x  (target >= 1.6); largest |patched p| difference "
+          f"{largest_difference(rows_skip, rows_full):.2e} ({str(engine.dtype).removeprefix('torch.')})")
+    if plain:
+        from vllm import SamplingParams, TokensPrompt
+
+        ctx = SweepContext(replace(config, skip=False), shape.n_layers, shape.n_heads, noise_std)
+        tokens = [req.tokens for *_, req in patched_runs(pairs, ctx)]
+        params = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
+        t0 = time.perf_counter()
+        for k in range(0, len(tokens), config.max_requests):
+            engine.llm.generate([TokensPrompt(prompt_token_ids=list(t)) for t in tokens[k:k + config.max_requests]],
+                                params, use_tqdm=False)
+        t_plain = time.perf_counter() - t0
+        print(f"  {'plain vLLM prefill':<24} {'':8}            ({runs / t_plain:7.1f} runs/s): intervention overhead "
+              f"(full / plain) = {t_full / t_plain:4.2f} (target <= 1.25)")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--pairs", type=int, default=4)
+    parser.add_argument("--pairs", type=int, default=4, help="pairs for the default sweep set")
+    parser.add_argument("--trace-pairs", type=int, default=2, help="facts for causal tracing (0: skip it)")
+    parser.add_argument("--trace-samples", type=int, default=10)
     parser.add_argument("--sweeps", default="resid,attn_out,mlp_out,heads")
     parser.add_argument("--max-requests", type=int, default=2048)
     args = parser.parse_args()
 
     from transformers import AutoTokenizer
 
-    from patchgrid.cache import load_or_build
+    from benchmarks.machine import machine
     from patchgrid.engine import load_engine
-    from patchgrid.sweeps import SweepConfig, SweepContext, cache_spec, count_runs, patched_runs, run_sweeps
-    from tests.study_helpers import shipped_pairs
+    from patchgrid.sweeps import SweepConfig
+    from tests.study_helpers import noise_std_for, shipped_pairs
 
+    print(machine())
     engine = load_engine(args.model, "vllm")
     tok = AutoTokenizer.from_pretrained(engine.folder)
-    pairs = shipped_pairs(tok, args.pairs, engine=engine, max_len=engine.shape.max_len)
+    pairs = shipped_pairs(tok, max(args.pairs, args.trace_pairs), engine=engine, max_len=engine.shape.max_len)
+    print(f"model {args.model} ({str(engine.dtype).removeprefix('torch.')}), {engine.shape.n_layers} layers")
     config = SweepConfig(sweeps=tuple(args.sweeps.split(",")), max_requests=args.max_requests)
-    shape = engine.shape
-    runs = count_runs(pairs, config, shape.n_layers, shape.n_heads)
-    cache, _ = load_or_build(engine, pairs, cache_spec(config, shape.n_layers), Path(tempfile.mkdtemp()),
-                             log=lambda *_: None)
-    # warm-up: the first sweep asked for, on one pair (the cache holds only what the asked sweeps read)
-    run_sweeps(engine, pairs[:1], cache, replace(config, sweeps=config.sweeps[:1], trace_samples=1))
-
-    t0 = time.perf_counter()
-    rows = run_sweeps(engine, pairs, cache, config)
-    t_engine = time.perf_counter() - t0
-
-    # the same token lists, no plan, straight through vLLM
-    from vllm import SamplingParams, TokensPrompt
-
-    ctx = SweepContext(config, shape.n_layers, shape.n_heads)
-    tokens = [req.tokens for *_, req in patched_runs(pairs, ctx)]
-    params = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
-    t0 = time.perf_counter()
-    for k in range(0, len(tokens), args.max_requests):
-        engine.llm.generate([TokensPrompt(prompt_token_ids=list(t)) for t in tokens[k:k + args.max_requests]],
-                            params, use_tqdm=False)
-    t_plain = time.perf_counter() - t0
+    compare(f"sweeps {args.sweeps}", engine, pairs[:args.pairs], config, 0.0, plain=True)
+    if args.trace_pairs:
+        facts = pairs[:args.trace_pairs]
+        trace = SweepConfig(sweeps=("trace",), trace_samples=args.trace_samples, max_requests=args.max_requests)
+        compare(f"causal tracing ({args.trace_samples} samples, hidden state + MLP + attention windows)", engine,
+                facts, trace, noise_std_for(engine, facts))
     engine.close()
-
-    hf = load_engine(args.model, "hf", batch_size=256)
-    t0 = time.perf_counter()
-    hf_rows = run_sweeps(hf, pairs, cache, config)
-    t_hf = time.perf_counter() - t0
-    diffs = sorted(abs(a["recovery"] - b["recovery"]) for a, b in zip(rows, hf_rows)
-                   if a["recovery"] is not None and b["recovery"] is not None)
-
-    per_min = lambda t: len(pairs) * 60 / t  # noqa: E731
-    print(f"model {args.model}, {len(pairs)} pairs over {len({p.relation for p in pairs})} relations, "
-          f"sweeps {args.sweeps}: {runs} patched runs ({runs / len(pairs):.0f} per pair), "
-          f"{sum(len(t) for t in tokens)} tokens; cache {cache.bytes_per_pair / 1e3:.0f} kB per pair")
-    print(f"{'engine (vLLM)':<26} {per_min(t_engine):8.2f} pairs/min  ({runs / t_engine:7.1f} patched runs/s)")
-    print(f"{'hf batched reference':<26} {per_min(t_hf):8.2f} pairs/min  ({runs / t_hf:7.1f} patched runs/s)")
-    print(f"{'plain vLLM prefill':<26} {'':8}            ({runs / t_plain:7.1f} runs/s)")
-    print(f"engine / hf-batch            = {t_hf / t_engine:5.2f}x")
-    print(f"intervention overhead        = {t_engine / t_plain:5.2f}  (engine sweep time / plain prefill time; "
-          "target <= 1.25)")
-    print(f"recovery, engine vs hf (bf16 kernels differ): median |diff| {diffs[len(diffs) // 2]:.4f}, "
-          f"99th percentile {diffs[int(len(diffs) * 0.99)]:.4f}")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from patchgrid.plan import Noise, Patch, PlanError, Request, decode_tensor, encode_tensor, validate
+from patchgrid.plan import Noise, Patch, PlanError, Request, Start, decode_tensor, encode_tensor, latest_start, validate
 from patchgrid.sites import LLAMA, ModelShape
 
 SHAPE = ModelShape(LLAMA, n_layers=4, n_heads=4, head_dim=32, d_model=128, vocab_size=500, max_len=64)
@@ -57,3 +57,47 @@ def test_tensor_codec_round_trips_every_dtype():
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         t = torch.randn(3, 5).to(dtype)
         assert torch.equal(decode_tensor(encode_tensor(t)), t)
+
+
+STREAMS = {"corrupt": {"resid.1": torch.zeros(5, 128), "resid.2": torch.zeros(5, 128)}, **SOURCES}
+
+
+def test_start_allows_patches_on_its_stream_and_above():
+    validate([Request(tokens=TOKENS, start=Start(2, "corrupt"), capture=("resid.1", "attn_out.2"),
+                      patches=(Patch("resid", 1, "clean", (0,)), Patch("head", 2, "clean", None, 3)))],
+             {**STREAMS, "clean": {**SOURCES["clean"], "resid.1": torch.zeros(5, 128)}}, SHAPE)
+
+
+@pytest.mark.parametrize("req, match", [
+    (Request(tokens=TOKENS, start=Start(0, "corrupt")), "start layer 0 is out of range"),
+    (Request(tokens=TOKENS, start=Start(4, "corrupt")), "start layer 4 is out of range"),
+    (Request(tokens=TOKENS, start=Start(2, "other")), "start source 'other' is not among"),
+    (Request(tokens=TOKENS, start=Start(3, "corrupt")), "holds no resid.2, the stream entering layer 3"),
+    (Request(tokens=TOKENS, start=Start(2, "corrupt"), patches=(Patch("embed", None, "clean", (1,)),)),
+     "patch embed lies below start layer 2"),
+    (Request(tokens=TOKENS, start=Start(3, "corrupt"), patches=(Patch("head", 2, "clean", (1,), 0),)),
+     "patch head.2 lies below start layer 3"),
+    (Request(tokens=TOKENS, start=Start(2, "corrupt"), capture=("resid.0",)), "capture resid.0 lies below"),
+])
+def test_bad_start_is_refused(req, match):
+    sources = {**STREAMS, "corrupt": {**STREAMS["corrupt"], "resid.2": torch.zeros(5, 128)}}
+    if "resid.2" in match:
+        sources = STREAMS | {"corrupt": {"resid.1": torch.zeros(5, 128)}}
+    refused(req, match, sources)
+
+
+def test_latest_start_is_the_lowest_patched_layer():
+    p = lambda site, layer: Patch(site, layer, "clean", (0,), 0 if site == "head" else None)  # noqa: E731
+    assert latest_start([p("resid", 1)], 4) == 2  # the stream entering layer 2 holds the patch
+    assert latest_start([p("resid", 3)], 4) == 3  # the last layer always runs
+    assert latest_start([p("attn_out", 2), p("mlp_out", 3)], 4) == 2
+    assert latest_start([p("head", 0)], 4) == 0
+    assert latest_start([p("embed", None)], 4) == 0
+    assert latest_start([], 4) == 3  # an unpatched run: only the last layer on the cached stream
+
+
+def test_start_crosses_the_wire():
+    from patchgrid.plan import from_wire, to_wire
+
+    req = Request(tokens=(), answers=(1,), start=Start(2, "0:corrupt"))
+    assert from_wire(to_wire(req, "t"))[1].start == Start(2, "0:corrupt")

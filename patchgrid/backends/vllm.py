@@ -116,6 +116,7 @@ class VllmEngine:
         self.llm = LLM(**kwargs)
         self.dtype = self.llm.llm_engine.model_config.dtype  # what vLLM resolved "auto" to
         self._calls = itertools.count()
+        self._failed: str | None = None
         self._inprocess = not multiprocess
         if self._inprocess:
             VllmEngine._live_inprocess.add(id(self))
@@ -130,6 +131,9 @@ class VllmEngine:
         return False
 
     def run(self, requests, sources=None) -> list[Result]:
+        if self._failed:
+            raise RuntimeError(f"this vLLM engine failed in an earlier call ({self._failed}) and cannot run "
+                               "another: start a new one")
         sources = sources or {}
         requests = list(requests)
         validate(requests, sources, self.shape)
@@ -176,8 +180,13 @@ class VllmEngine:
         ]
         try:
             self.llm.generate(prompts, params, use_tqdm=False)
+        except BaseException as exc:
+            # A step that raised leaves vLLM's runner mid-step: the next call would wait for ever.
+            self._failed = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            raise
         finally:
-            # Hooks come off even when generate fails, so the next call starts clean.
+            # Hooks come off (and the start layer goes back) even when generate fails, so the
+            # next call starts clean.
             per_rank = self.llm.collective_rpc("pg_end")
         raw = per_rank[0]
         missing = [t for t in tags if t not in raw or "answer_logits" not in raw[t]]
@@ -194,6 +203,10 @@ class VllmEngine:
 
     def hook_count(self) -> int:
         return self.llm.collective_rpc("pg_hook_count")[0]
+
+    def start_layers(self) -> list[int]:
+        """Each rank's decoder start layer (0 outside a call), for tests that check it goes back."""
+        return self.llm.collective_rpc("pg_start_layer", args=(self.shape.family.name,))
 
     def close(self):
         llm = getattr(self, "llm", None)

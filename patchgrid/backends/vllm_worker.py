@@ -360,6 +360,9 @@ class PatchgridWorker:
         self._pg_session = None
         return session.results
 
+    def pg_start_layer(self, family: str) -> int:
+        return get_module(self.model_runner.get_model(), FAMILIES[family].decoder).start_layer
+
     def pg_hook_count(self) -> int:
         """Forward hooks left on the model, for tests that check nothing leaks between calls."""
         model = self.model_runner.get_model()

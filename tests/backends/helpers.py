@@ -1,8 +1,10 @@
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
-from patchgrid.plan import Noise, Patch, Request
+from patchgrid.plan import Noise, Patch, Request, Start, latest_start
 from patchgrid.sites import site_key
 
 TOL = 1e-4
@@ -49,3 +51,12 @@ def effect_spread(results):
     """How far patches moved the answer: a comparison of unmoved logits would prove nothing."""
     lds = torch.stack([r.answer_logits[0] - r.answer_logits[1] for r in results])
     return float(lds.max() - lds.min())
+
+
+def starting(reqs, n_layers, stream="corrupt"):
+    """Each request started at the latest layer its patches allow, from the cached run `stream`."""
+    out = []
+    for r in reqs:
+        layer = latest_start(r.patches, n_layers)
+        out.append(dataclasses.replace(r, start=Start(layer, stream)) if layer else r)
+    return out

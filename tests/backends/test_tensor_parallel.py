@@ -4,11 +4,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from patchgrid.cache import stream_keys
 from patchgrid.plan import Request
 from patchgrid.tp import head_owner, heads_per_rank, merge_rank_captures, rank_z_columns
 from tests.conftest import needs_vllm
 
-from .helpers import all_keys, assert_results_close, effect_spread, every_site_requests
+from .helpers import all_keys, assert_results_close, effect_spread, every_site_requests, starting
 
 
 def test_heads_split_over_ranks():
@@ -43,3 +44,10 @@ def test_tensor_parallel_2_on_cpu_matches_hf(engines):
     want, got = hf.run(reqs, {"clean": a[0].captures}), tp.run(reqs, {"clean": a[0].captures})
     assert_results_close(want, got)  # head writes landed on the rank holding each head
     assert effect_spread(got) > 0.05
+    # started mid-stack on every rank: the stream (whole on each rank) and heads at the start layer
+    stream = hf.run([Request(tokens=corrupt, answers=(5, 77), capture=stream_keys(hf.shape.n_layers))])[0]
+    sources = {"clean": a[0].captures, "corrupt": stream.captures}
+    started = starting([r for r in reqs if not r.noise], hf.shape.n_layers)
+    assert any(r.start for r in started)
+    assert_results_close(hf.run(started, sources), tp.run(started, sources))
+    assert tp.start_layers() == [0, 0]

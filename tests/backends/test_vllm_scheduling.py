@@ -1,4 +1,5 @@
-"""Correct however vLLM schedules: prompts split by chunked prefill, many steps, long prompts."""
+"""Correct however vLLM schedules: prompts split by chunked prefill, many steps, long prompts; half
+the patched runs start mid-stack (plan.Start), mixed in one call with those that do not."""
 from __future__ import annotations
 
 import random
@@ -6,7 +7,7 @@ import random
 import pytest
 import torch
 
-from patchgrid.plan import Noise, Patch, Request
+from patchgrid.plan import Noise, Patch, Request, Start, latest_start
 from tests.conftest import needs_vllm
 
 from .helpers import all_keys, assert_results_close, effect_spread
@@ -31,8 +32,11 @@ def _mixed_requests(shape, rng, corrupts, n):
         positions = tuple(sorted(rng.sample(range(T), k=min(3, T))))
         noise = (Noise((0, 1), 0.5, i),) if i % 7 == 0 else ()
         source = f"clean{i % len(corrupts)}"
-        reqs.append(Request(tokens=corrupt, answers=ANSWERS, noise=noise,
-                            patches=(Patch(site, layer, source, positions, head),)))
+        patches = (Patch(site, layer, source, positions, head),)
+        start = latest_start(patches, shape.n_layers)
+        start = Start(start, f"corrupt{i % len(corrupts)}") if start and not noise and i % 2 == 0 else None
+        reqs.append(Request(tokens=corrupt, answers=ANSWERS, noise=noise, patches=patches, start=start))
+    assert any(r.start for r in reqs) and not all(r.start for r in reqs)
     return reqs
 
 
@@ -49,10 +53,13 @@ def chunked(engines):
                        enable_chunked_prefill=True, max_model_len=512)
 
 
-def _sources(engine, cleans):
+def _sources(engine, cleans, corrupts=()):
+    """The clean runs' captures, and the corrupt runs' (the streams patched runs start from)."""
     keys = tuple(all_keys(engine.shape))
-    runs = engine.run([Request(tokens=c, answers=ANSWERS, capture=keys) for c in cleans])
-    return {f"clean{i}": r.captures for i, r in enumerate(runs)}
+    runs = engine.run([Request(tokens=c, answers=ANSWERS, capture=keys) for c in list(cleans) + list(corrupts)])
+    out = {f"clean{i}": r.captures for i, r in enumerate(runs[:len(cleans)])}
+    out.update({f"corrupt{i}": r.captures for i, r in enumerate(runs[len(cleans):])})
+    return out
 
 
 def test_chunked_prefill_split_prompts_match_hf(hf, chunked):
@@ -60,7 +67,7 @@ def test_chunked_prefill_split_prompts_match_hf(hf, chunked):
     lengths = [45, 70, 97, 33]
     cleans = [_prompt(rng, n) for n in lengths]
     corrupts = [tuple(c[:5]) + _prompt(rng, 3) + tuple(c[8:]) for c in cleans]
-    sources = _sources(hf, cleans)
+    sources = _sources(hf, cleans, corrupts)
     # captures split across steps are stitched together correctly
     assert_results_close(hf.run([Request(tokens=c, answers=ANSWERS, capture=("resid.2", "head.1")) for c in cleans]),
                          chunked.run([Request(tokens=c, answers=ANSWERS, capture=("resid.2", "head.1"))
@@ -76,7 +83,7 @@ def test_several_hundred_requests_over_many_steps(hf, engines):
     rng = random.Random(2)
     cleans = [_prompt(rng, rng.randrange(6, 20)) for _ in range(12)]
     corrupts = [tuple(c[:2]) + _prompt(rng, 2) + tuple(c[4:]) for c in cleans]
-    sources = _sources(hf, cleans)
+    sources = _sources(hf, cleans, corrupts)
     reqs = _mixed_requests(hf.shape, rng, corrupts, 360)
     a, b = hf.run(reqs, sources), vl.run(reqs, sources)
     assert_results_close(a, b)
@@ -107,7 +114,7 @@ def test_multiprocess_executor_matches_hf(hf, engines):
     rng = random.Random(4)
     cleans = [_prompt(rng, 12) for _ in range(3)]
     corrupts = [tuple(c[:3]) + _prompt(rng, 2) + tuple(c[5:]) for c in cleans]
-    sources = _sources(hf, cleans)
+    sources = _sources(hf, cleans, corrupts)
     reqs = _mixed_requests(hf.shape, rng, corrupts, 30)
     a, b = hf.run(reqs, sources), vl.run(reqs, sources)
     assert_results_close(a, b)
