@@ -2,7 +2,8 @@
 
 Written for obviousness rather than speed: every hook loops over the batch's rows and applies
 each request's plan with plain indexing. Requests of equal length share a forward (no padding);
-`batch_size=1` gives one forward per request, the loop most tutorials use.
+`batch_size=1` gives one forward per request, the loop most tutorials use. It runs on a GPU when
+there is one (`device="auto"`); captures and results come back to the CPU.
 """
 from __future__ import annotations
 
@@ -18,11 +19,15 @@ from ..sites import SITES, get_module, parse_key, site_module
 class HFEngine:
     name = "hf"
 
-    def __init__(self, model_dir: Path, shape, *, dtype: str = "auto", batch_size: int = 64):
+    def __init__(self, model_dir: Path, shape, *, dtype: str = "auto", batch_size: int = 64, device: str = "auto"):
         from transformers import AutoModelForCausalLM
 
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = torch.device(device)
         torch_dtype = "auto" if dtype == "auto" else getattr(torch, dtype)
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype, trust_remote_code=False)
+        self.model.to(self.device)
         self.model.eval()
         self.shape = shape
         self.folder = Path(model_dir)
@@ -54,12 +59,12 @@ class HFEngine:
             n = len(r.tokens)
             for p in r.patches:
                 pos = resolve_positions(p.positions, n)
-                val = sources[p.source][p.key][pos].to(self.dtype)
+                val = sources[p.source][p.key][pos].to(self.device, self.dtype)
                 if p.head is not None:
                     val = val[:, p.head * hd:(p.head + 1) * hd]
                 writes[p.key].append((b, pos, p.head, val))
             for z in r.noise:
-                noise.append((b, list(z.positions), gaussian_noise(z, self.shape.d_model).to(self.dtype)))
+                noise.append((b, list(z.positions), gaussian_noise(z, self.shape.d_model).to(self.device, self.dtype)))
 
         def write(key, t):  # t: [batch, tokens, width]
             for b, pos, head, val in writes.get(key, ()):
@@ -71,7 +76,7 @@ class HFEngine:
         def capture(key, t):
             for b, r in enumerate(batch):
                 if key in r.capture:
-                    captures[b][key] = t[b].detach().clone()
+                    captures[b][key] = t[b].detach().to("cpu", copy=True)
 
         def on_embed(module, args, out):
             write("embed", out)
@@ -104,8 +109,8 @@ class HFEngine:
             else:
                 handles.append(module.register_forward_hook(on_output(key)))
         try:
-            ids = torch.tensor([list(r.tokens) for r in batch], dtype=torch.long)
-            logits = m(input_ids=ids, logits_to_keep=1).logits[:, -1, :].float()
+            ids = torch.tensor([list(r.tokens) for r in batch], dtype=torch.long, device=self.device)
+            logits = m(input_ids=ids, logits_to_keep=1).logits[:, -1, :].float().cpu()
         finally:
             for h in handles:
                 h.remove()

@@ -1,0 +1,113 @@
+"""What the worker writes into activations lives where the activations live.
+
+On a GPU, vLLM's activations are CUDA tensors; a patch value, noise, start stream or row index
+built on the CPU and written into them fails, or copies once per hook. The first test drives the
+worker's real write path (vllm_worker._Session: its step planning and every hook) with
+activations on PyTorch's `meta` device, so a tensor left on the CPU is caught on any machine. The
+last runs the whole engine on a GPU when there is one.
+"""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from patchgrid.backends.vllm_worker import PLAN_KEY, _Session, put
+from patchgrid.models import prepare
+from patchgrid.plan import Noise, Patch, Request, Start, encode_tensor, to_wire
+from patchgrid.sites import LLAMA
+from tests.conftest import needs_vllm
+
+CLEAN = (21, 7, 143, 88, 301, 12, 9, 40)
+CORRUPT = (21, 7, 250, 61, 301, 12, 9, 40)
+ANSWERS = (5, 77)
+
+
+def _runner(model, requests):
+    """The parts of vLLM's V1 runner the worker reads, for one step holding every request whole."""
+    lengths = [len(r.tokens) for r in requests]
+    ids = [f"r{i}" for i in range(len(requests))]
+    return SimpleNamespace(
+        get_model=lambda: model,
+        input_batch=SimpleNamespace(num_reqs=len(requests), req_ids=ids,
+                                    num_computed_tokens_cpu=np.zeros(len(requests), dtype=np.int64)),
+        query_start_loc=SimpleNamespace(np=np.cumsum([0] + lengths)),
+        requests={rid: SimpleNamespace(prompt_token_ids=list(r.tokens),
+                                       sampling_params=SimpleNamespace(extra_args={PLAN_KEY: to_wire(r, rid)}))
+                  for rid, r in zip(ids, requests)},
+    ), sum(lengths)
+
+
+def test_every_write_of_a_step_is_on_the_activations_device():
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from patchgrid.sites import shape_of
+
+    folder = prepare("tiny-llama")
+    shape = shape_of(AutoConfig.from_pretrained(folder))
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to("meta")
+    model.logits_processor = torch.nn.Identity()  # where vLLM's logits hook sits
+    model.model.start_layer = 0  # vLLM's decoder attribute
+    d, z = shape.d_model, shape.n_heads * shape.head_dim
+    source = {"resid.1": torch.randn(8, d), "attn_out.2": torch.randn(8, d), "head.2": torch.randn(8, z),
+              "embed": torch.randn(8, d)}
+    wire = {"clean": {k: encode_tensor(v) for k, v in source.items()}, "corrupt": {"resid.1": encode_tensor(source["resid.1"])}}
+    dims = {"vocab_size": shape.vocab_size, "d_model": d, "n_heads": shape.n_heads, "head_dim": shape.head_dim}
+    requests = [
+        Request(tokens=CORRUPT, answers=ANSWERS, start=Start(2, "corrupt"),
+                patches=(Patch("resid", 1, "clean", (3,)), Patch("attn_out", 2, "clean", (1, 4)),
+                         Patch("head", 2, "clean", (5,), 1))),
+        Request(tokens=CORRUPT, answers=ANSWERS, noise=(Noise((2, 3), 0.5, 1),), start=Start(2, "corrupt"),
+                patches=(Patch("head", 2, "clean", None, 3),)),
+    ]
+    runner, n_rows = _runner(model, requests)
+    session = _Session(runner, wire, ["resid.1", "attn_out.2", "head.2"], LLAMA, dims, start_layer=2)
+    try:
+        assert session.device == torch.device("meta")
+        session._begin_step(None, ())
+        step = session.step
+        written = [t for v in step.writes.values() for t in v] + [t for v in step.heads.values() for t in v]
+        written += list(step.noise) + list(step.start)
+        assert len(written) == 11 and all(t.device.type == "meta" for t in written)
+        # every hook, on activations on the meta device: put() refuses a tensor from elsewhere
+        def meta(*shape, dtype=torch.float32):
+            return torch.zeros(*shape, device="meta", dtype=dtype)
+
+        session._on_embed(None, (), meta(n_rows, d))
+        args = session._on_start(None, (meta(n_rows, dtype=torch.long), meta(n_rows, d), None))
+        assert args[1].device.type == "meta" and args[2] is None
+        session._make_out_hook("attn_out.2")(None, (), meta(n_rows, d))
+        session._make_input_hook("head.2")(None, (meta(n_rows, z),))
+        session._make_split_stream_hook("resid.1")(None, (), (meta(n_rows, d), meta(n_rows, d)))
+        assert model.model.start_layer == 2
+    finally:
+        session.remove()
+    assert model.model.start_layer == 0
+
+
+def test_a_write_from_another_device_is_refused():
+    with pytest.raises(RuntimeError, match="writes a tensor on cpu into activations on meta"):
+        put(torch.zeros(4, 2, device="meta"), torch.tensor([0]), torch.zeros(1, 2), "resid.1")
+    with pytest.raises(RuntimeError, match="resid.1 writes a tensor on cpu"):
+        put(torch.zeros(4, 2, device="meta"), torch.tensor([0], device="meta"), torch.zeros(1, 2), "resid.1")
+
+
+@needs_vllm
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU here: the CPU check above covers the write path")
+def test_on_a_gpu_every_site_started_or_not_matches_hf(engines):
+    from .helpers import all_keys, assert_results_close, every_site_requests, starting
+    from .test_skip import every_layer_requests
+
+    hf = engines.get("tiny-llama", "hf", dtype="float32")
+    vl = engines.get("tiny-llama", "vllm", dtype="float32")
+    assert hf.device.type == "cuda"
+    keys = tuple(all_keys(vl.shape))
+    clean, corrupt = vl.run([Request(tokens=CLEAN, answers=ANSWERS, capture=keys),
+                             Request(tokens=CORRUPT, answers=ANSWERS, capture=keys)])
+    sources = {"clean": clean.captures, "corrupt": corrupt.captures}
+    reqs = every_site_requests(vl.shape, CORRUPT, ANSWERS)
+    reqs += starting(every_layer_requests(vl.shape, CORRUPT), vl.shape.n_layers)
+    assert_results_close(hf.run(reqs, sources), vl.run(reqs, sources))
+    print(f"GPU {torch.cuda.get_device_name(0)}: {len(reqs)} requests, vLLM equals hf within 1e-4")
