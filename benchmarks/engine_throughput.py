@@ -1,11 +1,13 @@
-"""Patched runs per second for a full layer x position resid sweep on smollm2-135m, three ways:
+"""Patched runs per second for a full layer x position resid sweep on smollm2-135m, four ways:
 
-  engine   patchgrid's vLLM backend, every patched run in one engine call
+  skip     patchgrid's vLLM backend, each patched run starting at the layer above its patch from
+           the corrupt run's cached stream (plan.Start; what a study does by default)
+  full     patchgrid's vLLM backend, every patched run computing every layer
   hf-loop  Hugging Face, one patched run per forward (TransformerLens's helpers, most tutorials)
   hf-batch Hugging Face, all patched runs of the sweep in one batched forward
 
-All three run in this process on the same sweep; the figures that matter are the ratios.
-Target: engine >= 10x hf-loop and >= 1.0x hf-batch.
+All four run in this process on the same sweep; the figures that matter are the ratios.
+Targets: skip >= 1.8x hf-batch; full >= 1.0x hf-batch; skip >= 10x hf-loop.
 
     .venv/bin/python benchmarks/engine_throughput.py [--model smollm2-135m] [--repeats 5]
 """
@@ -14,22 +16,35 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import time
+from pathlib import Path
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def build_sweep(engine, pair):
-    from patchgrid.plan import Patch, Request
+def build_sweep(engine, pairs):
+    """The grids' requests without starts and with them, and the clean and corrupt runs' captures.
+    pairs: (clean ids, corrupt ids, clean answer, corrupt answer)."""
+    from dataclasses import replace
 
-    n_layers, n = engine.shape.n_layers, len(pair.clean)
-    answers = (pair.clean_answer, pair.corrupt_answer)
+    from patchgrid.plan import Patch, Request, Start, latest_start
+
+    n_layers = engine.shape.n_layers
     keys = tuple(f"resid.{layer}" for layer in range(n_layers))
-    clean = engine.run([Request(tokens=pair.clean, answers=answers, capture=keys)])[0]
-    reqs = [Request(tokens=pair.corrupt, answers=answers, patches=(Patch("resid", layer, "clean", (pos,)),))
-            for layer in range(n_layers) for pos in range(n)]
-    return reqs, {"clean": clean.captures}
+    reqs, started, sources = [], [], {}
+    for i, (clean_ids, corrupt_ids, *answers) in enumerate(pairs):
+        clean, corrupt = engine.run([Request(tokens=clean_ids, answers=tuple(answers), capture=keys),
+                                     Request(tokens=corrupt_ids, answers=tuple(answers), capture=keys)])
+        sources.update({f"{i}:clean": clean.captures, f"{i}:corrupt": corrupt.captures})
+        grid = [Request(tokens=corrupt_ids, answers=tuple(answers),
+                        patches=(Patch("resid", layer, f"{i}:clean", (pos,)),))
+                for layer in range(n_layers) for pos in range(len(clean_ids))]
+        reqs += grid
+        started += [replace(r, start=Start(latest_start(r.patches, n_layers), f"{i}:corrupt")) for r in grid]
+    return reqs, started, sources
 
 
 def time_runs(engine, reqs, sources, repeats):
@@ -48,20 +63,31 @@ def main():
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--loop-repeats", type=int, default=1, help="repeats of the slow one-per-forward loop")
+    parser.add_argument("--pairs", type=int, default=16,
+                        help="France/Germany, then shipped pairs: the grid of each, all in one engine call")
     args = parser.parse_args()
 
     from transformers import AutoTokenizer
 
+    from benchmarks.machine import machine
     from patchgrid.engine import load_engine
     from patchgrid.models import prepare
     from patchgrid.patching import tokenize_pair
 
     tok = AutoTokenizer.from_pretrained(prepare(args.model))
     pair = tokenize_pair(tok, "The capital of France is", "The capital of Germany is", " Paris", " Berlin")
+    pairs = [(pair.clean, pair.corrupt, pair.clean_answer, pair.corrupt_answer)]
+    if args.pairs > 1:
+        from tests.study_helpers import shipped_pairs
 
+        pairs += [(p.clean_ids, p.corrupt_ids, p.clean_answer_id, p.corrupt_answer_id)
+                  for p in shipped_pairs(tok, args.pairs - 1)]
+
+    print(machine())
     engine = load_engine(args.model, "vllm")
-    reqs, sources = build_sweep(engine, pair)
-    engine_rate, engine_results = time_runs(engine, reqs, sources, args.repeats)
+    reqs, started, sources = build_sweep(engine, pairs)
+    skip_rate, skip_results = time_runs(engine, started, sources, args.repeats)
+    full_rate, full_results = time_runs(engine, reqs, sources, args.repeats)
     engine.close()
 
     hf_batch = load_engine(args.model, "hf", batch_size=len(reqs))
@@ -70,15 +96,24 @@ def main():
     hf_loop.model = hf_batch.model  # same weights, one forward per patched run
     loop_rate, _ = time_runs(hf_loop, reqs, sources, args.loop_repeats)
 
-    worst = max(float((a.answer_logits - b.answer_logits).abs().max()) for a, b in zip(engine_results, batch_results))
-    print(f"model {args.model}, {engine.shape.n_layers} layers x {len(pair.clean)} positions = "
-          f"{len(reqs)} patched runs per sweep, median of {args.repeats}")
-    print(f"{'engine (vLLM)':<22} {engine_rate:>9.1f} patched runs/s")
-    print(f"{'hf one per forward':<22} {loop_rate:>9.1f} patched runs/s")
-    print(f"{'hf one batched forward':<22} {batch_rate:>9.1f} patched runs/s")
-    print(f"engine / hf-loop  = {engine_rate / loop_rate:6.2f}x  (target >= 10)")
-    print(f"engine / hf-batch = {engine_rate / batch_rate:6.2f}x  (target >= 1.0)")
-    print(f"largest logit difference between engine and hf-batch: {worst:.4f} (bf16)")
+    def worst(a, b):
+        return max(float((x.answer_logits - y.answer_logits).abs().max()) for x, y in zip(a, b))
+
+    dtype = str(engine.dtype).removeprefix("torch.")
+    what = (f"{engine.shape.n_layers} layers x {len(pair.clean)} positions" if len(pairs) == 1 else
+            f"{len(pairs)} pairs x {engine.shape.n_layers} layers x their positions")
+    print(f"model {args.model} ({dtype}), resid grid: {what} = {len(reqs)} patched runs per sweep, "
+          f"median of {args.repeats}")
+    print(f"{'engine, skipping':<24} {skip_rate:>9.1f} patched runs/s")
+    print(f"{'engine, full forward':<24} {full_rate:>9.1f} patched runs/s")
+    print(f"{'hf one per forward':<24} {loop_rate:>9.1f} patched runs/s")
+    print(f"{'hf one batched forward':<24} {batch_rate:>9.1f} patched runs/s")
+    print(f"skip / hf-batch = {skip_rate / batch_rate:6.2f}x  (target >= 1.8)")
+    print(f"full / hf-batch = {full_rate / batch_rate:6.2f}x  (target >= 1.0)")
+    print(f"skip / full     = {skip_rate / full_rate:6.2f}x")
+    print(f"skip / hf-loop  = {skip_rate / loop_rate:6.2f}x  (target >= 10)")
+    print(f"largest answer-logit difference ({dtype}): skip vs full {worst(skip_results, full_results):.4f}, "
+          f"full vs hf-batch {worst(full_results, batch_results):.4f}")
 
 
 if __name__ == "__main__":

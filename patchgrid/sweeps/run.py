@@ -80,8 +80,6 @@ def run_sweeps(engine, pairs, store, config: SweepConfig, progress: Progress | N
     total = count_runs(pairs, config, shape.n_layers, shape.n_heads)
     readings: dict[tuple[int, str], list] = defaultdict(list)
     done = 0
-    # One buffer per start layer: an engine call computes from one layer up (plan.Start).
-    buffers: dict[int, list[tuple]] = defaultdict(list)  # start layer -> [(pair index, kind, cell, request)]
 
     def flush(buffer):
         nonlocal done
@@ -95,19 +93,14 @@ def run_sweeps(engine, pairs, store, config: SweepConfig, progress: Progress | N
         for (i, kind, cell, _), res in zip(buffer, results):
             readings[(i, kind.name)].append((cell, Reading.of(res)))
         done += len(buffer)
-        buffer.clear()
         if progress:
             progress(done, total)
 
-    for run in patched_runs(pairs, ctx):
-        req = run[-1]
-        buffer = buffers[req.start.layer if req.start else 0]
-        buffer.append(run)
-        if len(buffer) >= config.max_requests:
-            flush(buffer)
-    for _, buffer in sorted(buffers.items()):
-        if buffer:
-            flush(buffer)
+    # Sorted by the layer they start at, so that an engine call holds few start layers (a call
+    # computes from one layer up; plan.Start); a shard's requests are small, its results are not.
+    runs = sorted(patched_runs(pairs, ctx), key=lambda run: run[-1].start.layer if run[-1].start else 0)
+    for k in range(0, len(runs), config.max_requests):
+        flush(runs[k:k + config.max_requests])
     rows: list[dict] = []
     for i, p in enumerate(pairs):
         for name in config.sweeps:
