@@ -93,6 +93,18 @@ def test_study_end_to_end_then_rerun_replaces(prefect_api, tmp_path):
     assert query(wh, "SELECT count(*) FROM effects WHERE run_id = ?", [run_id])[1][0][0] == n_effects
     assert query(wh, "SELECT count(*) FROM runs")[1][0][0] == 1
 
+    # every layer of every patched run (--no-skip): a run of its own, the same numbers (exactly, in float32)
+    full_id = study(**params, skip=False)
+    assert full_id != run_id
+    same = " AND ".join(f"a.{c} IS NOT DISTINCT FROM b.{c}" for c in
+                        ("pair_id", "sweep", "site", "direction", "layer", "position", "head", "window"))
+    n, worst_p, worst_ld = query(wh, f"SELECT count(*), max(abs(a.patched_p - b.patched_p)), "
+                                     f"max(abs(a.patched_logit_diff - b.patched_logit_diff)) FROM effects a "
+                                     f"JOIN effects b ON {same} WHERE a.run_id = ? AND b.run_id = ?",
+                                 [run_id, full_id])[1][0]
+    assert n == n_effects and worst_p == 0 and worst_ld == 0
+    assert query(wh, "SELECT params->>'skip' FROM runs WHERE run_id = ?", [full_id])[1][0][0] == "false"
+
 
 def test_flow_parameters_are_checked_at_the_edge(prefect_api, tmp_path):
     from patchgrid.flows.study import study
