@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
+from dataclasses import replace
 
 import pytest
 
@@ -34,11 +35,18 @@ def test_every_sweep_kind_equals_the_hf_backend(tmp_path, engines, tokenizers, m
     std = noise_std_for(hf, pairs)
     cache, _ = load_or_build(vl, pairs, cache_spec(ALL, vl.shape.n_layers, std), tmp_path, log=lambda *_: None)
     a, b = _by_key(run_sweeps(vl, pairs, cache, ALL)), _by_key(run_sweeps(hf, pairs, cache, ALL))
-    assert a.keys() == b.keys()
+    # every layer of every cell run, cells that change nothing included: what the shortcuts stand for
+    full = replace(ALL, skip=False)
+    c, d = _by_key(run_sweeps(vl, pairs, cache, full)), _by_key(run_sweeps(hf, pairs, cache, full))
+    assert a.keys() == b.keys() == c.keys() == d.keys()
     assert {k[1] for k in a} == {"resid", "attn_out", "mlp_out", "heads", "trace"}
     for k in a:
-        assert a[k]["patched_logit_diff"] == pytest.approx(b[k]["patched_logit_diff"], abs=1e-4), k
-        assert a[k]["patched_p"] == pytest.approx(b[k]["patched_p"], abs=1e-4), k
+        for other in (b, c, d):
+            assert a[k]["patched_logit_diff"] == pytest.approx(other[k]["patched_logit_diff"], abs=1e-4), k
+            assert a[k]["patched_p"] == pytest.approx(other[k]["patched_p"], abs=1e-4), k
+    # cells before the first change (before the subject) were not run: they equal their baselines
+    early = [k for k in a if k[5] is not None and k[5] < pairs[0].subject_start and k[0] == pairs[0].pair_id]
+    assert early and all(a[k]["effect"] == 0 for k in early)
     spread = max(r["patched_logit_diff"] for r in a.values()) - min(r["patched_logit_diff"] for r in a.values())
     assert spread > 0.05
 

@@ -76,6 +76,23 @@ class SweepKind:
         """The engine request for `cell`; `source` names the cached run it patches from."""
         raise NotImplementedError
 
+    def first_change(self, pair) -> int:
+        """The first position where the run a patch reads from and the run it goes into differ
+        (clean and corrupt tokens here)."""
+        return next((k for k, (a, b) in enumerate(zip(pair.clean_ids, pair.corrupt_ids)) if a != b),
+                    len(pair.clean_ids))
+
+    def unchanged(self, pair, cell: Cell) -> bool:
+        """Whether `cell` patches only positions before the first change: attention is causal, so
+        there both runs hold the same activations, the patch writes what is already there, and the
+        run equals the unpatched run it goes into (`same_run`) without being run."""
+        return cell.site is not None and cell.position is not None and cell.position < self.first_change(pair)
+
+    def same_run(self, cell: Cell) -> Cell | None:
+        """The cell whose reading an unchanged cell has; None: the baseline of the run it goes into
+        (corrupt when denoising, clean when noising)."""
+        return None
+
     def rows(self, pair, readings: list[tuple[Cell, Reading]], baseline: dict, ctx: SweepContext) -> list[dict]:
         """Effect rows from every cell's reading (one row per cell, unless the kind averages)."""
         clean, corrupt = baselines(baseline)
@@ -206,6 +223,12 @@ class TraceSweep(SweepKind):
             patches = tuple(Patch(cell.site, w, source, (cell.position,))
                             for w in trace_window(cell.layer, cell.window, ctx.n_layers))
         return Request(tokens=pair.clean_ids, answers=_answers(pair), noise=noise, patches=patches)
+
+    def first_change(self, pair):
+        return min(pair.subject_positions)  # the noise: the clean prompt's tokens are the same
+
+    def same_run(self, cell):
+        return Cell(self.name, None, sample=cell.sample)  # that sample's noised run
 
     def rows(self, pair, readings, baseline, ctx):
         sums = defaultdict(lambda: [0.0, 0.0, 0])  # restored site (sample dropped) -> [ld, p, n]
