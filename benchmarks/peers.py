@@ -247,7 +247,7 @@ def main() -> int:
         return run_peer(args)
 
     sys.path.insert(0, str(HERE.parents[1]))
-    from benchmarks.machine import cpu_model
+    from benchmarks.machine import machine
 
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -283,7 +283,7 @@ def main() -> int:
 
     ref = results["patchgrid"]
     n_layers, n = len(ref["grid"]), len(spec["clean"])
-    print(f"CPU: {cpu_model()}, {os.cpu_count()} cores; 1-minute load average {load_at_start:.2f} before the run "
+    print(f"{machine()}; 1-minute load average {load_at_start:.2f} before the run "
           "(other work on these cores slows every tool, the one-forward-per-patch loop most)")
     print(f"model {args.model}, float32: {n_layers} layers x {n} positions = {n_layers * n} patched runs per sweep "
           f"(resid, denoise); one warm-up sweep, then the median of {args.repeats}")

@@ -50,6 +50,9 @@ def main():
     t0 = time.monotonic()
     subprocess.run(cmd("killed"), env=env, cwd=tmp, check=True, capture_output=True)
     resume = time.monotonic() - t0
+    from benchmarks.machine import machine
+
+    print(machine())
     print(f"{args.model}, {args.limit} pairs in {n_shards} shards, sweeps {args.sweeps}")
     print(f"full run                          {full:7.1f} s")
     print(f"run killed after {n_shards // 2} of {n_shards} shards    {killed:7.1f} s")

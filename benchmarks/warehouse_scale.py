@@ -185,9 +185,9 @@ def main():
         t_many = time.perf_counter() - t0
     print(f"4 concurrent loaders: {many:,} rows in {t_many:.2f} s: {many / t_many:,.0f} rows/s "
           f"(one loader: {one / t_one:,.0f} rows/s; ratio {(many / t_many) / (one / t_one):.2f}x)")
-    from benchmarks.machine import cpu_model
+    from benchmarks.machine import machine
 
-    print(f"CPU: {cpu_model()}, {mp.cpu_count()} cores")
+    print(machine())
 
 
 if __name__ == "__main__":
