@@ -165,8 +165,8 @@ class VllmEngine:
             calls[merged[layer]] += idx
         results: list[Result | None] = [None] * len(requests)
         for layer, idx in sorted(calls.items()):
-            reqs = [_started_at(requests[i], layer) for i in sorted(idx)]
-            for i, res in zip(sorted(idx), self._generate(reqs, sources, layer)):
+            idx.sort()
+            for i, res in zip(idx, self._generate([_started_at(requests[i], layer) for i in idx], sources, layer)):
                 results[i] = res
         return results
 

@@ -82,11 +82,12 @@ class SweepKind:
         return next((k for k, (a, b) in enumerate(zip(pair.clean_ids, pair.corrupt_ids)) if a != b),
                     len(pair.clean_ids))
 
-    def unchanged(self, pair, cell: Cell) -> bool:
-        """Whether `cell` patches only positions before the first change: attention is causal, so
-        there both runs hold the same activations, the patch writes what is already there, and the
-        run equals the unpatched run it goes into (`same_run`) without being run."""
-        return cell.site is not None and cell.position is not None and cell.position < self.first_change(pair)
+    @staticmethod
+    def unchanged(cell: Cell, first_change: int) -> bool:
+        """Whether `cell` patches only positions before `first_change` (the pair's): attention is
+        causal, so there both runs hold the same activations, the patch writes what is already
+        there, and the run equals the unpatched run it goes into (`same_run`) without being run."""
+        return cell.site is not None and cell.position is not None and cell.position < first_change
 
     def same_run(self, cell: Cell) -> Cell | None:
         """The cell whose reading an unchanged cell has; None: the baseline of the run it goes into

@@ -97,9 +97,12 @@ def run_sweeps(engine, pairs, store, config: SweepConfig, progress: Progress | N
             progress(done, total)
 
     runs, unchanged = [], []
+    first_change = {}  # (pair index, kind) -> the pair's first position where the kind's runs differ
     for run in patched_runs(pairs, ctx):
         i, kind, cell, _ = run
-        (unchanged if config.skip and kind.unchanged(pairs[i], cell) else runs).append(run)
+        if (i, kind.name) not in first_change:
+            first_change[i, kind.name] = kind.first_change(pairs[i])
+        (unchanged if config.skip and kind.unchanged(cell, first_change[i, kind.name]) else runs).append(run)
     # Sorted by the layer they start at, so that an engine call holds few start layers (a call
     # computes from one layer up; plan.Start); a shard's requests are small, its results are not.
     runs.sort(key=lambda run: run[-1].start.layer if run[-1].start else 0)
