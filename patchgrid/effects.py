@@ -1,6 +1,7 @@
 """Per-pair effect rows (the sweeps' output, the warehouse's input), in the `rows.EFFECT` shape."""
 from __future__ import annotations
 
+from dataclasses import fields
 from pathlib import Path
 
 import pyarrow as pa
@@ -12,21 +13,25 @@ from .staging import write_parquet
 SCHEMA = EFFECT.schema
 
 
+def reading_columns(prefix: str, reading: Reading) -> dict:
+    """A reading as row columns: `<prefix>_<metric>` for every metric, and the per-token lists."""
+    return {f"{prefix}_{f.name}": getattr(reading, f.name) for f in fields(Reading)}
+
+
 def effect_row(pair, cell, patched: Reading, clean: Reading, corrupt: Reading, metric: str) -> dict:
-    """One effect row: the patched run's reading beside the pair's baselines, and the effect and
-    recovery on `metric`. Denoising is measured from the corrupt run, noising from the clean run."""
+    """One effect row: the patched run's reading beside the pair's baselines, on every metric, and
+    the effect and recovery on the headline `metric`. Denoising is measured from the corrupt run,
+    noising from the clean run."""
     reference = clean if cell.direction == "noise" else corrupt
-    value = patched.value(metric)
+    value, ref = patched.value(metric), reference.value(metric)
     return {
         "pair_id": pair.pair_id, "relation": pair.relation, "sweep": cell.sweep, "site": cell.site,
         "direction": cell.direction, "layer": cell.layer, "position": cell.position,
         "position_role": "all" if cell.position is None else pair.roles[cell.position],
         "head": cell.head, "window": cell.window, "metric": metric,
-        "patched_logit_diff": patched.logit_diff, "patched_p": patched.p,
-        "clean_logit_diff": clean.logit_diff, "corrupt_logit_diff": corrupt.logit_diff,
-        "clean_p": clean.p, "corrupt_p": corrupt.p,
-        "effect": value - reference.value(metric),
+        "effect": None if value is None or ref is None else value - ref,
         "recovery": recovery(value, clean.value(metric), corrupt.value(metric)),
+        **reading_columns("patched", patched), **reading_columns("clean", clean), **reading_columns("corrupt", corrupt),
     }
 
 

@@ -1,45 +1,118 @@
-"""What a patched run is measured by, and how an effect is turned into a recovery.
+"""What a run is measured by, and how an effect is turned into a recovery.
 
-Every run reads a `Reading` at the last position: the logit difference
-logit(clean answer) - logit(corrupt answer), and the clean answer's probability. An effect row
-names the metric its `effect` and `recovery` are computed on. To add a metric: a field of
-`Reading`, filled in `Reading.of`, its entries in `METRICS` and `MIN_SPAN`, and its
-patched/clean/corrupt columns in `rows.EFFECT`.
+Every run is read at its last prompt position, and its answers are scored after it (teacher-forced
+over every token of an answer, `Request.continuations`):
+
+    logit_diff     logit(clean answer) - logit(corrupt answer) at the last prompt position; one-token
+                   answers only (a pair whose answers are scored whole has none)
+    logprob_diff   log p(clean answer) - log p(corrupt answer), each summed over its tokens. For
+                   one-token answers both log-probabilities share the last position's normaliser,
+                   so this equals logit_diff (up to float rounding); for longer answers each token
+                   has its own normaliser and the two differ.
+    logp_clean     log p(clean answer), summed over its tokens
+    logp_corrupt   log p(corrupt answer), summed over its tokens
+    p              p(clean answer): the product over its tokens, exp(logp_clean)
+    kl             KL(clean run || this run) of the next-token distributions at the last prompt
+                   position, in nats: 0 for the clean run itself
+    rank           how many tokens have a larger logit than the clean answer's first token at the
+                   last prompt position (0: it is the top token)
+
+Each metric has a direction (`better`: +1 when the clean run's value is the larger, -1 when the
+smaller) and, where a ratio means something, a recovery. Effect rows carry every metric's patched,
+clean and corrupt value (`patched_<metric>`, ...); the warehouse's views turn them into one row
+per metric. To add a metric: its entry in `METRICS`, a field of `Reading` filled in `Reading.of`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, fields
+
+import torch
+
+
+@dataclass(frozen=True)
+class Metric:
+    meaning: str
+    better: int  # +1: the clean run's value is the larger; -1: the smaller
+    # A recovery divides by the span clean - corrupt. Where better x span is smaller than this
+    # (or negative, which --no-require-known allows), the ratio is noise: the pair is left out of
+    # the recovery averages (and counted there as n_small_span); its effect is still averaged.
+    # None: the metric has no recovery (a ratio of ranks means nothing).
+    min_span: float | None
+
 
 METRICS = {
-    "logit_diff": "logit(clean answer) - logit(corrupt answer) at the last position",
-    "p": "probability of the clean answer at the last position",
+    "logit_diff": Metric("logit(clean answer) - logit(corrupt answer) at the last prompt position (one-token "
+                         "answers)", +1, 0.5),
+    "logprob_diff": Metric("log p(clean answer) - log p(corrupt answer), each summed over its tokens", +1, 0.5),
+    "logp_clean": Metric("log p(clean answer), summed over its tokens", +1, 0.5),
+    "logp_corrupt": Metric("log p(corrupt answer), summed over its tokens", -1, 0.5),
+    "p": Metric("probability of the clean answer (the product over its tokens)", +1, 0.02),
+    "kl": Metric("KL divergence (nats) from the clean run's next-token distribution to this run's at the last "
+                 "prompt position", -1, 0.1),
+    "rank": Metric("rank of the clean answer's first token at the last prompt position (0: the top token)", -1, None),
 }
-
-# A recovery divides by the span clean - corrupt. Where the span is smaller than this (or
-# negative, which --no-require-known allows), the ratio is noise: the pair is left out of the
-# recovery averages (and counted there as n_small_span); its effect is still averaged.
-MIN_SPAN = {
-    "logit_diff": 0.5,  # logits
-    "p": 0.02,  # probability
-}
+MIN_SPAN = {name: m.min_span for name, m in METRICS.items()}
 
 
 @dataclass(frozen=True)
 class Reading:
-    logit_diff: float
+    """One run's value on every metric (a trace row's: the mean over noise samples)."""
+
+    logit_diff: float | None
+    logprob_diff: float
+    logp_clean: float
+    logp_corrupt: float
     p: float
+    kl: float | None  # None: no clean distribution to compare with
+    rank: float
+    logp_clean_tokens: tuple[float, ...] = ()
+    logp_corrupt_tokens: tuple[float, ...] = ()
 
     @classmethod
-    def of(cls, result) -> Reading:
-        """From an engine Result whose answers are (clean answer, corrupt answer)."""
-        return cls(float(result.answer_logits[0] - result.answer_logits[1]), float(result.answer_probs[0]))
+    def of(cls, result, kl: float | None = None) -> Reading:
+        """From an engine Result whose answers are (clean first token, corrupt first token) and whose
+        continuations are (clean answer, corrupt answer); `kl` when the result has none."""
+        clean, corrupt = (tuple(float(x) for x in c) for c in result.continuation_logprobs)
+        one_token = len(clean) == 1 and len(corrupt) == 1
+        logit_diff = float(result.answer_logits[0] - result.answer_logits[1]) if one_token else None
+        lp_clean, lp_corrupt = math.fsum(clean), math.fsum(corrupt)
+        return cls(logit_diff, lp_clean - lp_corrupt, lp_clean, lp_corrupt, math.exp(lp_clean),
+                   result.kl if result.kl is not None else kl, float(result.answer_ranks[0]), clean, corrupt)
 
-    def value(self, metric: str) -> float:
+    def value(self, metric: str) -> float | None:
         return getattr(self, metric)
 
+    @staticmethod
+    def mean(readings: list[Reading]) -> Reading:
+        """Field by field (token lists token by token); None where any reading has none."""
+        out = {}
+        for f in fields(Reading):
+            vals = [getattr(r, f.name) for r in readings]
+            if f.name.endswith("_tokens"):
+                out[f.name] = tuple(sum(col) / len(col) for col in zip(*vals))
+            else:
+                out[f.name] = None if any(v is None for v in vals) else sum(vals) / len(vals)
+        return Reading(**out)
 
-def recovery(patched: float, clean: float, corrupt: float) -> float | None:
+
+def recovery(patched: float | None, clean: float | None, corrupt: float | None) -> float | None:
     """(patched - corrupt) / (clean - corrupt): 1 when the patch restores the clean value, 0 when it
     does nothing; None when clean and corrupt are equal and the ratio is undefined."""
+    if patched is None or clean is None or corrupt is None:
+        return None
     span = clean - corrupt
     return None if span == 0 else (patched - corrupt) / span
+
+
+def kl_divergence(reference: torch.Tensor, logprobs: torch.Tensor) -> torch.Tensor:
+    """KL(reference || run) in nats over the last dimension, from log-probabilities, in float32.
+    The one definition every backend (and the baselines) computes KL with."""
+    ref = reference.float()
+    return (ref.exp() * (ref - logprobs.float())).sum(-1)
+
+
+def answer_ranks(logits: torch.Tensor, tokens) -> list[int]:
+    """Per token, how many entries of `logits` [vocab] are larger than its own (0: the top one)."""
+    vals = logits[list(tokens)]
+    return (logits[None, :] > vals[:, None]).sum(1).tolist()

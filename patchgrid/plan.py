@@ -6,10 +6,19 @@ A request is one forward pass over `tokens`. It may
 - add seeded Gaussian noise to the embedding output at given positions (`noise`),
 - capture sites over all positions (`capture`, site keys such as `resid.3`), recorded after
   this request's own patches are applied,
-- read the logits of `answers` at the last position, and the top `top_k` tokens,
+- read the logits (and ranks) of `answers` at the last prompt position, and the top `top_k` tokens,
+- score `continuations` after the prompt, teacher-forced: each continuation's log-probability
+  token by token (one forward per continuation of several tokens; prompt + its tokens but the last),
+- measure the KL divergence at the last prompt position from the log-probabilities a source holds
+  (`reference`, its `LOGPROBS` entry), and return its own (`logprobs`),
 - say where it may start (`start`): when everything below a layer computes exactly what a cached
   run computed, an engine may begin the forward at that layer from the run's stream instead of
   recomputing it. The result is the same either way; the reference backend always runs it all.
+
+Patches and noise address prompt positions only. A request whose continuations have several
+tokens runs as several forwards (`forwards`), which agree on the prompt (attention is causal);
+its captures and start streams cover them all in one "tree" of rows: the prompt's positions, then
+each such continuation's inputs past the prompt in turn (`tree_len`).
 """
 from __future__ import annotations
 
@@ -65,6 +74,9 @@ def stream_key(layer: int) -> str:
     return site_key("resid", layer - 1)
 
 
+LOGPROBS = "logprobs"  # a source's entry holding a run's log-probabilities at its last prompt position [vocab]
+
+
 @dataclass(frozen=True)
 class Request:
     tokens: tuple[int, ...]
@@ -74,19 +86,88 @@ class Request:
     capture: tuple[str, ...] = ()
     top_k: int = 0
     start: Start | None = None  # None: from the embedding
+    continuations: tuple[tuple[int, ...], ...] = ()
+    reference: str | None = None  # the source whose LOGPROBS the KL divergence is measured from
+    logprobs: bool = False  # return the last prompt position's log-probabilities
 
 
 @dataclass
 class Result:
     answer_logits: torch.Tensor  # [len(answers)] float32
-    logsumexp: float  # of the last position's logits, so p(answer) = exp(logit - logsumexp)
+    logsumexp: float  # of the last prompt position's logits, so p(answer) = exp(logit - logsumexp)
     top_ids: list[int] = field(default_factory=list)
     top_logits: list[float] = field(default_factory=list)
-    captures: dict[str, torch.Tensor] = field(default_factory=dict)  # key -> [tokens, width]
+    captures: dict[str, torch.Tensor] = field(default_factory=dict)  # key -> [tree_len, width]
+    answer_ranks: list[int] = field(default_factory=list)  # per answer: tokens with a larger logit
+    continuation_logprobs: list[list[float]] = field(default_factory=list)  # per continuation, per token
+    kl: float | None = None  # KL(reference || this run) at the last prompt position, when asked
+    logprobs: torch.Tensor | None = None  # [vocab] float32, when asked
 
     @property
     def answer_probs(self) -> torch.Tensor:
         return torch.exp(self.answer_logits - self.logsumexp)
+
+
+@dataclass(frozen=True)
+class Forward:
+    """One forward pass of a request: the prompt and the inputs of at most one continuation."""
+
+    tokens: tuple[int, ...]
+    scores: tuple[int, ...]  # the continuations (indices) it scores
+    branch: int  # the tree row its first position past the prompt is stored at
+    first: bool  # reads the last prompt position's logits (answers, ranks, KL, top_k, logprobs)
+
+
+def forwards(req: Request) -> list[Forward]:
+    """The forwards `req` takes: one per continuation of several tokens (the prompt followed by its
+    tokens but the last, each of which the position before predicts), or one over the prompt; the
+    one-token continuations are scored at the last prompt position of the first."""
+    n = len(req.tokens)
+    single = tuple(j for j, c in enumerate(req.continuations) if len(c) == 1)
+    longer = [j for j, c in enumerate(req.continuations) if len(c) > 1]
+    if not longer:
+        return [Forward(tuple(req.tokens), single, n, True)]
+    out, branch = [], n
+    for k, j in enumerate(longer):
+        c = req.continuations[j]
+        out.append(Forward(tuple(req.tokens) + tuple(c[:-1]), (j,) + (single if k == 0 else ()), branch, k == 0))
+        branch += len(c) - 1
+    return out
+
+
+def tree_len(req: Request) -> int:
+    """Rows of the request's captures: its prompt, then every continuation's inputs past it."""
+    return len(req.tokens) + sum(len(c) - 1 for c in req.continuations)
+
+
+def tree_rows(fwd: Forward, n_prompt: int) -> list[int]:
+    """The tree row of each of a forward's positions."""
+    return list(range(n_prompt)) + list(range(fwd.branch, fwd.branch + len(fwd.tokens) - n_prompt))
+
+
+def join_forwards(req: Request, fwds: list[Forward], parts: list[dict]) -> Result:
+    """A request's Result from its forwards' parts: each part has `captures` {key: [positions,
+    width]} and `scores` {continuation: [log-probabilities]}; the first has the last prompt
+    position's readings (`answer_logits`, `logsumexp`, `top_ids`, `top_logits`, `answer_ranks`,
+    `kl`, `logprobs`)."""
+    n = len(req.tokens)
+    first = parts[0]
+    captures = {}
+    for key in req.capture:
+        rows = [parts[0]["captures"][key][:n]] + [p["captures"][key][n:] for p in parts]
+        captures[key] = torch.cat(rows) if len(parts) > 1 else parts[0]["captures"][key]
+    scores = {}
+    for p in parts:
+        scores.update(p["scores"])
+    missing = [j for j in range(len(req.continuations)) if j not in scores or None in scores[j]]
+    if missing:
+        raise RuntimeError(f"continuation {missing[0]} of a request was not scored in full")
+    return Result(
+        answer_logits=torch.as_tensor(first["answer_logits"], dtype=torch.float32).reshape(-1),
+        logsumexp=float(first["logsumexp"]), top_ids=list(first["top_ids"]), top_logits=list(first["top_logits"]),
+        captures=captures, answer_ranks=list(first["answer_ranks"]),
+        continuation_logprobs=[list(scores[j]) for j in range(len(req.continuations))],
+        kl=first["kl"], logprobs=first["logprobs"])
 
 
 def gaussian_noise(noise: Noise, width: int) -> torch.Tensor:
@@ -117,6 +198,23 @@ def validate(requests, sources, shape: ModelShape) -> None:
                 raise PlanError(f"{where}: answer id {a} is outside the vocabulary (0..{shape.vocab_size - 1})")
         if req.top_k < 0:
             raise PlanError(f"{where}: top_k {req.top_k} is negative")
+        for j, c in enumerate(req.continuations):
+            if not c:
+                raise PlanError(f"{where}: continuation {j} is empty")
+            for t in c:
+                if not 0 <= int(t) < shape.vocab_size:
+                    raise PlanError(f"{where}: continuation {j} token id {t} is outside the vocabulary "
+                                    f"(0..{shape.vocab_size - 1})")
+            if n + len(c) - 1 > shape.max_len:
+                raise PlanError(f"{where}: continuation {j} has {len(c)} tokens; after the {n}-token prompt that "
+                                f"is more than the model's {shape.max_len}")
+        if req.reference is not None:
+            ref = sources.get(req.reference, {}).get(LOGPROBS)
+            if ref is None:
+                raise PlanError(f"{where}: reference source {req.reference!r} holds no {LOGPROBS}")
+            if ref.dim() != 1 or ref.shape[0] != shape.vocab_size:
+                raise PlanError(f"{where}: reference {req.reference!r} {LOGPROBS} has shape {tuple(ref.shape)}, "
+                                f"expected [{shape.vocab_size}]")
         for key in req.capture:
             try:
                 site, layer = parse_key(key)
@@ -144,9 +242,9 @@ def _check_start(where, req: Request, sources, shape: ModelShape):
     src = sources[s.source].get(s.key)
     if src is None:
         raise PlanError(f"{where}: start source {s.source!r} holds no {s.key}, the stream entering layer {s.layer}")
-    if src.dim() != 2 or src.shape[1] != shape.d_model or src.shape[0] < len(req.tokens):
+    if src.dim() != 2 or src.shape[1] != shape.d_model or src.shape[0] < tree_len(req):
         raise PlanError(f"{where}: start source {s.source!r} {s.key} has shape {tuple(src.shape)}, expected "
-                        f"[{len(req.tokens)}, {shape.d_model}]")
+                        f"[{tree_len(req)}, {shape.d_model}] (the prompt and its continuations' inputs)")
     for p in req.patches:
         if not _at_or_above(p.site, p.layer, s.layer):
             raise PlanError(f"{where}: patch {p.key} lies below start layer {s.layer}, which skips it")
@@ -216,11 +314,14 @@ def resolve_positions(p_positions, n: int) -> list[int]:
 
 # ---- a plan as plain data, for SamplingParams.extra_args (msgpack in multiprocess mode) ----
 
-def to_wire(req: Request, tag: str) -> str:
+def to_wire(req: Request, tag: str, fwd: Forward | None = None) -> str:
     """One JSON string: vLLM deep-copies and checks extra_args per request, and a string is cheap
-    to copy and crosses msgpack as it is."""
+    to copy and crosses msgpack as it is. With `fwd`, the forward of `req` that this vLLM request
+    is: the prompt's length, the continuations it scores, its branch row and whether it is the first."""
+    f = fwd or Forward(tuple(req.tokens), tuple(range(len(req.continuations))), len(req.tokens), True)
     return json.dumps([
         tag,
+        [len(req.tokens), list(f.scores), int(f.branch), bool(f.first)],
         [int(a) for a in req.answers],
         int(req.top_k),
         list(req.capture),
@@ -228,11 +329,15 @@ def to_wire(req: Request, tag: str) -> str:
          for p in req.patches],
         [[[int(x) for x in z.positions], float(z.std), int(z.seed)] for z in req.noise],
         None if req.start is None else [int(req.start.layer), req.start.source],
+        [[int(t) for t in c] for c in req.continuations],
+        req.reference,
+        bool(req.logprobs),
     ], separators=(",", ":"))
 
 
-def from_wire(text: str) -> tuple[str, Request]:
-    tag, answers, top_k, capture, patches, noise, start = json.loads(text)
+def from_wire(text: str) -> tuple[str, Request, tuple[int, Forward]]:
+    """(tag, the request without its tokens, (prompt length, the forward without its tokens))."""
+    tag, fwd, answers, top_k, capture, patches, noise, start, continuations, reference, logprobs = json.loads(text)
     req = Request(
         tokens=(),
         answers=tuple(answers),
@@ -241,8 +346,12 @@ def from_wire(text: str) -> tuple[str, Request]:
         capture=tuple(capture),
         top_k=top_k,
         start=None if start is None else Start(*start),
+        continuations=tuple(tuple(c) for c in continuations),
+        reference=reference,
+        logprobs=logprobs,
     )
-    return tag, req
+    n_prompt, scores, branch, first = fwd
+    return tag, req, (n_prompt, Forward((), tuple(scores), branch, first))
 
 
 # ---- tensors as plain data: collective_rpc crosses a process boundary in multiprocess mode ----

@@ -23,12 +23,14 @@ from .sites import SITE_KINDS
 # Meng et al.'s token roles, plus `before_subject` for tokens that precede the subject (their
 # plots leave those out; averaging them into `further` would dilute it with zeros).
 ROLES = ("before_subject", "subject_first", "subject_middle", "subject_last", "after_subject", "further", "last")
-ANSWER_POLICIES = ("single", "first-token")
+# single: both answers are one token; full: an answer of several tokens, scored whole (teacher-forced);
+# first-token: an answer of several tokens cut to its first
+ANSWER_POLICIES = ("single", "full", "first-token")
 STATUSES = ("accepted", "rejected")
 # Why a record was rejected: read errors, alignment, pairing and the model's knowledge.
 REASONS = (
     "missing_field", "bad_field", "empty_subject", "empty_answer", "subject_not_in_prompt", "duplicate_id",
-    "subject_not_found", "answer_multi_token", "too_long", "length_mismatch", "differs_outside_subject",
+    "subject_not_found", "answer_multi_token", "answer_too_long", "answer_tokenization", "too_long", "length_mismatch", "differs_outside_subject",
     "identical_prompts", "same_answer", "no_partner", "not_known_clean", "not_known_corrupt",
 )
 DIRECTIONS = ("denoise", "noise")  # clean into corrupt | corrupt into clean
@@ -85,6 +87,15 @@ def _sweep_names() -> tuple[str, ...]:
     return tuple(SWEEP_KINDS)
 
 
+def _metric_columns(prefixes) -> list[tuple[str, pa.DataType]]:
+    """Each metric's value under each prefix (`patched_logit_diff`, `clean_kl`, ...), and each
+    answer's log-probability per token."""
+    cols = [(f"{prefix}_{m}", pa.float32()) for prefix in prefixes for m in METRICS]
+    cols += [(f"{prefix}_{what}_tokens", pa.list_(pa.float32())) for prefix in prefixes
+             for what in ("logp_clean", "logp_corrupt")]
+    return cols
+
+
 EFFECT = RowShape("effect", pa.schema([
     ("pair_id", pa.string()),
     ("relation", pa.string()),
@@ -96,15 +107,11 @@ EFFECT = RowShape("effect", pa.schema([
     ("position_role", pa.string()),  # a pairs-table role, or `all`
     ("head", pa.int32()),
     ("window", pa.int32()),
-    ("metric", pa.string()),
-    ("patched_logit_diff", pa.float32()),
-    ("patched_p", pa.float32()),
-    ("clean_logit_diff", pa.float32()),
-    ("corrupt_logit_diff", pa.float32()),  # trace: the noised run's
-    ("clean_p", pa.float32()),
-    ("corrupt_p", pa.float32()),  # trace: the noised run's
+    ("metric", pa.string()),  # the sweep's headline metric, which `effect` and `recovery` are on
     ("effect", pa.float32()),
     ("recovery", pa.float32()),
+    # every metric of the patched run and the pair's baselines (trace: corrupt is the noised run's)
+    *_metric_columns(("patched", "clean", "corrupt")),
 ]), {"sweep": _sweep_names, "site": SITE_KINDS, "direction": DIRECTIONS,
      "metric": tuple(METRICS), "position_role": POSITION_ROLES})
 
@@ -123,8 +130,10 @@ PAIR = RowShape("pair", pa.schema([
     ("corrupt_answer", pa.string()),
     ("clean_ids", pa.list_(pa.int32())),
     ("corrupt_ids", pa.list_(pa.int32())),
-    ("clean_answer_id", pa.int32()),
+    ("clean_answer_id", pa.int32()),  # the answer's first token
     ("corrupt_answer_id", pa.int32()),
+    ("clean_answer_ids", pa.list_(pa.int32())),  # every token scored (one under single and first-token)
+    ("corrupt_answer_ids", pa.list_(pa.int32())),
     ("answer_policy", pa.string()),
     ("subject_start", pa.int32()),
     ("subject_end", pa.int32()),  # exclusive
@@ -138,15 +147,12 @@ PAIR = RowShape("pair", pa.schema([
 # What the warehouse keeps of each input record (token ids stay in the run's pairs table).
 PAIR_IN_WAREHOUSE = PAIR.select("pair", [
     "pair_id", "relation", "clean_prompt", "corrupt_prompt", "clean_answer", "corrupt_answer", "status", "reason",
-    "detail", "subject", "subject_start", "subject_end", "roles", "known_alone",
+    "detail", "subject", "subject_start", "subject_end", "roles", "known_alone", "answer_policy",
 ])
 
 BASELINE = RowShape("baseline", pa.schema([
     ("pair_id", pa.string()),
-    ("clean_logit_diff", pa.float32()),
-    ("corrupt_logit_diff", pa.float32()),
-    ("clean_p", pa.float32()),
-    ("corrupt_p", pa.float32()),
+    *_metric_columns(("clean", "corrupt")),
 ]))
 
 RUN = RowShape("run", pa.schema([
@@ -167,7 +173,8 @@ WAREHOUSE_TABLES = {"runs": RUN, "pairs": PAIR_IN_WAREHOUSE, "baselines": BASELI
 
 _SQL_TYPES = {pa.string(): "VARCHAR", pa.int32(): "INTEGER", pa.int64(): "BIGINT", pa.float32(): "FLOAT",
               pa.float64(): "DOUBLE", pa.bool_(): "BOOLEAN", pa.timestamp("us"): "TIMESTAMP",
-              pa.list_(pa.string()): "VARCHAR[]", pa.list_(pa.int32()): "INTEGER[]"}
+              pa.list_(pa.string()): "VARCHAR[]", pa.list_(pa.int32()): "INTEGER[]",
+              pa.list_(pa.float32()): "FLOAT[]"}
 
 
 def sql_type(f: pa.Field) -> str:

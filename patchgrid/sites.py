@@ -51,6 +51,7 @@ class Family:
     # mid-stack hands the cached stream in there. A family whose vLLM decoder cannot start
     # mid-stack says None; its patched runs then run every layer.
     stream_arg: int | None
+    final_norm: str  # dotted path from the causal-LM module to the norm before the unembedding
 
     @property
     def decoder(self) -> str:
@@ -59,8 +60,9 @@ class Family:
 
 
 # vLLM: LlamaDecoderLayer(positions, hidden_states, residual); GPT2Block(hidden_states)
-LLAMA = Family("llama", "model.layers", "model.embed_tokens", "self_attn", "mlp", "self_attn.o_proj", True, 1)
-GPT2 = Family("gpt2", "transformer.h", "transformer.wte", "attn", "mlp", "attn.c_proj", False, 0)
+LLAMA = Family("llama", "model.layers", "model.embed_tokens", "self_attn", "mlp", "self_attn.o_proj", True, 1,
+               "model.norm")
+GPT2 = Family("gpt2", "transformer.h", "transformer.wte", "attn", "mlp", "attn.c_proj", False, 0, "transformer.ln_f")
 
 FAMILIES = {
     "llama": LLAMA,

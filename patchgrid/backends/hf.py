@@ -1,8 +1,10 @@
 """The reference oracle: plain transformers with forward hooks.
 
 Written for obviousness rather than speed: every hook loops over the batch's rows and applies
-each request's plan with plain indexing. Requests of equal length share a forward (no padding);
-`batch_size=1` gives one forward per request, the loop most tutorials use. It runs on a GPU when
+each request's plan with plain indexing. Forwards of equal length share a batch (no padding);
+`batch_size=1` gives one forward per request, the loop most tutorials use. A request whose answers
+are scored whole runs one forward per answer of several tokens (plan.forwards), and every
+position from the last prompt token on is unembedded. It runs on a GPU when
 there is one (`device="auto"`); captures and results come back to the CPU.
 """
 from __future__ import annotations
@@ -12,7 +14,8 @@ from pathlib import Path
 
 import torch
 
-from ..plan import Result, gaussian_noise, resolve_positions, validate
+from ..metrics import answer_ranks, kl_divergence
+from ..plan import LOGPROBS, Result, forwards, gaussian_noise, join_forwards, resolve_positions, validate
 from ..sites import SITES, get_module, parse_key, site_module
 
 
@@ -38,25 +41,29 @@ class HFEngine:
         sources = sources or {}
         requests = list(requests)
         validate(requests, sources, self.shape)
-        by_len = defaultdict(list)
-        for i, r in enumerate(requests):
-            by_len[len(r.tokens)].append(i)
-        results: list[Result | None] = [None] * len(requests)
-        for idx in by_len.values():
-            for k in range(0, len(idx), self.batch_size):
-                chunk = idx[k:k + self.batch_size]
-                for i, res in zip(chunk, self._forward([requests[i] for i in chunk], sources)):
-                    results[i] = res
-        return results
+        fwds = [forwards(r) for r in requests]
+        by_len = defaultdict(list)  # forward length -> (request, forward index)
+        for i, fs in enumerate(fwds):
+            for k, f in enumerate(fs):
+                by_len[len(f.tokens)].append((i, k))
+        parts: list[list] = [[None] * len(fs) for fs in fwds]
+        for items in by_len.values():
+            for k in range(0, len(items), self.batch_size):
+                chunk = items[k:k + self.batch_size]
+                batch = [(requests[i], fwds[i][j]) for i, j in chunk]
+                for (i, j), part in zip(chunk, self._forward(batch, sources)):
+                    parts[i][j] = part
+        return [join_forwards(r, fs, ps) for r, fs, ps in zip(requests, fwds, parts)]
 
     @torch.no_grad()
-    def _forward(self, batch, sources) -> list[Result]:
+    def _forward(self, batch, sources) -> list[dict]:
+        """One batch of forwards of equal length: each one's part of its request's Result."""
         fam, m, hd = self.shape.family, self.model, self.shape.head_dim
         captures = [dict() for _ in batch]
         # site key -> [(row, positions, value)] and head key -> [(row, positions, head, value)]
         writes, noise = defaultdict(list), []
-        for b, r in enumerate(batch):
-            n = len(r.tokens)
+        for b, (r, _) in enumerate(batch):
+            n = len(r.tokens)  # patches and noise address the prompt
             for p in r.patches:
                 pos = resolve_positions(p.positions, n)
                 val = sources[p.source][p.key][pos].to(self.device, self.dtype)
@@ -74,7 +81,7 @@ class HFEngine:
                     t.view(t.shape[0], t.shape[1], -1, hd)[b, pos, head] = val
 
         def capture(key, t):
-            for b, r in enumerate(batch):
+            for b, (r, _) in enumerate(batch):
                 if key in r.capture:
                     captures[b][key] = t[b].detach().to("cpu", copy=True)
 
@@ -98,7 +105,7 @@ class HFEngine:
                 capture(key, args[0])
             return hook
 
-        keys = set(writes) | {k for r in batch for k in r.capture}
+        keys = set(writes) | {k for r, _ in batch for k in r.capture}
         # the embedding's hook also adds noise, so it is installed whatever the keys
         handles = [get_module(m, fam.embed).register_forward_hook(on_embed)]
         for key in keys - {"embed"}:
@@ -108,21 +115,34 @@ class HFEngine:
                 handles.append(module.register_forward_pre_hook(on_input(key)))
             else:
                 handles.append(module.register_forward_hook(on_output(key)))
+        n_prompt = [len(r.tokens) for r, _ in batch]
+        length = len(batch[0][1].tokens)
         try:
-            ids = torch.tensor([list(r.tokens) for r in batch], dtype=torch.long, device=self.device)
-            logits = m(input_ids=ids, logits_to_keep=1).logits[:, -1, :].float().cpu()
+            ids = torch.tensor([list(f.tokens) for _, f in batch], dtype=torch.long, device=self.device)
+            # every position from the earliest last prompt token on
+            keep = length - min(n_prompt) + 1
+            logits = m(input_ids=ids, logits_to_keep=keep).logits[..., : self.shape.vocab_size].float().cpu()
         finally:
             for h in handles:
                 h.remove()
         out = []
-        for b, r in enumerate(batch):
-            lg = logits[b, : self.shape.vocab_size]
-            res = Result(answer_logits=lg[list(r.answers)].clone(), logsumexp=float(torch.logsumexp(lg, 0)),
-                         captures=captures[b])
-            if r.top_k:
-                vals, ids_ = torch.topk(lg, min(r.top_k, lg.shape[0]))
-                res.top_ids, res.top_logits = ids_.tolist(), vals.tolist()
-            out.append(res)
+        for b, (r, f) in enumerate(batch):
+            n = n_prompt[b]
+            rows = logits[b, keep - (length - n + 1):]  # positions n - 1 .. length - 1
+            logprobs = torch.log_softmax(rows, dim=-1)
+            part = {"captures": captures[b],
+                    "scores": {j: [float(logprobs[k, t]) for k, t in enumerate(r.continuations[j])] for j in f.scores}}
+            if f.first:
+                lg = rows[0]
+                part.update(answer_logits=lg[list(r.answers)].clone(), logsumexp=float(torch.logsumexp(lg, 0)),
+                            answer_ranks=answer_ranks(lg, r.answers) if r.answers else [], top_ids=[], top_logits=[],
+                            kl=None if r.reference is None else float(kl_divergence(sources[r.reference][LOGPROBS],
+                                                                                     logprobs[0])),
+                            logprobs=logprobs[0].clone() if r.logprobs else None)
+                if r.top_k:
+                    vals, ids_ = torch.topk(lg, min(r.top_k, lg.shape[0]))
+                    part["top_ids"], part["top_logits"] = ids_.tolist(), vals.tolist()
+            out.append(part)
         return out
 
     def hook_count(self) -> int:

@@ -17,9 +17,18 @@ import os
 from collections import defaultdict
 from pathlib import Path
 
-import torch
-
-from ..plan import PlanError, Result, Start, decode_tensor, encode_tensor, to_wire, validate
+from ..plan import (
+    LOGPROBS,
+    PlanError,
+    Result,
+    Start,
+    decode_tensor,
+    encode_tensor,
+    forwards,
+    join_forwards,
+    to_wire,
+    validate,
+)
 from ..tp import merge_rank_captures
 from .vllm_worker import PLAN_KEY
 
@@ -175,7 +184,8 @@ class VllmEngine:
         from vllm import SamplingParams, TokensPrompt
 
         call = next(self._calls)
-        tags = [f"{call}:{i}" for i in range(len(requests))]
+        fwds = [forwards(r) for r in requests]
+        tags = [[f"{call}:{i}:{k}" for k in range(len(f))] for i, f in enumerate(fwds)]
         keys = sorted({p.key for r in requests for p in r.patches} | {k for r in requests for k in r.capture})
         used: dict[str, set[str]] = {}
         for r in requests:
@@ -183,17 +193,19 @@ class VllmEngine:
                 used.setdefault(p.source, set()).add(p.key)
             if r.start is not None:
                 used.setdefault(r.start.source, set()).add(r.start.key)
-        # only what the patches and starts read crosses to the worker
+            if r.reference is not None:
+                used.setdefault(r.reference, set()).add(LOGPROBS)
+        # only what the patches, starts and references read crosses to the worker
         wire_sources = {name: {k: encode_tensor(sources[name][k]) for k in ks} for name, ks in used.items()}
         shape = {"vocab_size": self.shape.vocab_size, "d_model": self.shape.d_model,
                  "n_heads": self.shape.n_heads, "head_dim": self.shape.head_dim}
         self.llm.collective_rpc("pg_begin", args=(wire_sources, keys, self.shape.family.name, shape, start_layer))
-        prompts = [TokensPrompt(prompt_token_ids=[int(t) for t in r.tokens]) for r in requests]
-        params = [
-            SamplingParams(max_tokens=1, temperature=0.0, detokenize=False,
-                           extra_args={PLAN_KEY: to_wire(r, tag)})
-            for r, tag in zip(requests, tags)
-        ]
+        prompts, params = [], []
+        for r, fs, ts in zip(requests, fwds, tags):
+            for f, tag in zip(fs, ts):
+                prompts.append(TokensPrompt(prompt_token_ids=[int(t) for t in f.tokens]))
+                params.append(SamplingParams(max_tokens=1, temperature=0.0, detokenize=False,
+                                             extra_args={PLAN_KEY: to_wire(r, tag, f)}))
         try:
             self.llm.generate(prompts, params, use_tqdm=False)
         except BaseException as exc:
@@ -205,16 +217,25 @@ class VllmEngine:
             # next call starts clean.
             per_rank = self.llm.collective_rpc("pg_end")
         raw = per_rank[0]
-        missing = [t for t in tags if t not in raw or "answer_logits" not in raw[t]]
+        flat = [t for ts in tags for t in ts]
+        missing = [t for t in flat if t not in raw]
         if missing:
-            raise RuntimeError(f"vLLM returned no result for {len(missing)} of {len(tags)} requests")
-        results = [_decode_result(raw[t]) for t in tags]
-        if len(per_rank) > 1:  # tensor parallel: each rank read its own slice of z
-            for t, res in zip(tags, results):
-                if res.captures:
-                    res.captures = merge_rank_captures(
-                        [res.captures] + [{k: decode_tensor(v) for k, v in r[t]["captures"].items()}
-                                          for r in per_rank[1:]])
+            raise RuntimeError(f"vLLM returned no result for {len(missing)} of {len(flat)} forwards")
+        results = []
+        for r, fs, ts in zip(requests, fwds, tags):
+            parts = []
+            for t in ts:
+                part = dict(raw[t])
+                caps = {k: decode_tensor(v) for k, v in part["captures"].items()}
+                if len(per_rank) > 1 and caps:  # tensor parallel: each rank read its own slice of z
+                    caps = merge_rank_captures([caps] + [{k: decode_tensor(v) for k, v in rank[t]["captures"].items()}
+                                                         for rank in per_rank[1:]])
+                part["captures"] = caps
+                part["scores"] = {int(j): v for j, v in part["scores"].items()}
+                if part.get("logprobs") is not None:
+                    part["logprobs"] = decode_tensor(part["logprobs"])
+                parts.append(part)
+            results.append(join_forwards(r, fs, parts))
         return results
 
     def hook_count(self) -> int:
@@ -292,13 +313,3 @@ def _on_cpu() -> bool:
     from vllm.platforms import current_platform
 
     return current_platform.is_cpu()
-
-
-def _decode_result(d) -> Result:
-    return Result(
-        answer_logits=torch.tensor(d["answer_logits"], dtype=torch.float32),
-        logsumexp=d["logsumexp"],
-        top_ids=list(d["top_ids"]),
-        top_logits=list(d["top_logits"]),
-        captures={k: decode_tensor(v) for k, v in d["captures"].items()},
-    )

@@ -10,6 +10,13 @@ into one vectorised write (rows, values) per site, so the layer hooks do one ind
 Plans and values are put together on the CPU and moved to the activations' device once per step;
 every write checks that what it writes lives where the activations live. Captures go to the CPU.
 
+A patchgrid request whose answers are scored whole is several vLLM requests, one per forward
+(plan.forwards): the prompt followed by one continuation's inputs. Patches and noise address the
+prompt's positions only. A hook on the final norm unembeds, per request, the rows from the last
+prompt position on (vLLM unembeds only each request's last row), and reads there the answers'
+logits and ranks, the continuations' log-probabilities, and the KL divergence from the reference
+log-probabilities the call's sources hold.
+
 A call whose requests all start at layer S (plan.Start) sets the decoder's `start_layer` to S for
 the call: vLLM's decoders loop over `layers[start_layer:]`, so nothing below S runs, and a
 pre-hook on layer S hands it, row by row, the cached stream entering S (with any patch on that
@@ -20,7 +27,19 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..plan import Noise, decode_tensor, encode_tensor, from_wire, gaussian_noise, resolve_positions, stream_key
+from ..metrics import answer_ranks, kl_divergence
+from ..plan import (
+    LOGPROBS,
+    Forward,
+    Noise,
+    decode_tensor,
+    encode_tensor,
+    from_wire,
+    gaussian_noise,
+    resolve_positions,
+    stream_key,
+    tree_rows,
+)
 from ..sites import FAMILIES, SITES, Family, get_module, parse_key, site_module
 from ..tp import head_owner, heads_per_rank
 
@@ -28,13 +47,22 @@ PLAN_KEY = "patchgrid"
 
 
 class _Request:
-    """One request's plan and what it has gathered so far, kept across scheduler steps."""
+    """One vLLM request (a forward of a patchgrid request, plan.forwards): its plan and what it has
+    gathered so far, kept across scheduler steps."""
 
-    def __init__(self, plan: str, n_prompt: int, sources, widths, dtype, tp=(0, 1)):
-        self.tag, req = from_wire(plan)
+    def __init__(self, plan: str, n_tokens: int, sources, references, widths, dtype, tp=(0, 1)):
+        self.tag, req, (n_prompt, fwd) = from_wire(plan)
         self.answers = list(req.answers)
         self.top_k = req.top_k
-        self.n_prompt = n_prompt
+        self.n_prompt = n_prompt  # patches and noise address the prompt's positions
+        self.n_tokens = n_tokens  # the prompt and one continuation's inputs
+        self.first = fwd.first
+        self.logprobs = req.logprobs
+        self.reference = None if req.reference is None else references[req.reference]
+        # (continuation index, its tokens): position n_prompt - 1 + k predicts token k
+        self.scores = [(j, list(req.continuations[j])) for j in fwd.scores]
+        self.scored = {j: [None] * len(c) for j, c in self.scores}
+        self.readout: dict = {}
         # (key, head or None, positions array, values [len(positions), w])
         self.patches = []
         rank, tp_size = tp
@@ -55,9 +83,18 @@ class _Request:
         for z in req.noise:
             pos = np.asarray(z.positions, dtype=np.int64)
             self.noise.append((pos, gaussian_noise(Noise(tuple(pos), z.std, z.seed), widths["d_model"]).to(dtype)))
-        self.captures = {key: torch.empty(n_prompt, widths[parse_key(key)[0]], dtype=dtype) for key in req.capture}
+        self.captures = {key: torch.empty(n_tokens, widths[parse_key(key)[0]], dtype=dtype) for key in req.capture}
         self.start = req.start
-        self.stream = None if req.start is None else sources[req.start.source][req.start.key]
+        self.stream = None
+        if req.start is not None:
+            # the stream source holds the request's tree of rows: this forward's are its own
+            rows = torch.tensor(tree_rows(Forward((0,) * n_tokens, (), fwd.branch, fwd.first), n_prompt))
+            self.stream = sources[req.start.source][req.start.key][rows]
+
+    def part(self) -> dict:
+        """What this forward gives its request (plan.join_forwards), as plain data."""
+        return {**self.readout, "scores": self.scored,
+                "captures": {key: encode_tensor(v) for key, v in self.captures.items()}}
 
 
 class _Step:
@@ -67,7 +104,10 @@ class _Step:
         self.noise = None  # (rows, values) added to the embedding
         self.start = None  # (rows, values): the stream entering the start layer
         self.captures: dict[str, list] = {}  # key -> [(row0, row1, buffer, pos0)]
-        self.final: list[tuple[int, _Request]] = []  # (logits row, request)
+        # the rows whose logits are read: [(request, first position, number of rows)] and their batch rows
+        self.reads: list[tuple[_Request, int, int]] = []
+        self.read_rows = None
+        self.done: list[_Request] = []  # requests whose last position is in this step
 
     def to(self, device) -> None:
         """One transfer per tensor per step, to where the activations are."""
@@ -77,6 +117,8 @@ class _Step:
             self.noise = tuple(t.to(device) for t in self.noise)
         if self.start is not None:
             self.start = tuple(t.to(device) for t in self.start)
+        if self.read_rows is not None:
+            self.read_rows = self.read_rows.to(device)
 
 
 def put(t: torch.Tensor, index, values: torch.Tensor, what: str) -> None:
@@ -101,7 +143,11 @@ class _Session:
         self.vocab = shape["vocab_size"]
         param = next(self.model.parameters())
         self.dtype, self.device = param.dtype, param.device
-        self.sources = {name: {k: decode_tensor(v).to(self.dtype) for k, v in caps.items()} for name, caps in sources.items()}
+        self.sources = {name: {k: decode_tensor(v).to(self.dtype) for k, v in caps.items() if k != LOGPROBS}
+                        for name, caps in sources.items()}
+        # reference log-probabilities stay float32, on the activations' device (read every step)
+        self.references = {name: decode_tensor(caps[LOGPROBS]).float().to(self.device)
+                           for name, caps in sources.items() if LOGPROBS in caps}
         self.tp = _tp_rank_and_size()
         local_heads = heads_per_rank(shape["n_heads"], self.tp[1])
         # this rank's width of each site (z is split over tensor-parallel ranks by heads)
@@ -138,7 +184,9 @@ class _Session:
         # wrapped by vLLM's compile decorator, which bypasses module hooks).
         self.handles.append(embed.register_forward_pre_hook(self._begin_step))
         self.handles.append(embed.register_forward_hook(self._on_embed))
-        self.handles.append(m.logits_processor.register_forward_hook(self._on_logits))
+        # The final norm's output is what the unembedding reads: its rows at the last prompt position
+        # and over the continuations are unembedded here (vLLM itself unembeds each request's last row only).
+        self.handles.append(get_module(m, fam.final_norm).register_forward_hook(self._on_final))
         for key in keys - {"embed"}:  # the embedding's hooks above handle embed
             site, layer = parse_key(key)
             module = site_module(m, fam, site, layer)
@@ -166,7 +214,7 @@ class _Session:
         if n == 0:  # profiling and dummy runs
             return
         qsl = runner.query_start_loc.np
-        writes, heads, noise, caps, start = {}, {}, [], {}, []
+        writes, heads, noise, caps, start, reads = {}, {}, [], {}, [], []
         for i in range(n):
             rid = batch.req_ids[i]
             r = self.requests.get(rid, False)
@@ -195,8 +243,14 @@ class _Session:
                     noise.append((torch.from_numpy(pos[sel] - pos0 + row0), vals[torch.from_numpy(sel)]))
             for key, buf in r.captures.items():
                 caps.setdefault(key, []).append((row0, row1, buf, pos0))
-            if pos1 >= r.n_prompt:
-                step.final.append((i, r))
+            # positions n_prompt - 1 .. n_tokens - 1 are read: the last prompt position, and the
+            # positions predicting each continuation's tokens
+            lo = max(pos0, r.n_prompt - 1)
+            if lo < pos1:
+                step.reads.append((r, lo, pos1 - lo))
+                reads.append(torch.arange(lo - pos0 + row0, row1))
+            if pos1 >= r.n_tokens:
+                step.done.append(r)
         step.writes = {k: (torch.cat([a for a, _ in v]), torch.cat([b for _, b in v])) for k, v in writes.items()}
         step.heads = {k: tuple(torch.cat([t[j] for t in v]) for j in range(3)) for k, v in heads.items()}
         if noise:
@@ -204,14 +258,16 @@ class _Session:
         if start:
             step.start = (torch.cat([a for a, _ in start]), torch.cat([b for _, b in start]))
         step.captures = caps
+        if reads:
+            step.read_rows = torch.cat(reads)
         step.to(self.device)
 
     def _new_request(self, rid):
         state = self.runner.requests.get(rid)
         extra = getattr(getattr(state, "sampling_params", None), "extra_args", None) or {}
         plan = extra.get(PLAN_KEY)
-        r = None if plan is None else _Request(plan, len(state.prompt_token_ids), self.sources, self.widths, self.dtype,
-                                               self.tp)
+        r = None if plan is None else _Request(plan, len(state.prompt_token_ids), self.sources, self.references,
+                                               self.widths, self.dtype, self.tp)
         if self.start_layer and (r is None or r.start is None or r.start.layer != self.start_layer):
             # every row of a call that starts mid-stack needs its stream; the engine groups calls so
             raise RuntimeError(f"patchgrid worker: request {rid} does not start at layer {self.start_layer}, "
@@ -294,28 +350,67 @@ class _Session:
 
         return hook
 
-    def _on_logits(self, module, args, out):
-        final = self.step.final
-        if not final:
+    def _on_final(self, module, args, out):
+        step = self.step
+        if step.read_rows is None:
             return None
-        if out is None:  # a tensor-parallel rank other than the first: logits live on rank 0
-            for _, r in final:
-                self.results[r.tag] = {"captures": {key: encode_tensor(v) for key, v in r.captures.items()}}
-            return None
-        # One gather and one float conversion for the whole step: logits are [requests, vocab].
-        rows = torch.tensor([row for row, _ in final], device=out.device)
-        logits = out[rows, : self.vocab].float()
-        lse = torch.logsumexp(logits, dim=1).tolist()
-        for k, (_, r) in enumerate(final):
-            lg = logits[k]
-            res = {"answer_logits": lg[r.answers].tolist() if r.answers else [], "logsumexp": lse[k],
-                   "top_ids": [], "top_logits": [],
-                   "captures": {key: encode_tensor(v) for key, v in r.captures.items()}}
+        hidden = out[0] if isinstance(out, tuple) else out
+        logits = self.model.compute_logits(hidden[step.read_rows])
+        if logits is not None:  # None on tensor-parallel ranks but the first: logits live on rank 0
+            self._read(step, logits[:, : self.vocab].float())
+        for r in step.done:
+            self.results[r.tag] = r.part()
+        return None
+
+    def _read(self, step: _Step, logits: torch.Tensor) -> None:
+        """Every read row's log-probabilities of the tokens it predicts; at the last prompt position
+        of a request's first forward, the answers' logits and ranks, top_k, the KL divergence from
+        its reference and its own log-probabilities. Batched over the step's rows."""
+        lse = torch.logsumexp(logits, dim=1)
+        firsts, targets = [], []  # (row, request) | (row, token, request, continuation, k)
+        row = 0
+        for r, lo, count in step.reads:
+            for pos in range(lo, lo + count):
+                if pos == r.n_prompt - 1 and r.first:
+                    firsts.append((row, r))
+                k = pos - (r.n_prompt - 1)
+                for j, tokens in r.scores:
+                    if k < len(tokens):
+                        targets.append((row, tokens[k], r, j, k))
+                row += 1
+        if targets:
+            rows = torch.tensor([t[0] for t in targets], device=logits.device)
+            toks = torch.tensor([t[1] for t in targets], device=logits.device)
+            values = (logits[rows, toks] - lse[rows]).tolist()
+            for (_, _, r, j, k), v in zip(targets, values):
+                r.scored[j][k] = v
+        if not firsts:
+            return
+        rows = torch.tensor([f[0] for f in firsts], device=logits.device)
+        first_logits, first_lse = logits[rows], lse[rows]
+        kls = [None] * len(firsts)
+        with_ref = [k for k, (_, r) in enumerate(firsts) if r.reference is not None]
+        if with_ref:
+            refs = torch.stack([firsts[k][1].reference for k in with_ref])
+            sel = torch.tensor(with_ref, device=logits.device)
+            lp = first_logits[sel] - first_lse[sel, None]
+            for k, v in zip(with_ref, kl_divergence(refs, lp).tolist()):
+                kls[k] = v
+        lse_list = first_lse.tolist()
+        for k, (_, r) in enumerate(firsts):
+            lg = first_logits[k]
+            out = {"answer_logits": [], "answer_ranks": [], "logsumexp": lse_list[k], "top_ids": [], "top_logits": [],
+                   "kl": kls[k], "logprobs": None}
+            if r.answers:
+                vals = lg[r.answers]
+                out["answer_logits"] = vals.tolist()
+                out["answer_ranks"] = answer_ranks(lg, r.answers)
             if r.top_k:
                 vals, ids = torch.topk(lg, min(r.top_k, lg.shape[0]))
-                res["top_ids"], res["top_logits"] = ids.tolist(), vals.tolist()
-            self.results[r.tag] = res
-        return None
+                out["top_ids"], out["top_logits"] = ids.tolist(), vals.tolist()
+            if r.logprobs:
+                out["logprobs"] = encode_tensor(lg - first_lse[k])
+            r.readout = out
 
 
 def _tp_rank_and_size() -> tuple[int, int]:

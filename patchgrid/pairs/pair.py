@@ -12,15 +12,45 @@ class Pair:
     relation: str | None
     clean_ids: tuple[int, ...]
     corrupt_ids: tuple[int, ...]
-    clean_answer_id: int
-    corrupt_answer_id: int
+    clean_answer_ids: tuple[int, ...]  # every token scored: one under the single and first-token policies
+    corrupt_answer_ids: tuple[int, ...]
     subject_start: int
     subject_end: int  # exclusive
     roles: tuple[str, ...]
 
+    def __post_init__(self):
+        if not self.clean_answer_ids or not self.corrupt_answer_ids:
+            raise ValueError(f"pair {self.pair_id}: an answer has no tokens")
+
     @property
     def subject_positions(self) -> tuple[int, ...]:
         return tuple(range(self.subject_start, self.subject_end))
+
+    @property
+    def clean_answer_id(self) -> int:
+        """The clean answer's first token (the logit difference and the rank read it)."""
+        return self.clean_answer_ids[0]
+
+    @property
+    def corrupt_answer_id(self) -> int:
+        return self.corrupt_answer_ids[0]
+
+    @property
+    def answers(self) -> tuple[int, int]:
+        """Both answers' first tokens, read at the last prompt position."""
+        return (self.clean_answer_id, self.corrupt_answer_id)
+
+    @property
+    def continuations(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Both answers, scored token by token after the prompt."""
+        return (self.clean_answer_ids, self.corrupt_answer_ids)
+
+
+def _answer_ids(row: dict, which: str) -> tuple[int, ...]:
+    """A pairs-table row's answer tokens (tables written before answers were scored whole hold the
+    first token only)."""
+    ids = row.get(f"{which}_answer_ids")
+    return tuple(ids) if ids else (row[f"{which}_answer_id"],)
 
 
 def traced_facts(table: pa.Table, limit: int | None = None) -> list[Pair]:
@@ -33,9 +63,10 @@ def traced_facts(table: pa.Table, limit: int | None = None) -> list[Pair]:
         if not (row["usable_alone"] and row["known_alone"]):
             continue
         paired = row["status"] == "accepted"
+        clean = _answer_ids(row, "clean")
         out.append(Pair(row["pair_id"], row["relation"], tuple(row["clean_ids"]),
-                        tuple(row["corrupt_ids"] if paired else row["clean_ids"]), row["clean_answer_id"],
-                        row["corrupt_answer_id"] if paired else row["clean_answer_id"], row["subject_start"],
+                        tuple(row["corrupt_ids"] if paired else row["clean_ids"]), clean,
+                        _answer_ids(row, "corrupt") if paired else clean, row["subject_start"],
                         row["subject_end"], tuple(row["roles"])))
         if limit is not None and len(out) >= limit:
             break
@@ -49,8 +80,8 @@ def accepted_pairs(table: pa.Table, limit: int | None = None) -> list[Pair]:
         if row["status"] != "accepted":
             continue
         out.append(Pair(row["pair_id"], row["relation"], tuple(row["clean_ids"]), tuple(row["corrupt_ids"]),
-                        row["clean_answer_id"], row["corrupt_answer_id"], row["subject_start"], row["subject_end"],
-                        tuple(row["roles"])))
+                        _answer_ids(row, "clean"), _answer_ids(row, "corrupt"), row["subject_start"],
+                        row["subject_end"], tuple(row["roles"])))
         if limit is not None and len(out) >= limit:
             break
     return out
