@@ -11,7 +11,13 @@ Layout of one cache data set, a folder named by its key under the cache root:
                      and the stream at every layer, which patched runs start from mid-stack
     noised.<s>.arrow causal tracing's noised run of sample s (the clean prompt, seeded noise on the
                      subject): its stream at every layer, where restored runs start
-    baselines.arrow  per pair: clean and corrupt logit differences and clean-answer probabilities
+    logprobs.arrow   per pair: the clean run's log-probabilities at its last prompt position (every
+                     token of the vocabulary, float32), which KL divergences are measured from
+    baselines.arrow  per pair: the clean and corrupt runs on every metric (rows.BASELINE)
+
+A pair's rows in a run's file are its request's "tree" (plan.tree_len): the prompt's positions,
+then each answer of several tokens' inputs past the prompt, which every run of the pair scores;
+patched runs that start mid-stack read their stream over all of them.
 
 The folder is written under a temporary name and renamed when complete, so a crash never leaves
 a folder that looks finished. Files are read memory-mapped: a pair's activations are tensors over
@@ -33,12 +39,16 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from .metrics import Reading
-from .plan import Noise, Request, stream_key, trace_seed
+from .effects import reading_columns
+from .metrics import Reading, kl_divergence
+from .plan import LOGPROBS, Noise, Request, stream_key, trace_seed
 from .rows import BASELINE
 from .sites import site_key
 
-CACHE_VERSION = 3  # 2: the manifest holds each file's size and sha256; 3: each run its own keys
+# 2: the manifest holds each file's size and sha256; 3: each run its own keys; 4: answers scored whole
+# (rows per pair are the tree of the prompt and the answers), every metric in the baselines, the
+# clean run's log-probabilities
+CACHE_VERSION = 4
 NOISED = "noised."  # run names noised.0, noised.1, ...: causal tracing's noised runs, one per sample
 
 _ARROW = {torch.bfloat16: (pa.uint16(), np.uint16), torch.float16: (pa.float16(), np.float16),
@@ -112,8 +122,8 @@ def model_identity(folder: Path) -> dict:
 def pairs_identity(pairs) -> str:
     h = hashlib.sha256()
     for p in pairs:
-        h.update(json.dumps([p.pair_id, list(p.clean_ids), list(p.corrupt_ids), p.clean_answer_id,
-                             p.corrupt_answer_id]).encode())
+        h.update(json.dumps([p.pair_id, list(p.clean_ids), list(p.corrupt_ids), list(p.clean_answer_ids),
+                             list(p.corrupt_answer_ids)]).encode())
     return h.hexdigest()
 
 
@@ -145,6 +155,7 @@ class ActivationCache:
             self._rows[run] = idx
         base = _read_ipc(self.folder / "baselines.arrow").to_pylist()
         self.baselines = {row["pair_id"]: row for row in base}
+        self._logprobs = _read_ipc(self.folder / "logprobs.arrow").column("logprobs").combine_chunks()
 
     @property
     def spec(self) -> CacheSpec:
@@ -172,6 +183,11 @@ class ActivationCache:
             out[key] = _tensor(batch.column(key), row0, n, self.manifest["widths"][key], self.dtype)
         return out
 
+    def logprobs(self, pair_id: str) -> torch.Tensor:
+        """The clean run's log-probabilities at its last prompt position [vocab], float32."""
+        i = self._index[pair_id]
+        return _tensor(self._logprobs, i, 1, self._logprobs.type.list_size, torch.float32)[0]
+
 
 def _spec_of(manifest: dict) -> CacheSpec:
     noise = manifest.get("noise")
@@ -187,17 +203,22 @@ class ActivationStore(Protocol):
 
     def captures(self, pair_id: str, run: str = "clean", keys=None) -> dict[str, torch.Tensor]: ...
 
+    def logprobs(self, pair_id: str) -> torch.Tensor: ...
+
 
 def run_request(pair, run: str, spec: CacheSpec, capture=()) -> Request:
-    """The unpatched run `run` of `pair`: its clean or corrupt prompt, or the clean prompt noised."""
-    answers = (pair.clean_answer_id, pair.corrupt_answer_id)
+    """The unpatched run `run` of `pair`: its clean or corrupt prompt, or the clean prompt noised,
+    scoring both answers."""
+    # the baselines' KL divergence is measured from the clean run's log-probabilities
+    common = dict(answers=pair.answers, continuations=pair.continuations, capture=capture,
+                  logprobs=run in ("clean", "corrupt"))
     if run == "corrupt":
-        return Request(tokens=pair.corrupt_ids, answers=answers, capture=capture)
+        return Request(tokens=pair.corrupt_ids, **common)
     noise = ()
     if run.startswith(NOISED):
         std, seed = spec.noise
         noise = (Noise(pair.subject_positions, std, trace_seed(seed, pair.pair_id, int(run[len(NOISED):]))),)
-    return Request(tokens=pair.clean_ids, answers=answers, capture=capture, noise=noise)
+    return Request(tokens=pair.clean_ids, noise=noise, **common)
 
 
 def capture_runs(engine, pairs, spec: CacheSpec):
@@ -219,9 +240,10 @@ def capture_runs(engine, pairs, spec: CacheSpec):
 
 
 def baseline_row(pair_id: str, clean, corrupt) -> dict:
-    c, k = Reading.of(clean), Reading.of(corrupt)
-    return {"pair_id": pair_id, "clean_logit_diff": c.logit_diff, "corrupt_logit_diff": k.logit_diff,
-            "clean_p": c.p, "corrupt_p": k.p}
+    """The clean and corrupt runs on every metric (the clean run is its own KL reference: 0)."""
+    kl = float(kl_divergence(clean.logprobs, corrupt.logprobs))
+    return {"pair_id": pair_id, **reading_columns("clean", Reading.of(clean, kl=0.0)),
+            **reading_columns("corrupt", Reading.of(corrupt, kl=kl))}
 
 
 class MemoryStore:
@@ -233,10 +255,14 @@ class MemoryStore:
         self._captures = {(p.pair_id, run): r.captures for run, results in by_run.items()
                           for p, r in zip(pairs, results)}
         self.baselines = {b["pair_id"]: b for b in baselines}
+        self._logprobs = {p.pair_id: r.logprobs for p, r in zip(pairs, by_run["clean"])}
 
     def captures(self, pair_id: str, run: str = "clean", keys=None) -> dict[str, torch.Tensor]:
         caps = self._captures[(pair_id, run)]
         return dict(caps) if keys is None else {k: caps[k] for k in keys}
+
+    def logprobs(self, pair_id: str) -> torch.Tensor:
+        return self._logprobs[pair_id]
 
 
 def load_or_build(engine, pairs, spec: CacheSpec, root: Path, *, batch_pairs: int = 64,
@@ -311,7 +337,7 @@ def _build(engine, pairs, spec: CacheSpec, ident: dict, folder: Path, batch_pair
             fields += [pa.field(k, pa.list_(dtype_arrow, widths[k])) for k in keys]
             schemas[run] = pa.schema(fields, metadata={"dtype": str(engine.dtype)})
             writers[run] = pa.ipc.new_file(str(tmp / f"{run}.arrow"), schemas[run])
-        baselines = []
+        baselines, logprobs = [], []
         try:
             for start in range(0, len(pairs), batch_pairs):
                 chunk = pairs[start:start + batch_pairs]
@@ -319,12 +345,19 @@ def _build(engine, pairs, spec: CacheSpec, ident: dict, folder: Path, batch_pair
                 for run, keys in captured.items():
                     writers[run].write_batch(_batch(schemas[run], keys, start, chunk, by_run[run], engine.dtype))
                 baselines += base
+                logprobs += [r.logprobs for r in by_run["clean"]]
                 log(f"cached {', '.join(captured)} runs of {min(start + batch_pairs, len(pairs))}/{len(pairs)} pairs")
         finally:
             for w in writers.values():
                 w.close()
         with pa.ipc.new_file(str(tmp / "baselines.arrow"), BASELINE.schema) as w:
             w.write_table(BASELINE.table(baselines))
+        vocab = engine.shape.vocab_size
+        lp = torch.stack(logprobs).float().numpy().reshape(-1) if logprobs else np.zeros(0, np.float32)
+        table = pa.table({"pair_index": pa.array(np.arange(len(logprobs), dtype=np.int32)),
+                          LOGPROBS: pa.FixedSizeListArray.from_arrays(pa.array(lp), vocab)})
+        with pa.ipc.new_file(str(tmp / "logprobs.arrow"), table.schema) as w:
+            w.write_table(table)
         from .models import sha256_file
 
         files = {f.name: (f.stat().st_size, sha256_file(f)) for f in sorted(tmp.iterdir())}
@@ -342,8 +375,10 @@ def _build(engine, pairs, spec: CacheSpec, ident: dict, folder: Path, batch_pair
 
 
 def _batch(schema, keys, start, chunk, results, dtype) -> pa.RecordBatch:
-    pair_index = np.concatenate([np.full(len(p.clean_ids), start + i, np.int32) for i, p in enumerate(chunk)])
-    position = np.concatenate([np.arange(len(p.clean_ids), dtype=np.int32) for p in chunk])
+    # a pair's rows: its prompt's positions, then its answers' inputs (plan.tree_len)
+    rows = [len(r.captures[keys[0]]) if keys else len(p.clean_ids) for p, r in zip(chunk, results)]
+    pair_index = np.concatenate([np.full(n, start + i, np.int32) for i, n in enumerate(rows)])
+    position = np.concatenate([np.arange(n, dtype=np.int32) for n in rows])
     cols = [pa.array(pair_index), pa.array(position)]
     _, np_dtype = _ARROW[dtype]
     for key in keys:

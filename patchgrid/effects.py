@@ -18,6 +18,11 @@ def reading_columns(prefix: str, reading: Reading) -> dict:
     return {f"{prefix}_{f.name}": getattr(reading, f.name) for f in fields(Reading)}
 
 
+def reading_from(row: dict, prefix: str) -> Reading:
+    """The reading a row holds under `prefix` (reading_columns' inverse)."""
+    return Reading(**{f.name: row[f"{prefix}_{f.name}"] for f in fields(Reading)})
+
+
 def effect_row(pair, cell, patched: Reading, clean: Reading, corrupt: Reading, metric: str) -> dict:
     """One effect row: the patched run's reading beside the pair's baselines, on every metric, and
     the effect and recovery on the headline `metric`. Denoising is measured from the corrupt run,

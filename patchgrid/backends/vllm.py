@@ -157,8 +157,10 @@ class VllmEngine:
         requests = list(requests)
         validate(requests, sources, self.shape)
         for i, r in enumerate(requests):
-            if len(r.tokens) > self.max_model_len:
-                raise PlanError(f"request {i}: tokens has {len(r.tokens)} tokens, more than the engine's "
+            longest = max(len(f.tokens) for f in forwards(r))
+            if longest > self.max_model_len:
+                what = "tokens" if longest == len(r.tokens) else "tokens and an answer scored after them"
+                raise PlanError(f"request {i}: {what} have {longest} tokens, more than the engine's "
                                 f"max_model_len {self.max_model_len}")
         if not requests:
             return []

@@ -18,7 +18,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from ..cache import NOISED, CacheSpec, layer_keys, stream_keys
-from ..effects import effect_row
+from ..effects import effect_row, reading_from
 from ..metrics import Reading
 from ..plan import Noise, Patch, Request, trace_seed
 
@@ -62,7 +62,14 @@ class SweepContext:
 
 class SweepKind:
     name: str
-    metric = "logit_diff"
+    metric = "logit_diff"  # the headline metric (an effect row's `effect` and `recovery`)
+
+    def headline(self, pair) -> str:
+        """The headline metric for `pair`: a pair whose answers are scored whole has no logit
+        difference, and takes the log-probability difference instead."""
+        if self.metric == "logit_diff" and (len(pair.clean_answer_ids) > 1 or len(pair.corrupt_answer_ids) > 1):
+            return "logprob_diff"
+        return self.metric
 
     def needs(self, ctx: SweepContext) -> CacheSpec:
         """What the cache must hold: the sites the patches read, and with `config.skip` the streams
@@ -97,12 +104,13 @@ class SweepKind:
     def rows(self, pair, readings: list[tuple[Cell, Reading]], baseline: dict, ctx: SweepContext) -> list[dict]:
         """Effect rows from every cell's reading (one row per cell, unless the kind averages)."""
         clean, corrupt = baselines(baseline)
-        return [effect_row(pair, cell, r, clean, corrupt, self.metric) for cell, r in readings]
+        metric = self.headline(pair)
+        return [effect_row(pair, cell, r, clean, corrupt, metric) for cell, r in readings]
 
 
 def baselines(row: dict) -> tuple[Reading, Reading]:
     """A baseline row (rows.BASELINE) as the clean and corrupt runs' readings."""
-    return (Reading(row["clean_logit_diff"], row["clean_p"]), Reading(row["corrupt_logit_diff"], row["corrupt_p"]))
+    return reading_from(row, "clean"), reading_from(row, "corrupt")
 
 
 def _positions(pair, config) -> list[int]:
@@ -114,8 +122,10 @@ def _tokens(pair, direction: str):
     return pair.corrupt_ids if direction == "denoise" else pair.clean_ids
 
 
-def _answers(pair) -> tuple[int, int]:
-    return (pair.clean_answer_id, pair.corrupt_answer_id)
+def _scored(pair) -> dict:
+    """What every run of a pair reads: both answers' first tokens at the last prompt position, and
+    both answers scored whole after it."""
+    return dict(answers=pair.answers, continuations=pair.continuations)
 
 
 class PositionSweep(SweepKind):
@@ -145,8 +155,8 @@ class PositionSweep(SweepKind):
                 for direction in self._directions(ctx.config) for layer in layers for pos in positions]
 
     def request(self, pair, cell, ctx, source):
-        return Request(tokens=_tokens(pair, cell.direction), answers=_answers(pair),
-                       patches=(Patch(self.site, cell.layer, source, (cell.position,)),))
+        return Request(tokens=_tokens(pair, cell.direction), patches=(Patch(self.site, cell.layer, source, (cell.position,)),),
+                       **_scored(pair))
 
 
 class HeadSweep(SweepKind):
@@ -171,8 +181,8 @@ class HeadSweep(SweepKind):
 
     def request(self, pair, cell, ctx, source):
         positions = None if cell.position is None else (cell.position,)
-        return Request(tokens=pair.corrupt_ids, answers=_answers(pair),
-                       patches=(Patch("head", cell.layer, source, positions, cell.head),))
+        return Request(tokens=pair.corrupt_ids, patches=(Patch("head", cell.layer, source, positions, cell.head),),
+                       **_scored(pair))
 
 
 def trace_window(layer: int, window: int, n_layers: int) -> range:
@@ -223,7 +233,7 @@ class TraceSweep(SweepKind):
         else:
             patches = tuple(Patch(cell.site, w, source, (cell.position,))
                             for w in trace_window(cell.layer, cell.window, ctx.n_layers))
-        return Request(tokens=pair.clean_ids, answers=_answers(pair), noise=noise, patches=patches)
+        return Request(tokens=pair.clean_ids, noise=noise, patches=patches, **_scored(pair))
 
     def first_change(self, pair):
         return min(pair.subject_positions)  # the noise: the clean prompt's tokens are the same
@@ -232,19 +242,14 @@ class TraceSweep(SweepKind):
         return Cell(self.name, None, sample=cell.sample)  # that sample's noised run
 
     def rows(self, pair, readings, baseline, ctx):
-        sums = defaultdict(lambda: [0.0, 0.0, 0])  # restored site (sample dropped) -> [ld, p, n]
+        samples = defaultdict(list)  # restored site (sample dropped) -> its samples' readings
         for cell, r in readings:
-            acc = sums[Cell(cell.sweep, cell.site, cell.direction, cell.layer, cell.position, cell.head, cell.window)]
-            acc[0] += r.logit_diff
-            acc[1] += r.p
-            acc[2] += 1
-        noised_key = Cell(self.name, None)
-        ld, p, n = sums.pop(noised_key)
-        noised = Reading(ld / n, p / n)
+            samples[Cell(cell.sweep, cell.site, cell.direction, cell.layer, cell.position, cell.head, cell.window)].append(r)
+        noised = Reading.mean(samples.pop(Cell(self.name, None)))
         clean, _ = baselines(baseline)
         out = []
-        for cell, (ld, p, n) in sums.items():
-            row = effect_row(pair, cell, Reading(ld / n, p / n), clean, noised, self.metric)
+        for cell, got in samples.items():
+            row = effect_row(pair, cell, Reading.mean(got), clean, noised, self.metric)
             if cell.window is not None:  # the layers actually restored: the window is cut at the model's ends
                 row["window"] = len(trace_window(cell.layer, cell.window, ctx.n_layers))
             out.append(row)

@@ -11,7 +11,7 @@ import torch
 
 from ..cache import CacheError, CacheSpec
 from ..metrics import Reading
-from ..plan import Request, Start, latest_start
+from ..plan import LOGPROBS, Request, Start, latest_start
 from .config import SweepConfig
 from .kinds import SWEEP_KINDS, Cell, SweepContext, SweepKind
 
@@ -35,17 +35,17 @@ def count_runs(pairs, config: SweepConfig, n_layers: int, n_heads: int) -> int:
 
 def patched_runs(pairs, ctx: SweepContext) -> Iterator[tuple[int, SweepKind, Cell, Request]]:
     """Every patched run of the sweeps over `pairs`, pair by pair: (pair index, kind, cell, request).
-    A request patches from the source named `{pair index}:{run}`; with `config.skip` it starts at
-    the latest layer its patches allow, from the stream of the run it equals below them."""
+    A request patches from the source named `{pair index}:{run}` and measures its KL divergence
+    from the clean run's (`{pair index}:clean`); with `config.skip` it starts at the latest layer
+    its patches allow, from the stream of the run it equals below them."""
     for i, p in enumerate(pairs):
         for name in ctx.config.sweeps:
             kind = SWEEP_KINDS[name]
             for cell in kind.cells(p, ctx):
                 req = kind.request(p, cell, ctx, f"{i}:{cell.source}")
                 layer = latest_start(req.patches, ctx.n_layers) if ctx.config.skip else 0
-                if layer > 0:
-                    req = dataclasses.replace(req, start=Start(layer, f"{i}:{cell.stream}"))
-                yield i, kind, cell, req
+                start = Start(layer, f"{i}:{cell.stream}") if layer > 0 else None
+                yield i, kind, cell, dataclasses.replace(req, start=start, reference=f"{i}:clean")
 
 
 def trace_noise_std(store, pairs, scale: float) -> float:
@@ -85,10 +85,12 @@ def run_sweeps(engine, pairs, store, config: SweepConfig, progress: Progress | N
         nonlocal done
         sources = {}
         for i, _, cell, req in buffer:
-            for run in (cell.source, cell.stream) if req.start else (cell.source,):
+            for run in ("clean", cell.source, cell.stream) if req.start else ("clean", cell.source):
                 name = f"{i}:{run}"
                 if name not in sources:
                     sources[name] = store.captures(pairs[i].pair_id, run)
+                    if run == "clean":
+                        sources[name][LOGPROBS] = store.logprobs(pairs[i].pair_id)
         results = engine.run([req for *_, req in buffer], sources)
         for (i, kind, cell, _), res in zip(buffer, results):
             readings[(i, kind.name)].append((cell, Reading.of(res)))

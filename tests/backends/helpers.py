@@ -41,6 +41,19 @@ def assert_results_close(a, b, tol=TOL):
         assert diff <= tol, f"request {i}: answer logits differ by {diff}"
         assert abs(x.logsumexp - y.logsumexp) <= tol, f"request {i}: logsumexp differs"
         assert x.top_ids == y.top_ids, f"request {i}: top-k ids differ"
+        assert x.answer_ranks == y.answer_ranks, f"request {i}: answer ranks differ"
+        assert len(x.continuation_logprobs) == len(y.continuation_logprobs)
+        for j, (cx, cy) in enumerate(zip(x.continuation_logprobs, y.continuation_logprobs)):
+            assert len(cx) == len(cy)
+            d = max((abs(u - v) for u, v in zip(cx, cy)), default=0.0)
+            assert d <= tol, f"request {i}: continuation {j} log-probabilities differ by {d}"
+        assert (x.kl is None) == (y.kl is None)
+        if x.kl is not None:
+            assert abs(x.kl - y.kl) <= tol, f"request {i}: KL differs by {abs(x.kl - y.kl)}"
+        assert (x.logprobs is None) == (y.logprobs is None)
+        if x.logprobs is not None:
+            d = (x.logprobs - y.logprobs).abs().max().item()
+            assert d <= tol, f"request {i}: log-probabilities differ by {d}"
         assert set(x.captures) == set(y.captures)
         for k in x.captures:
             d = (x.captures[k].float() - y.captures[k].float()).abs().max().item()

@@ -1,11 +1,13 @@
 """Tensor parallelism: reads of z gathered across ranks, writes landing on the rank that holds the head."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from patchgrid.cache import stream_keys
-from patchgrid.plan import Request
+from patchgrid.plan import LOGPROBS, Request
 from patchgrid.tp import head_owner, heads_per_rank, merge_rank_captures, rank_z_columns
 from tests.conftest import needs_vllm
 
@@ -51,3 +53,8 @@ def test_tensor_parallel_2_on_cpu_matches_hf(engines):
     assert any(r.start for r in started)
     assert_results_close(hf.run(started, sources), tp.run(started, sources))
     assert tp.start_layers() == [0, 0]
+    # answers of several tokens and the KL divergence: every rank unembeds the same rows (the
+    # unembedding gathers its vocabulary slices across ranks)
+    sources["ref"] = {LOGPROBS: hf.run([dataclasses.replace(cap, logprobs=True)])[0].logprobs}
+    scored = [dataclasses.replace(r, continuations=((5, 9, 33), (77, 4)), reference="ref") for r in reqs[:40]]
+    assert_results_close(hf.run(scored, sources), tp.run(scored, sources))

@@ -1,5 +1,6 @@
 """Correct however vLLM schedules: prompts split by chunked prefill, many steps, long prompts; half
-the patched runs start mid-stack (plan.Start), mixed in one call with those that do not."""
+the patched runs start mid-stack (plan.Start), mixed in one call with those that do not; a third
+score answers of several tokens (long enough to be split across steps) and a KL divergence."""
 from __future__ import annotations
 
 import random
@@ -7,7 +8,7 @@ import random
 import pytest
 import torch
 
-from patchgrid.plan import Noise, Patch, Request, Start, latest_start
+from patchgrid.plan import LOGPROBS, Noise, Patch, Request, Start, latest_start
 from tests.conftest import needs_vllm
 
 from .helpers import all_keys, assert_results_close, effect_spread
@@ -15,6 +16,8 @@ from .helpers import all_keys, assert_results_close, effect_spread
 pytestmark = needs_vllm
 MODEL = "tiny-llama"
 ANSWERS = (5, 77)
+# answers scored whole: one of 37 tokens (split across chunked-prefill steps), one of 2
+CONTINUATIONS = (tuple(range(40, 77)), (77, 4))
 
 
 def _prompt(rng, n):
@@ -35,8 +38,10 @@ def _mixed_requests(shape, rng, corrupts, n):
         patches = (Patch(site, layer, source, positions, head),)
         start = latest_start(patches, shape.n_layers)
         start = Start(start, f"corrupt{i % len(corrupts)}") if start and not noise and i % 2 == 0 else None
-        reqs.append(Request(tokens=corrupt, answers=ANSWERS, noise=noise, patches=patches, start=start))
+        scored = dict(continuations=CONTINUATIONS, reference="ref") if i % 3 == 0 else {}
+        reqs.append(Request(tokens=corrupt, answers=ANSWERS, noise=noise, patches=patches, start=start, **scored))
     assert any(r.start for r in reqs) and not all(r.start for r in reqs)
+    assert any(r.start and r.continuations for r in reqs)
     return reqs
 
 
@@ -56,9 +61,13 @@ def chunked(engines):
 def _sources(engine, cleans, corrupts=()):
     """The clean runs' captures, and the corrupt runs' (the streams patched runs start from)."""
     keys = tuple(all_keys(engine.shape))
-    runs = engine.run([Request(tokens=c, answers=ANSWERS, capture=keys) for c in list(cleans) + list(corrupts)])
+    # the corrupt runs score the answers too: their streams cover the answers' positions
+    runs = engine.run([Request(tokens=c, answers=ANSWERS, capture=keys, logprobs=True) for c in cleans] +
+                      [Request(tokens=c, answers=ANSWERS, capture=keys, continuations=CONTINUATIONS)
+                       for c in corrupts])
     out = {f"clean{i}": r.captures for i, r in enumerate(runs[:len(cleans)])}
     out.update({f"corrupt{i}": r.captures for i, r in enumerate(runs[len(cleans):])})
+    out["ref"] = {LOGPROBS: runs[0].logprobs}
     return out
 
 
