@@ -8,11 +8,22 @@ from dataclasses import replace
 import pytest
 
 from patchgrid.cache import CacheError, load_or_build
+from patchgrid.metrics import METRICS
 from patchgrid.sweeps import SweepConfig, cache_spec, count_runs, run_sweeps, trace_window
 from tests.conftest import TINY, needs_vllm
 from tests.study_helpers import noise_std_for, shipped_pairs
 
 ALL = SweepConfig(sweeps=("resid", "attn_out", "mlp_out", "heads", "trace"), trace_samples=2, max_requests=700)
+
+
+def _long_answers(pairs):
+    """The first pair's answers scored whole (3 and 2 tokens), the second's one of 4 tokens and one
+    of 1; the rest one-token."""
+    out = list(pairs)
+    a, b = out[0].clean_answer_id, out[0].corrupt_answer_id
+    out[0] = replace(out[0], clean_answer_ids=(a, 11, 12), corrupt_answer_ids=(b, 13))
+    out[1] = replace(out[1], clean_answer_ids=(out[1].clean_answer_id, 21, 22, 23))
+    return out
 
 
 def _key(row):
@@ -31,7 +42,7 @@ def _by_key(rows):
 def test_every_sweep_kind_equals_the_hf_backend(tmp_path, engines, tokenizers, model):
     vl = engines.get(model, "vllm", dtype="float32")
     hf = engines.get(model, "hf", dtype="float32")
-    pairs = shipped_pairs(tokenizers(model), 3)
+    pairs = _long_answers(shipped_pairs(tokenizers(model), 3))
     std = noise_std_for(hf, pairs)
     cache, _ = load_or_build(vl, pairs, cache_spec(ALL, vl.shape.n_layers, std), tmp_path, log=lambda *_: None)
     a, b = _by_key(run_sweeps(vl, pairs, cache, ALL)), _by_key(run_sweeps(hf, pairs, cache, ALL))
@@ -42,33 +53,47 @@ def test_every_sweep_kind_equals_the_hf_backend(tmp_path, engines, tokenizers, m
     assert {k[1] for k in a} == {"resid", "attn_out", "mlp_out", "heads", "trace"}
     for k in a:
         for other in (b, c, d):
-            assert a[k]["patched_logit_diff"] == pytest.approx(other[k]["patched_logit_diff"], abs=1e-4), k
-            assert a[k]["patched_p"] == pytest.approx(other[k]["patched_p"], abs=1e-4), k
+            for m in METRICS:  # every metric, of answers of one token and of several
+                assert a[k][f"patched_{m}"] == pytest.approx(other[k][f"patched_{m}"], abs=1e-4), (k, m)
+            assert a[k]["patched_logp_clean_tokens"] == pytest.approx(other[k]["patched_logp_clean_tokens"], abs=1e-4)
     # cells before the first change (before the subject) were not run: they equal their baselines
     early = [k for k in a if k[5] is not None and k[5] < pairs[0].subject_start and k[0] == pairs[0].pair_id]
     assert early and all(a[k]["effect"] == 0 for k in early)
-    spread = max(r["patched_logit_diff"] for r in a.values()) - min(r["patched_logit_diff"] for r in a.values())
+    spread = max(r["patched_logprob_diff"] for r in a.values()) - min(r["patched_logprob_diff"] for r in a.values())
     assert spread > 0.05
+    assert max(r["patched_kl"] for r in a.values()) > 0.01
 
 
 def test_rows_are_complete_and_consistent(tmp_path, engines, tokenizers):
     hf = engines.get("tiny-gpt2", "hf", dtype="float32")
-    pairs = shipped_pairs(tokenizers("tiny-gpt2"), 3)
+    pairs = _long_answers(shipped_pairs(tokenizers("tiny-gpt2"), 3))
     cache, _ = load_or_build(hf, pairs, cache_spec(ALL, 4, noise_std_for(hf, pairs)), tmp_path, log=lambda *_: None)
     rows = run_sweeps(hf, pairs, cache, ALL)
+    whole = {p.pair_id for p in pairs[:2]}  # answers scored whole: no logit difference, headline logprob_diff
     non_trace = [r for r in rows if r["sweep"] != "trace"]
     n_trace = sum(len(p.clean_ids) * 4 * 3 for p in pairs)  # positions x layers x (resid, mlp, attn)
     assert len(non_trace) + n_trace * ALL.trace_samples + len(pairs) * ALL.trace_samples == \
         count_runs(pairs, ALL, 4, 4)
     assert len(rows) - len(non_trace) == n_trace  # one trace row per restored site, averaged over samples
     for r in rows:
-        for field in ("patched_logit_diff", "patched_p", "effect", "clean_logit_diff", "corrupt_logit_diff"):
-            assert r[field] is not None, field
-        if r["metric"] == "logit_diff":
-            span = r["clean_logit_diff"] - r["corrupt_logit_diff"]
-            assert r["recovery"] == pytest.approx((r["patched_logit_diff"] - r["corrupt_logit_diff"]) / span)
+        for m in METRICS:
+            for prefix in ("patched", "clean", "corrupt"):
+                assert (r[f"{prefix}_{m}"] is None) == (m == "logit_diff" and r["pair_id"] in whole), (prefix, m)
+        assert r["clean_kl"] == 0 and r["effect"] is not None
+        lengths = (3, 2) if r["pair_id"] == pairs[0].pair_id else (4, 1) if r["pair_id"] == pairs[1].pair_id else (1, 1)
+        assert (len(r["patched_logp_clean_tokens"]), len(r["patched_logp_corrupt_tokens"])) == lengths
+        assert r["patched_logprob_diff"] == pytest.approx(r["patched_logp_clean"] - r["patched_logp_corrupt"], abs=1e-5)
+        if r["sweep"] != "trace":  # a trace row averages p and log p over samples: exp(mean log p) is not mean p
+            assert r["patched_p"] == pytest.approx(2.718281828 ** r["patched_logp_clean"], rel=1e-4)
+        if r["pair_id"] not in whole:  # one-token answers: one normaliser, so the two differences agree
+            assert r["patched_logprob_diff"] == pytest.approx(r["patched_logit_diff"], abs=1e-4)
+        if r["sweep"] == "trace":
+            assert r["metric"] == "p" and r["effect"] == pytest.approx(r["patched_p"] - r["corrupt_p"])
         else:
-            assert r["effect"] == pytest.approx(r["patched_p"] - r["corrupt_p"])
+            m = "logprob_diff" if r["pair_id"] in whole else "logit_diff"
+            span = r[f"clean_{m}"] - r[f"corrupt_{m}"]
+            assert r["metric"] == m
+            assert r["recovery"] == pytest.approx((r[f"patched_{m}"] - r[f"corrupt_{m}"]) / span)
         assert (r["position"] is None) == (r["position_role"] == "all")
         assert (r["head"] is not None) == (r["sweep"] == "heads")
         assert (r["window"] is not None) == (r["sweep"] == "trace" and r["site"] != "resid")
