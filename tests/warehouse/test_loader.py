@@ -13,8 +13,15 @@ from patchgrid.effects import write_effects
 from patchgrid.pairs import to_table as pairs_table
 from patchgrid.warehouse.layout import Layout
 from patchgrid.warehouse.loader import SCHEMA_VERSION, WarehouseError, ensure, load_run, query, start_run
+from tests.effect_rows import baseline, make_pair, row
 
 ROLES = ["subject_first", "subject_last", "further", "further", "last"]
+# The effect and baseline columns patchgrid wrote before every metric had its own (schema v1, and
+# v2 loads until issue 15): logit difference and p only.
+OLD_EFFECT_COLUMNS = ["pair_id", "relation", "sweep", "site", "direction", "layer", "position", "position_role", "head",
+                      "window", "metric", "patched_logit_diff", "patched_p", "clean_logit_diff", "corrupt_logit_diff",
+                      "clean_p", "corrupt_p", "effect", "recovery"]
+OLD_BASELINE_COLUMNS = ["pair_id", "clean_logit_diff", "corrupt_logit_diff", "clean_p", "corrupt_p"]
 
 
 def synthetic(n_pairs=6, seed=0, relations=("capital", "currency")):
@@ -27,17 +34,11 @@ def synthetic(n_pairs=6, seed=0, relations=("capital", "currency")):
                       "corrupt_prompt": "a x c d e", "clean_answer": " y", "corrupt_answer": " z",
                       "subject": "b", "subject_start": 1, "subject_end": 2, "roles": ROLES, "clean_ids": [1, 2, 3, 4, 5],
                       "corrupt_ids": [1, 9, 3, 4, 5], "clean_answer_id": 7, "corrupt_answer_id": 8})
-        baselines.append({"pair_id": pid, "clean_logit_diff": 2.0, "corrupt_logit_diff": -2.0, "clean_p": 0.5,
-                          "corrupt_p": 0.1})
+        baselines.append(baseline(pid))
+        key = make_pair(pid, ROLES, rel, subject=(1, 2))
         for layer in range(3):
-            for pos, role in enumerate(ROLES):
-                rec = rng.uniform(-0.2, 1.2)
-                effects.append({"pair_id": pid, "relation": rel, "sweep": "resid", "site": "resid",
-                                "direction": "denoise", "layer": layer, "position": pos, "position_role": role,
-                                "head": None, "window": None, "metric": "logit_diff",
-                                "patched_logit_diff": -2 + 4 * rec, "patched_p": 0.3, "clean_logit_diff": 2.0,
-                                "corrupt_logit_diff": -2.0, "clean_p": 0.5, "corrupt_p": 0.1,
-                                "effect": 4 * rec, "recovery": rec})
+            for pos in range(len(ROLES)):
+                effects.append(row(key, rng.uniform(-0.2, 1.2), layer=layer, position=pos))
     pairs.append({"pair_id": "bad", "relation": "capital", "status": "rejected", "reason": "no_partner"})
     return pairs_table(pairs), baselines, effects
 
@@ -99,7 +100,8 @@ def test_effect_summary_matches_a_direct_computation(tmp_path):
     values = [statistics.mean(v) for v in per_pair.values()]
     cols, rows = query(wh, """SELECT n_pairs, n_recovery, metric, mean_recovery, sd_recovery, se_recovery, ci95_low,
                               ci95_high FROM effect_summary
-                              WHERE run_id = 'run-a' AND layer = 1 AND position_role = 'further'""")
+                              WHERE run_id = 'run-a' AND layer = 1 AND position_role = 'further'
+                              AND metric = 'logit_diff'""")
     n, n_rec, metric, mean, sd, se, lo, hi = rows[0]
     assert n == n_rec == 6 and metric == "logit_diff"
     assert mean == pytest.approx(statistics.mean(values), rel=1e-5)
@@ -108,26 +110,39 @@ def test_effect_summary_matches_a_direct_computation(tmp_path):
     assert se == pytest.approx(sd / math.sqrt(6)) and lo == pytest.approx(mean - 2.5706 * se, rel=1e-4)
     assert hi == pytest.approx(mean + 2.5706 * se, rel=1e-4)
     rel = query(wh, "SELECT relation, n_pairs FROM relation_summary WHERE layer = 1 AND position_role = 'last' "
-                    "ORDER BY relation")[1]
+                    "AND metric = 'logit_diff' ORDER BY relation")[1]
     assert rel == [("capital", 3), ("currency", 3)]
     assert query(wh, "SELECT run_id, reason, n FROM rejections")[1] == [("run-a", "no_partner", 1)]
 
 
 def test_views_unique_and_not_null(tmp_path):
-    """dbt-style tests: each summary row unique on its key; counts and means never null."""
+    """dbt-style tests: each view's rows unique on its key; keys, counts and means never null."""
+    from patchgrid.metrics import METRICS
+
     wh = tmp_path / "w.duckdb"
-    load(tmp_path, wh)
-    for view, key in (("effect_summary", "run_id, sweep, site, direction, metric, layer, position_role, head"),
-                      ("relation_summary", "run_id, relation, sweep, site, direction, metric, layer, position_role, head"),
-                      ("pair_effects", "run_id, pair_id, sweep, site, direction, metric, layer, position_role, head, "
-                                       "\"window\"")):
+    _, effects = load(tmp_path, wh)
+    for view, key, required in (
+            ("metrics", "metric", "metric, meaning, better"),
+            ("effect_metrics", "run_id, pair_id, sweep, site, direction, layer, position, head, \"window\", metric",
+             "metric, patched, clean, corrupt, effect, moved, span"),
+            ("pair_effects", "run_id, pair_id, sweep, site, direction, metric, layer, position_role, head, \"window\"",
+             "metric, effect"),
+            ("effect_summary", "run_id, sweep, site, direction, metric, layer, position_role, head",
+             "n_pairs, metric, mean_effect"),
+            ("relation_summary", "run_id, relation, sweep, site, direction, metric, layer, position_role, head",
+             "n_pairs, metric, mean_effect")):
         dup = query(wh, f"SELECT count(*) FROM (SELECT {key}, count(*) c FROM {view} GROUP BY ALL HAVING c > 1)")[1]
         assert dup == [(0,)], view
-        nulls = query(wh, f"SELECT count(*) FROM {view} WHERE n_pairs IS NULL OR metric IS NULL OR mean_effect IS NULL"
-                      if view != "pair_effects" else f"SELECT count(*) FROM {view} WHERE metric IS NULL OR effect IS NULL")
-        assert nulls[1] == [(0,)], view
-    # the pairs behind each mean are the ones counted
-    assert query(wh, "SELECT count(*) FROM effect_summary WHERE n_recovery + n_small_span <> n_pairs")[1] == [(0,)]
+        nulls = " OR ".join(f"{c.strip()} IS NULL" for c in required.split(","))
+        assert query(wh, f"SELECT count(*) FROM {view} WHERE {nulls}")[1] == [(0,)], view
+    # every effect row once per metric (these rows have every metric), and every metric summarised
+    assert count(wh, "effect_metrics") == len(effects) * len(METRICS)
+    assert {m for (m,) in query(wh, "SELECT DISTINCT metric FROM effect_summary")[1]} == set(METRICS)
+    # the pairs behind each mean are the ones counted; a metric without recovery counts none
+    assert query(wh, "SELECT count(*) FROM effect_summary JOIN metrics USING (metric) WHERE min_span IS NOT NULL "
+                     "AND n_recovery + n_small_span <> n_pairs")[1] == [(0,)]
+    assert query(wh, "SELECT count(*) FROM effect_summary JOIN metrics USING (metric) WHERE min_span IS NULL "
+                     "AND (n_recovery, n_small_span) <> (0, 0) OR mean_recovery IS NOT NULL AND n_recovery = 0")[1] == [(0,)]
 
 
 @pytest.mark.parametrize("make, message", [
@@ -193,9 +208,9 @@ def _v1_warehouse(tmp_path, wh):
                    clean_answer, corrupt_answer, status, reason, detail, subject, subject_start, subject_end, roles FROM p""")
     import pyarrow as pa
 
-    con.register("b", pa.Table.from_pylist(baselines))
+    con.register("b", pa.Table.from_pylist(baselines).select(OLD_BASELINE_COLUMNS))
     con.execute("INSERT INTO baselines BY NAME SELECT 'run-old' AS run_id, * FROM b")
-    con.register("e", write_and_read(effects, tmp_path))
+    con.register("e", write_and_read(effects, tmp_path).select(OLD_EFFECT_COLUMNS))
     con.execute("INSERT INTO effects BY NAME SELECT 'run-old' AS run_id, * FROM e")
     con.close()
     return len(effects)
@@ -219,8 +234,13 @@ def test_a_v1_warehouse_is_read_and_then_migrated(tmp_path, capsys):
     assert "migrated from schema v1 to v2 (1 runs, 90 effect rows" in message
     assert (tmp_path / "w.v1.duckdb").exists()
     old = query(wh, "SELECT layer, position_role, n_pairs, mean_recovery FROM effect_summary WHERE run_id = 'run-old' "
-                    "ORDER BY ALL")[1]
-    assert old == before
+                    "AND metric = 'logit_diff' ORDER BY ALL")[1]
+    # v1 averaged its stored recoveries, the views now recompute them from the readings (float32)
+    assert [r[:3] for r in old] == [r[:3] for r in before]
+    assert [r[3] for r in old] == pytest.approx([r[3] for r in before], rel=1e-5)
+    # v1 had logit difference and p only: the migrated run is summarised on those two
+    assert query(wh, "SELECT DISTINCT metric FROM effect_summary WHERE run_id = 'run-old' ORDER BY 1")[1] == [
+        ("logit_diff",), ("p",)]
     assert query(wh, "SELECT run_id, status, params->>'x' FROM runs ORDER BY run_id")[1] == [
         ("run-new", "completed", "1"), ("run-old", "completed", "1")]
     assert count(wh, "pairs", "run-old") == 7 and count(wh, "baselines", "run-old") == 6

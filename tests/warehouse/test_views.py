@@ -8,9 +8,10 @@ import statistics
 import pytest
 
 from patchgrid.effects import write_effects
-from patchgrid.metrics import MIN_SPAN
+from patchgrid.metrics import METRICS, MIN_SPAN
 from patchgrid.pairs import to_table as pairs_table
 from patchgrid.warehouse.loader import load_run, query, start_run
+from tests.effect_rows import CLEAN, CORRUPT, between, make_pair, row, shifted
 
 
 def pair(pid, clean="c", corrupt="x", roles=("subject_last", "last"), start=0, end=1):
@@ -18,18 +19,17 @@ def pair(pid, clean="c", corrupt="x", roles=("subject_last", "last"), start=0, e
             "roles": list(roles), "subject_start": start, "subject_end": end}
 
 
-def effect(pid, recovery, *, span=4.0, role="last", position=1, sweep="resid", site="resid", metric="logit_diff",
-           layer=0, p=None, noised_p=None):
-    corrupt, clean = -2.0, -2.0 + span
-    patched = corrupt + recovery * span
-    row = {"pair_id": pid, "relation": "r", "sweep": sweep, "site": site, "direction": "denoise", "layer": layer,
-           "position": position, "position_role": role, "metric": metric, "patched_logit_diff": patched,
-           "clean_logit_diff": clean, "corrupt_logit_diff": corrupt, "clean_p": 0.9, "corrupt_p": 0.1,
-           "patched_p": 0.5, "effect": patched - corrupt, "recovery": recovery}
-    if metric == "p":
-        row.update(patched_p=p, corrupt_p=noised_p, clean_p=0.9, effect=p - noised_p,
-                   recovery=(p - noised_p) / (0.9 - noised_p))
-    return row
+def effect(pid, recovery, *, span=4.0, roles=("subject_last", "last"), position=1, sweep="resid", site="resid",
+           metric="logit_diff", layer=0, p=None, noised_p=None):
+    """A row `recovery` of the way from corrupt to clean, on a logit-difference span of `span`;
+    with `p`: a trace row restoring p(answer) to `p` from `noised_p` (every other metric as noised)."""
+    clean, corrupt = shifted(CLEAN, logit_diff=CORRUPT.logit_diff + span), CORRUPT
+    patched = None
+    if p is not None:
+        clean, corrupt = shifted(clean, p=0.9), shifted(corrupt, p=noised_p)
+        patched = shifted(between(0.0, clean, corrupt), p=p)
+    return row(make_pair(pid, roles), recovery, sweep=sweep, site=site, layer=layer, position=position,
+               metric=metric, clean=clean, corrupt=corrupt, patched=patched)
 
 
 def warehouse(tmp_path, pairs, effects):
@@ -39,8 +39,8 @@ def warehouse(tmp_path, pairs, effects):
     return wh
 
 
-def summary(wh, columns, view="effect_summary"):
-    cols, rows = query(wh, f"SELECT {columns} FROM {view}")
+def summary(wh, columns, view="effect_summary", metric="logit_diff"):
+    cols, rows = query(wh, f"SELECT {columns} FROM {view} WHERE metric = ?", [metric])
     assert len(rows) == 1
     return dict(zip(cols, rows[0]))
 
@@ -100,18 +100,22 @@ def test_trace_buckets_average_as_meng_et_al(tmp_path):
     rows = []
     for pid, roles, ps in (("one", pairs[0]["roles"], [0.5, 0.3, 0.2, 0.4, 0.6]),
                            ("two", pairs[1]["roles"], [0.1, 0.3, 0.7, 0.2, 0.5])):
-        for pos, (role, p) in enumerate(zip(roles, ps)):
-            rows.append(effect(pid, 0, role=role, position=pos, sweep="trace", metric="p", p=p, noised_p=0.1))
+        for pos, p in enumerate(ps):
+            rows.append(effect(pid, 0, roles=roles, position=pos, sweep="trace", metric="p", p=p, noised_p=0.1))
     wh = warehouse(tmp_path, pairs, rows)
     got = {b: (n_prompts, n_tokens, aie) for b, n_prompts, n_tokens, aie in query(
-        wh, "SELECT bucket, n_prompts, n_tokens, aie FROM trace_buckets WHERE site = 'resid'")[1]}
+        wh, "SELECT bucket, n_prompts, n_tokens, aie FROM trace_buckets WHERE site = 'resid' AND metric = 'p'")[1]}
     assert got["first_subject"] == (2, 2, pytest.approx(((0.5 - 0.1) + (0.3 - 0.1)) / 2))
     assert got["last_subject"] == (2, 2, pytest.approx(((0.5 - 0.1) + (0.7 - 0.1)) / 2))
     assert got["first_subsequent"] == (1, 1, pytest.approx(0.3 - 0.1))
     assert got["further"] == (2, 3, pytest.approx(((0.2 - 0.1) + (0.4 - 0.1) + (0.2 - 0.1)) / 3))
     assert got["last"] == (2, 2, pytest.approx(((0.6 - 0.1) + (0.5 - 0.1)) / 2))
     assert "middle_subject" not in got and None not in got  # before_subject is left out
-    assert query(wh, "SELECT DISTINCT metric FROM trace_buckets")[1] == [("p",)]
+    # every metric is traced; restoring left each one but p where the noised run had it
+    assert {m for (m,) in query(wh, "SELECT DISTINCT metric FROM trace_buckets")[1]} == set(METRICS)
+    assert query(wh, "SELECT max(abs(aie)) FROM trace_buckets WHERE metric <> 'p'")[1] == [(0.0,)]
+    restored = query(wh, "SELECT mean_restored, mean_noised FROM trace_buckets WHERE metric = 'p' AND bucket = 'last'")
+    assert restored[1] == [(pytest.approx((0.6 + 0.5) / 2), pytest.approx(0.1))]
 
 
 def test_the_fact_interval_matches_a_direct_computation(tmp_path):
