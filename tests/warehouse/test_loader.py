@@ -13,7 +13,7 @@ from patchgrid.effects import write_effects
 from patchgrid.pairs import to_table as pairs_table
 from patchgrid.warehouse.layout import Layout
 from patchgrid.warehouse.loader import SCHEMA_VERSION, WarehouseError, ensure, load_run, query, start_run
-from tests.effect_rows import baseline, make_pair, row
+from tests.effect_rows import CLEAN, CORRUPT, baseline, make_pair, row, shifted
 
 ROLES = ["subject_first", "subject_last", "further", "further", "last"]
 # The effect and baseline columns patchgrid wrote before every metric had its own (schema v1, and
@@ -24,8 +24,11 @@ OLD_EFFECT_COLUMNS = ["pair_id", "relation", "sweep", "site", "direction", "laye
 OLD_BASELINE_COLUMNS = ["pair_id", "clean_logit_diff", "corrupt_logit_diff", "clean_p", "corrupt_p"]
 
 
-def synthetic(n_pairs=6, seed=0, relations=("capital", "currency")):
+def synthetic(n_pairs=6, seed=0, relations=("capital", "currency"), multi_token=False):
+    """Pairs, baselines and resid rows; `multi_token`: answers scored whole, so no logit difference."""
     rng = random.Random(seed)
+    clean, corrupt = (shifted(r, logit_diff=None) if multi_token else r for r in (CLEAN, CORRUPT))
+    headline = "logprob_diff" if multi_token else "logit_diff"
     pairs, baselines, effects = [], [], []
     for i in range(n_pairs):
         pid = f"p{i}"
@@ -34,16 +37,18 @@ def synthetic(n_pairs=6, seed=0, relations=("capital", "currency")):
                       "corrupt_prompt": "a x c d e", "clean_answer": " y", "corrupt_answer": " z",
                       "subject": "b", "subject_start": 1, "subject_end": 2, "roles": ROLES, "clean_ids": [1, 2, 3, 4, 5],
                       "corrupt_ids": [1, 9, 3, 4, 5], "clean_answer_id": 7, "corrupt_answer_id": 8})
-        baselines.append(baseline(pid))
+        baselines.append(baseline(pid, clean, corrupt))
         key = make_pair(pid, ROLES, rel, subject=(1, 2))
         for layer in range(3):
             for pos in range(len(ROLES)):
-                effects.append(row(key, rng.uniform(-0.2, 1.2), layer=layer, position=pos))
+                effects.append(row(key, rng.uniform(-0.2, 1.2), layer=layer, position=pos, metric=headline,
+                                   clean=clean, corrupt=corrupt))
     pairs.append({"pair_id": "bad", "relation": "capital", "status": "rejected", "reason": "no_partner"})
     return pairs_table(pairs), baselines, effects
 
 
 def load(tmp_path, wh, run_id="run-a", seed=0, **kw):
+    """The synthetic run loaded as a study loads it; returns the counts and the effect rows."""
     pairs, baselines, effects = synthetic(seed=seed, **kw)
     f = write_effects(effects, tmp_path / f"{run_id}-{seed}.parquet")
     start_run(wh, {"run_id": run_id, "model": "m", "params": {"x": 1}})
@@ -292,3 +297,78 @@ def test_run_states(tmp_path):
         ("r1", "m", "failed", "ValueError: no accepted pairs", "1"), ("r2", "m", "cancelled", "SIGTERM", None)]
     with pytest.raises(ValueError, match="does not end a run"):
         finish_run(wh, "r1", "running")
+
+
+def _old_shaped_load(wh, run_id: str, seed=0) -> None:
+    """The synthetic run published as patchgrid wrote loads before every metric had its columns:
+    effect and baseline files with logit difference and p only, pairs without answer_policy."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from patchgrid.rows import EFFECT, PAIR_IN_WAREHOUSE
+    from patchgrid.warehouse.layout import publish_dir, stamp
+    from patchgrid.warehouse.loader import finish_run
+
+    pairs, baselines, effects = synthetic(seed=seed)
+    layout = ensure(wh)
+    start_run(wh, {"run_id": run_id, "model": "m"})
+
+    def fill(folder):
+        (folder / "effects").mkdir()
+        effect_schema = pa.schema([EFFECT.schema.field(c) for c in OLD_EFFECT_COLUMNS])
+        pq.write_table(pa.Table.from_pylist(effects).select(OLD_EFFECT_COLUMNS).cast(effect_schema),
+                       folder / "effects" / "part-00000.parquet")
+        pq.write_table(pa.Table.from_pylist(baselines).select(OLD_BASELINE_COLUMNS).cast(
+            pa.schema([(c, pa.string() if c == "pair_id" else pa.float32()) for c in OLD_BASELINE_COLUMNS])),
+            folder / "baselines.parquet")
+        old_pairs = [c for c in PAIR_IN_WAREHOUSE.columns if c != "answer_policy"]
+        pq.write_table(pairs.select(old_pairs), folder / "pairs.parquet")
+
+    publish_dir(fill, layout.run_dir(run_id), f"load={stamp()}")
+    finish_run(wh, run_id, "completed")
+
+
+def test_an_old_shaped_load_is_summarised_on_logit_diff_and_p(tmp_path):
+    """The same rows loaded in today's shape and in the shape before issue 15: the old load has
+    logit difference and p only, and on those it is summarised exactly as the new one."""
+    wh = tmp_path / "w.duckdb"
+    load(tmp_path, wh, run_id="run-new")
+    _old_shaped_load(wh, "run-old")
+    assert count(wh, "effects", "run-old") == count(wh, "effects", "run-new") == 90
+    assert query(wh, "SELECT DISTINCT metric FROM effect_summary WHERE run_id = 'run-old' ORDER BY 1")[1] == [
+        ("logit_diff",), ("p",)]
+    for view in ("effect_summary", "relation_summary", "effect_summary_facts"):
+        summaries = {}
+        for run in ("run-old", "run-new"):
+            cols, rows = query(wh, f"SELECT * EXCLUDE (run_id) FROM {view} WHERE run_id = ? "
+                                   "AND metric IN ('logit_diff', 'p') ORDER BY ALL", [run])
+            summaries[run] = rows
+        old, new = summaries["run-old"], summaries["run-new"]
+        assert len(old) == len(new) == 2 * 12 * (2 if view == "relation_summary" else 1), view
+        for o, n in zip(old, new):  # 3 layers x 4 roles x 2 metrics; equal up to the order of float sums
+            assert list(o) == [pytest.approx(v, rel=1e-12) if isinstance(v, float) else v for v in n], view
+    assert query(wh, "SELECT count(*), count(answer_policy) FROM pairs WHERE run_id = 'run-old'")[1] == [(7, 0)]
+
+
+def test_named_queries_take_a_metric_and_fall_back_without_logit_diff(tmp_path):
+    from patchgrid.warehouse.queries import stream_by_layer, strongest_effects
+
+    wh = tmp_path / "w.duckdb"
+    load(tmp_path, wh, run_id="one-token")
+    load(tmp_path, wh, run_id="multi-token", multi_token=True)
+    for run, default in (("one-token", "logit_diff"), ("multi-token", "logprob_diff")):
+        cols, rows = strongest_effects(wh, run, top=5)
+        assert len(rows) == 5 and {r[cols.index("metric")] for r in rows} == {default}, run
+        recoveries = [r[cols.index("mean_recovery")] for r in rows]
+        assert recoveries == sorted(recoveries, reverse=True)
+        cols, rows = stream_by_layer(wh, run, every=2)
+        assert {r[cols.index("metric")] for r in rows} == {default} and len(rows) == 4  # layers 0, 2 x 2 roles
+    cols, rows = strongest_effects(wh, "one-token", top=3, metric="kl")
+    assert {r[cols.index("metric")] for r in rows} == {"kl"}
+    # rank has no recovery: its strongest cells are those that bring the clean answer's rank down most
+    cols, rows = strongest_effects(wh, "one-token", top=15, metric="rank")
+    effects = [r[cols.index("mean_effect")] for r in rows]
+    assert effects == sorted(effects) and all(r[cols.index("mean_recovery")] is None for r in rows)
+    assert strongest_effects(wh, "multi-token", metric="logit_diff")[1] == []
+    with pytest.raises(ValueError, match="metric 'logits' is not one of"):
+        stream_by_layer(wh, "one-token", metric="logits")
