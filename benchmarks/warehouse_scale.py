@@ -28,11 +28,18 @@ ROLES = np.array(["before_subject", "before_subject", "subject_first", "subject_
                   "further", "further", "last"])
 SITES = [("resid", "resid", "denoise"), ("resid", "resid", "noise"), ("attn_out", "attn_out", "denoise"),
          ("mlp_out", "mlp_out", "denoise")]
+# Every metric's clean and corrupt value (patchgrid/metrics.py): the clean run knows its answer.
+CLEAN = {"logit_diff": 3.0, "logprob_diff": 3.0, "logp_clean": -0.5, "logp_corrupt": -3.5, "p": 0.6, "kl": 0.0,
+         "rank": 0.0}
+CORRUPT = {"logit_diff": -2.0, "logprob_diff": -2.0, "logp_clean": -3.5, "logp_corrupt": -0.5, "p": 0.03, "kl": 2.0,
+           "rank": 6.0}
 
 
 def synthetic_run(n_rows: int, seed: int) -> pa.Table:
     from patchgrid.effects import SCHEMA
+    from patchgrid.metrics import METRICS
 
+    assert set(CLEAN) == set(CORRUPT) == set(METRICS)
     rng = np.random.default_rng(seed)
     i = np.arange(n_rows)
     pos = i % 8
@@ -40,7 +47,6 @@ def synthetic_run(n_rows: int, seed: int) -> pa.Table:
     site = (i // 240) % len(SITES)
     pair = i // (240 * len(SITES))
     recovery = rng.normal(0.3, 0.4, n_rows).astype(np.float32)
-    clean, corrupt = np.float32(3.0), np.float32(-2.0)
     cols = {
         "pair_id": pa.array(np.char.add("p", pair.astype(str))),
         "relation": pa.array(np.array(["capital", "continent", "currency", "language"])[pair % 4]),
@@ -53,15 +59,22 @@ def synthetic_run(n_rows: int, seed: int) -> pa.Table:
         "head": pa.nulls(n_rows, pa.int32()),
         "window": pa.nulls(n_rows, pa.int32()),
         "metric": pa.array(np.full(n_rows, "logit_diff")),
-        "patched_logit_diff": pa.array(corrupt + recovery * (clean - corrupt)),
-        "patched_p": pa.array(rng.uniform(0, 1, n_rows).astype(np.float32)),
-        "clean_logit_diff": pa.array(np.full(n_rows, clean)),
-        "corrupt_logit_diff": pa.array(np.full(n_rows, corrupt)),
-        "clean_p": pa.array(np.full(n_rows, 0.6, np.float32)),
-        "corrupt_p": pa.array(np.full(n_rows, 0.1, np.float32)),
-        "effect": pa.array(recovery * (clean - corrupt)),
+        "effect": pa.array(recovery * np.float32(CLEAN["logit_diff"] - CORRUPT["logit_diff"])),
         "recovery": pa.array(recovery),
     }
+    # every metric of a study's rows: each recovers its own share, around the headline's
+    for name in CLEAN:
+        clean, corrupt = np.float32(CLEAN[name]), np.float32(CORRUPT[name])
+        share = recovery if name == "logit_diff" else recovery + rng.normal(0, 0.1, n_rows).astype(np.float32)
+        cols[f"patched_{name}"] = pa.array(corrupt + share * (clean - corrupt))
+        cols[f"clean_{name}"] = pa.array(np.full(n_rows, clean))
+        cols[f"corrupt_{name}"] = pa.array(np.full(n_rows, corrupt))
+    # one-token answers: one log-probability per answer and run
+    for prefix in ("patched", "clean", "corrupt"):
+        for what in ("logp_clean", "logp_corrupt"):
+            values = cols[f"{prefix}_{what}"].to_numpy(zero_copy_only=False)
+            cols[f"{prefix}_{what}_tokens"] = pa.ListArray.from_arrays(np.arange(n_rows + 1, dtype=np.int32),
+                                                                       pa.array(values))
     return pa.table(cols, schema=SCHEMA)
 
 

@@ -2,7 +2,12 @@
 
 The page has its styles, data and figures (inline SVG) inside it and makes no network request.
 Every heatmap's colour scale is centred at zero, its axes are labelled with layer numbers and role
-names, and each cell's hover text gives the mean, its 95% interval and the pair count.
+names, and each cell's hover text gives the mean, its metric, its 95% interval and the pair count.
+
+The patching and head heatmaps are drawn once per metric the run has (`patchgrid.metrics`), and
+the page shows one metric at a time: a row of radio buttons selects it with CSS alone (no script),
+the headline metric (logit_diff, else logprob_diff) first. Causal tracing is drawn on p(answer), as
+Meng et al. trace, and the small multiples by relation on the headline metric.
 """
 from __future__ import annotations
 
@@ -11,11 +16,14 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .metrics import METRICS
 from .rows import POSITION_ROLES as ROLE_ORDER
 
 TRACE_PANELS = (("resid", "hidden state"), ("mlp_out", "MLP (window)"), ("attn_out", "attention (window)"))
 # Meng et al.'s token buckets, top to bottom (the trace_buckets view)
 TRACE_BUCKETS = ("first_subject", "middle_subject", "last_subject", "first_subsequent", "further", "last")
+# The metric shown first (and the only one for the small multiples): the first of these the run has.
+HEADLINE = ("logit_diff", "logprob_diff")
 
 
 @dataclass
@@ -32,6 +40,7 @@ class Heatmap:
     limit: float  # colour scale from -limit to +limit
     caption: str = ""
     small: bool = False
+    metric: str | None = None  # set: one of a figure's versions per metric, shown when it is selected
     extra: dict = field(default_factory=dict)
 
 
@@ -48,7 +57,7 @@ def _note(row, what="recovery"):
     else:
         mean, lo, hi, n = row["mean_effect"], row["effect_ci95_low"], row["effect_ci95_high"], row["n_pairs"]
     if mean is None:
-        return f"no {what}: every pair's span is below the threshold"
+        return f"no {what} ({row['metric']}): every pair's span is below the threshold"
     text = f"{what} ({row['metric']}) {mean:+.3f}"
     if lo is not None:
         text += f" (95% t interval {lo:+.3f} to {hi:+.3f})"
@@ -89,46 +98,24 @@ def collect(con, run_id: str) -> dict:
     by_relation = _q(con, "SELECT * FROM relation_summary WHERE run_id = ? AND sweep = 'resid' AND direction = "
                           "'denoise'", [run_id])
     rejections = _q(con, "SELECT reason, n FROM rejections WHERE run_id = ? ORDER BY n DESC", [run_id])
+    present = {r["metric"] for r in summary}
+    metrics = [m for m in METRICS if m in present]
+    headline = next((m for m in HEADLINE if m in present), metrics[0] if metrics else None)
+    metrics = [headline] + [m for m in metrics if m != headline] if headline else []
     figures: list[Heatmap] = []
     groups = sorted({(r["sweep"], r["site"], r["direction"]) for r in summary if r["sweep"] not in ("heads", "trace")},
                     key=lambda g: (["resid", "attn_out", "mlp_out"].index(g[0]) if g[0] in ("resid", "attn_out",
                                                                                              "mlp_out") else 9, g))
-    for sweep, site, direction in groups:
-        rows = [r for r in summary if (r["sweep"], r["site"], r["direction"]) == (sweep, site, direction)]
-        layers = sorted({r["layer"] for r in rows}, key=lambda layer: -1 if layer is None else layer)
-        roles = _roles_present(rows)
-        if direction == "denoise":
-            value = lambda r: r["mean_recovery"]
-            units, what = "mean recovery", "clean into corrupt"
-            reading = ("Recovery = (patched − corrupt) / (clean − corrupt) logit difference, averaged over pairs. "
-                       "Red, 1: the patch alone restores the clean answer; 0: it does nothing.")
-        else:
-            # patching corrupt into clean: a recovery of 1 means the site changed nothing, so the
-            # picture shows what the patch took away, with important sites red as in denoising
-            value = lambda r: None if r["mean_recovery"] is None else 1 - r["mean_recovery"]
-            units, what = "1 − mean recovery", "corrupt into clean"
-            reading = ("1 − recovery: the share of the clean answer's logit-difference lead that the patch takes "
-                       "away, averaged over pairs. Red, 1: the site carries the whole answer (patching it alone "
-                       "makes the run corrupt); 0: the answer does not depend on it.")
-        values, notes = _grid(rows, "layer", "position_role", layers, roles, value, _note)
-        layers = ["embedding" if layer is None else layer for layer in layers]  # the embed sweep has no layer
-        figures.append(Heatmap(f"{sweep}-{direction}", f"{site} patching, {direction} ({what})", layers, roles,
-                               values, notes, "layer", "position role", units, 1.0,
-                               caption=reading + " Pairs whose clean − corrupt span is below the threshold are "
-                                                 "left out (see n_small_span)."))
-    heads = [r for r in summary if r["sweep"] == "heads"]
-    for role in _roles_present(heads):
-        rows = [r for r in heads if r["position_role"] == role]
-        layers = sorted({r["layer"] for r in rows})
-        n_heads = sorted({r["head"] for r in rows})
-        values, notes = _grid(rows, "layer", "head", layers, n_heads, lambda r: r["mean_recovery"], _note)
-        where = "every position at once" if role == "all" else f"the {role.replace('_', ' ')} position"
-        figures.append(Heatmap(f"heads-{role}", f"attention heads patched at {where}", layers, n_heads, values,
-                               notes, "layer", "head", "mean recovery", _symmetric_limit(values),
-                               caption="Each head's output (z) patched clean into corrupt; recovery on the logit "
-                                       "difference. The colour scale reaches this panel's largest magnitude "
-                                       "(legend), so small head effects show."))
-    buckets = _q(con, "SELECT * FROM trace_buckets WHERE run_id = ?", [run_id])
+    for metric in metrics:
+        for sweep, site, direction in groups:
+            rows = [r for r in summary if (r["sweep"], r["site"], r["direction"], r["metric"])
+                    == (sweep, site, direction, metric)]
+            if rows:
+                figures.append(_patching_figure(rows, sweep, site, direction, metric))
+        heads = [r for r in summary if r["sweep"] == "heads" and r["metric"] == metric]
+        for role in _roles_present(heads):
+            figures.append(_heads_figure([r for r in heads if r["position_role"] == role], role, metric))
+    buckets = _q(con, "SELECT * FROM trace_buckets WHERE run_id = ? AND metric = 'p'", [run_id])
     if buckets:
         limit = max([abs(r["aie"]) for r in buckets if r["aie"] is not None] + [1e-6])
         order = [b for b in TRACE_BUCKETS if b in {r["bucket"] for r in buckets}]
@@ -139,7 +126,8 @@ def collect(con, run_id: str) -> dict:
             layers = sorted({r["layer"] for r in rows})
             values, notes = _grid(rows, "bucket", "layer", order, layers, lambda r: r["aie"], _bucket_note)
             axis = "layer" if site == "resid" else "window centre (layer)"
-            figures.append(Heatmap(f"trace-{site}", f"causal tracing: restoring the {label}", order, layers, values,
+            figures.append(Heatmap(f"trace-{site}", f"causal tracing: restoring the {label}, on p", order, layers,
+                                   values,
                                    notes, "token", axis, "AIE on p(answer)", limit,
                                    caption="Average indirect effect: mean p(answer) with one state restored − mean "
                                            "p(answer) noised, noise on the subject's embeddings; averaged over "
@@ -147,15 +135,87 @@ def collect(con, run_id: str) -> dict:
                                            + ("" if site == "resid" else " Each cell restores a window of layers "
                                               "around its centre, clipped at the model's first and last layer.")))
     multiples = []
+    by_relation = [r for r in by_relation if r["metric"] == headline]
     for relation in sorted({r["relation"] for r in by_relation if r["relation"] is not None}):
         rows = [r for r in by_relation if r["relation"] == relation]
         layers = sorted({r["layer"] for r in rows})
         roles = _roles_present(rows)
         values, notes = _grid(rows, "layer", "position_role", layers, roles, lambda r: r["mean_recovery"], _note)
         n = max(r["n_pairs"] for r in rows)
-        multiples.append(Heatmap(f"relation-{_slug(relation)}", f"{relation} ({n} pairs)", layers, roles, values,
-                                 notes, "layer", "position role", "mean recovery", 1.0, small=True))
-    return {"info": info[0], "figures": figures, "multiples": multiples, "rejections": rejections}
+        multiples.append(Heatmap(f"relation-{_slug(relation)}", f"{relation} ({n} pairs, {headline})", layers, roles,
+                                 values, notes, "layer", "position role", f"mean recovery ({headline})", 1.0,
+                                 small=True))
+    return {"info": info[0], "figures": figures, "multiples": multiples, "rejections": rejections,
+            "metrics": metrics, "headline": headline}
+
+
+def _direction_words(metric: str) -> str:
+    """How to read a metric whose clean value is the smaller (kl, logp_corrupt, rank)."""
+    if metric == "kl":
+        return (" KL is 0 for the clean run and lower is closer to clean, so recovery = 1 − KL(patched) / "
+                "KL(corrupt).")
+    if METRICS[metric].better < 0:
+        return f" On {metric} lower is closer to clean; recovery is 1 at the clean run's value all the same."
+    return ""
+
+
+def _patching_figure(rows, sweep, site, direction, metric) -> Heatmap:
+    """A layer x position-role heatmap of one sweep, site and direction on one metric."""
+    layers = sorted({r["layer"] for r in rows}, key=lambda layer: -1 if layer is None else layer)
+    roles = _roles_present(rows)
+    what = "clean into corrupt" if direction == "denoise" else "corrupt into clean"
+    meaning = METRICS[metric].meaning
+    if METRICS[metric].min_span is None:
+        # no recovery (a ratio of ranks means nothing): the mean effect itself, on its own scale
+        values, notes = _grid(rows, "layer", "position_role", layers, roles, lambda r: r["mean_effect"],
+                              lambda r: _note(r, "effect"))
+        units = f"mean effect ({metric})"
+        reference = "corrupt" if direction == "denoise" else "clean"
+        reading = (f"Mean effect on {metric} ({meaning}): patched − {reference}, averaged over pairs; it has no "
+                   f"recovery. Rank 0 is the top token, so in denoising blue (below 0) means the patch brings "
+                   f"the clean answer up, in noising red (above 0) means it pushes the clean answer down. The "
+                   f"colour scale reaches this panel's largest magnitude (legend).")
+        limit = _symmetric_limit(values)
+    else:
+        if direction == "denoise":
+            value = lambda r: r["mean_recovery"]
+            units = f"mean recovery ({metric})"
+            reading = (f"Recovery = (patched − corrupt) / (clean − corrupt) on {metric} ({meaning}), averaged over "
+                       f"pairs. Red, 1: the patch alone restores the clean run's value; 0: it does nothing.")
+        else:
+            # patching corrupt into clean: a recovery of 1 means the site changed nothing, so the
+            # picture shows what the patch took away, with important sites red as in denoising
+            value = lambda r: None if r["mean_recovery"] is None else 1 - r["mean_recovery"]
+            units = f"1 − mean recovery ({metric})"
+            reading = (f"1 − recovery on {metric} ({meaning}): the share of the clean run's lead over the corrupt "
+                       f"run that the patch takes away, averaged over pairs. Red, 1: the site carries the whole "
+                       f"answer (patching it alone makes the run corrupt); 0: the answer does not depend on it.")
+        values, notes = _grid(rows, "layer", "position_role", layers, roles, value, _note)
+        reading += _direction_words(metric) + (" Pairs whose clean − corrupt span is below the threshold are left "
+                                               "out (see n_small_span).")
+        limit = 1.0
+    layers = ["embedding" if layer is None else layer for layer in layers]  # the embed sweep has no layer
+    return Heatmap(f"{sweep}-{direction}-{metric}", f"{site} patching, {direction} ({what}), on {metric}", layers,
+                   roles, values, notes, "layer", "position role", units, limit, caption=reading, metric=metric)
+
+
+def _heads_figure(rows, role, metric) -> Heatmap:
+    """A layer x head heatmap at one position role on one metric, scaled to its largest magnitude."""
+    layers = sorted({r["layer"] for r in rows})
+    n_heads = sorted({r["head"] for r in rows})
+    if METRICS[metric].min_span is None:
+        values, notes = _grid(rows, "layer", "head", layers, n_heads, lambda r: r["mean_effect"],
+                              lambda r: _note(r, "effect"))
+        units, shown = f"mean effect ({metric})", f"the mean effect on {metric} (patched − corrupt; no recovery)"
+    else:
+        values, notes = _grid(rows, "layer", "head", layers, n_heads, lambda r: r["mean_recovery"], _note)
+        units, shown = f"mean recovery ({metric})", f"recovery on {metric}"
+    where = "every position at once" if role == "all" else f"the {role.replace('_', ' ')} position"
+    return Heatmap(f"heads-{role}-{metric}", f"attention heads patched at {where}, on {metric}", layers, n_heads,
+                   values, notes, "layer", "head", units, _symmetric_limit(values),
+                   caption=f"Each head's output (z) patched clean into corrupt; {shown} ({METRICS[metric].meaning})."
+                           + _direction_words(metric) + " The colour scale reaches this panel's largest magnitude "
+                           "(legend), so small head effects show.", metric=metric)
 
 
 def _slug(text: str) -> str:
@@ -271,7 +331,19 @@ figure { display: inline-block; margin: 10px 18px 18px 0; vertical-align: top; }
 figcaption { font-size: 13px; max-width: 560px; } figcaption b { display: block; font-size: 14px; }
 table { border-collapse: collapse; font-size: 13px; } td, th { border: 1px solid #ddd; padding: 3px 8px; text-align: left; }
 .multiples figure { margin-right: 8px; } .note { color: #555; font-size: 13px; }
+figure.by-metric { display: none; } .metric-choice { margin: 0 2px 0 12px; }
+label.metric-label { font-size: 14px; font-family: ui-monospace, monospace; cursor: pointer; }
 """
+
+
+def _metric_css(metrics) -> str:
+    """Rules showing the selected metric's figures: a checked radio button shows the figures of
+    its class that follow it (as siblings or inside a sibling), so the page needs no script."""
+    rules = []
+    for k, _ in enumerate(metrics):
+        rules.append(f"#metric-{k}:checked ~ figure.m-{k}, #metric-{k}:checked ~ * figure.m-{k} "
+                     f"{{ display: inline-block; }} #metric-{k}:checked + label {{ font-weight: 700; }}")
+    return "\n".join(rules)
 
 
 def write_report(warehouse: str | Path, out: str | Path, run_id: str | None = None) -> Path:
@@ -290,8 +362,10 @@ def write_report(warehouse: str | Path, out: str | Path, run_id: str | None = No
     finally:
         con.close()
     info = data["info"]
+    metrics = data["metrics"]
+    index = {m: k for k, m in enumerate(metrics)}
     parts = [f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>patchgrid report {html.escape(run_id)}"
-             f"</title><style>{_CSS}</style></head><body>",
+             f"</title><style>{_CSS}{_metric_css(metrics)}</style></head><body>",
              f"<h1>patchgrid study {html.escape(run_id)}</h1>",
              f"<p class='note'>Model <b>{html.escape(str(info['model']))}</b>; "
              f"{info['n_accepted']} pairs accepted of {info['n_records']} records; "
@@ -299,15 +373,25 @@ def write_report(warehouse: str | Path, out: str | Path, run_id: str | None = No
              f"started {info['started']}, finished {info['finished']}; code {html.escape(str(info['code_version']))}."
              f" Hover a cell for its mean and metric, 95% t interval and pair count. Red marks what matters: "
              f"denoising, the patch restores the clean answer; noising, the site carries it; tracing, restoring "
-             f"the state raises p(answer). Each figure's caption says what it plots.</p>"]
+             f"the state raises p(answer); rank, which has no recovery, is drawn as its mean effect. Each "
+             f"figure's caption says what it plots.</p>"]
+    if metrics:
+        # the radio buttons come before every figure they switch: CSS selects only later siblings
+        parts.append("<p class='note'>The patching and head figures are drawn on every metric the run has; choose "
+                     "one (hover its name for what it is; the Metrics table below lists them):</p>")
+        for k, m in enumerate(metrics):
+            parts.append(f"<input type='radio' name='metric' class='metric-choice' id='metric-{k}' value='{m}'"
+                         f"{' checked' if k == 0 else ''}><label class='metric-label' for='metric-{k}' "
+                         f"title='{html.escape(METRICS[m].meaning, quote=True)}'>{m}</label>")
     n = 0
 
     def figure(h: Heatmap):
         nonlocal n
         n += 1
         png_heatmap(h, out / f"{h.key}.png")
-        return (f"<figure id='fig-{n}' data-png='{h.key}.png'>{svg_heatmap(h)}<figcaption><b>{html.escape(h.title)}"
-                f"</b>{html.escape(h.caption)}</figcaption></figure>")
+        switched = f" class='by-metric m-{index[h.metric]}' data-metric='{h.metric}'" if h.metric in index else ""
+        return (f"<figure id='fig-{n}'{switched} data-png='{h.key}.png'>{svg_heatmap(h)}<figcaption>"
+                f"<b>{html.escape(h.title)}</b>{html.escape(h.caption)}</figcaption></figure>")
 
     sections = [("Layer × position patching", [h for h in data["figures"] if not h.key.startswith(("heads",
                                                                                                    "trace"))]),
@@ -329,6 +413,12 @@ def write_report(warehouse: str | Path, out: str | Path, run_id: str | None = No
         params = {"params": params}
     for k, v in params.items():
         parts.append(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(json.dumps(v))}</td></tr>")
+    parts.append("</table><h2>Metrics</h2><table><tr><th>metric</th><th>what it is</th><th>the clean run's value is"
+                 "</th><th>recovery</th></tr>")
+    for m in metrics:
+        spec = METRICS[m]
+        parts.append(f"<tr><td>{m}</td><td>{html.escape(spec.meaning)}</td><td>{'larger' if spec.better > 0 else 'smaller'}"
+                     f"</td><td>{'none' if spec.min_span is None else f'pairs with span ≥ {spec.min_span:g}'}</td></tr>")
     parts.append("</table><h2>Rejected records by reason</h2><table><tr><th>reason</th><th>records</th></tr>")
     for r in data["rejections"]:
         parts.append(f"<tr><td>{html.escape(str(r['reason']))}</td><td>{r['n']}</td></tr>")

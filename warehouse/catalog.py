@@ -2,9 +2,11 @@
 and for the in-memory connection patchgrid's own queries and report read through.
 
 Base views (`runs`, `pairs`, `baselines`, `effects`) are generated from the row shapes in
-patchgrid/rows.py: `run_id`, then exactly the shape's columns and types. The summaries on top of
-them are `views.sql`. `published` lists each run's current load (its latest); every data view
-reads only published loads, so a load being written, or one superseded, is never read.
+patchgrid/rows.py: `run_id`, then exactly the shape's columns and types. `metrics` and
+`effect_metrics` (the effect rows, one per metric) are generated from patchgrid/metrics.py; the
+summaries on top of them are `views.sql`. `published` lists each run's current load (its
+latest); every data view reads only published loads, so a load being written, or one
+superseded, is never read.
 
 patchgrid's own connections take a snapshot when they open (`published` and `runs` are copied into
 the connection), so every query on one connection sees the same set of loads, however many land
@@ -18,8 +20,8 @@ import os
 from importlib import resources
 from pathlib import Path
 
-from patchgrid.metrics import METRICS, MIN_SPAN
-from patchgrid.rows import WAREHOUSE_TABLES, sql_type
+from patchgrid.metrics import METRICS
+from patchgrid.rows import EFFECT, WAREHOUSE_TABLES, sql_type
 
 from .layout import SCHEMA_VERSION, TMP_PREFIX, Layout, stamp
 
@@ -65,15 +67,40 @@ def base_view_statements(layout: Layout, snapshot: bool) -> list[str]:
     return statements
 
 
+# What identifies an effect row: the columns of rows.EFFECT before its headline `metric`.
+IDENTITY = tuple(EFFECT.columns[:EFFECT.columns.index("metric")])
+
+
 def metric_statements() -> list[str]:
-    """`metrics` (each metric, what it is, the smallest span a recovery divides by) and the macro
-    `metric_value(metric, logit_diff, p)` that picks a reading's value on a row's metric, both
-    from patchgrid/metrics.py."""
-    rows = ", ".join(f"({_lit(m)}, {_lit(text)}, {float(MIN_SPAN[m])!r})" for m, text in METRICS.items())
-    fields = ", ".join(METRICS)  # Reading's fields are the metrics' names
-    cases = " ".join(f"WHEN {_lit(m)} THEN {m}" for m in METRICS)
-    return [f"CREATE OR REPLACE VIEW metrics AS SELECT * FROM (VALUES {rows}) t(metric, meaning, min_span)",
-            f"CREATE OR REPLACE MACRO metric_value(metric, {fields}) AS CASE metric {cases} END"]
+    """`metrics` (each metric, what it is, its direction and the smallest span a recovery divides
+    by; NULL: no recovery) and `effect_metrics`, the effect rows in long form, both generated from
+    patchgrid/metrics.py, so a metric added there reaches every view without SQL written by hand.
+
+    `effect_metrics` has one row per effect row and metric whose patched value is there: a row
+    that has no value on a metric (logit_diff of a multi-token answer; every metric but logit_diff
+    and p in a load written before they existed, read as NULL) is no row of that metric. Values
+    are widened to DOUBLE before subtracting, so differences of float32 readings lose nothing more.
+    """
+    def span(m):
+        return "NULL::DOUBLE" if m.min_span is None else repr(float(m.min_span))
+
+    rows = ", ".join(f"({_lit(name)}, {_lit(m.meaning)}, {int(m.better)}, {span(m)})" for name, m in METRICS.items())
+    ident = ", ".join(_q(c) for c in IDENTITY)
+    # One branch per metric: a filter on `metric` prunes the other branches' Parquet columns unread.
+    branches = " UNION ALL ".join(
+        f"SELECT run_id, {ident}, {_lit(name)} AS metric, patched_{name}::DOUBLE AS patched, "
+        f"clean_{name}::DOUBLE AS clean, corrupt_{name}::DOUBLE AS corrupt FROM effects "
+        f"WHERE patched_{name} IS NOT NULL" for name in METRICS)
+    # effect: measured from the run the patch is written into (effects.effect_row's rule); moved
+    # and span stay beside recovery so that a ratio of means can be taken over pairs.
+    long = (f"SELECT l.run_id, {', '.join('l.' + _q(c) for c in IDENTITY)}, l.metric, l.patched, l.clean, "
+            f"l.corrupt, l.patched - CASE WHEN l.direction = 'noise' THEN l.clean ELSE l.corrupt END AS effect, "
+            f"CASE WHEN m.min_span IS NOT NULL AND l.clean <> l.corrupt "
+            f"THEN (l.patched - l.corrupt) / (l.clean - l.corrupt) END AS recovery, "
+            f"l.patched - l.corrupt AS moved, l.clean - l.corrupt AS span "
+            f"FROM ({branches}) l JOIN metrics m ON m.metric = l.metric")
+    return [f"CREATE OR REPLACE VIEW metrics AS SELECT * FROM (VALUES {rows}) t(metric, meaning, better, min_span)",
+            f"CREATE OR REPLACE VIEW effect_metrics AS {long}"]
 
 
 def summary_view_sql() -> str:

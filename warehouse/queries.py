@@ -1,29 +1,55 @@
 """Named questions asked of the warehouse's views (the study's summary artifact, the demo's tables).
-Each result names the metric its numbers are on."""
+Each result names the metric its numbers are on (its `metric` column)."""
 from __future__ import annotations
+
+from patchgrid.metrics import METRICS
 
 from .loader import query
 
-
-def strongest_effects(path, run_id: str, top: int = 20):
-    """The run's largest mean recoveries of logit difference (patching sweeps), as (columns, rows)."""
-    return query(path, """
-        SELECT sweep, site, direction, layer, position_role, head, metric, n_recovery,
-               round(mean_recovery, 3) AS mean_recovery, round(ci95_low, 3) AS ci95_low,
-               round(ci95_high, 3) AS ci95_high
-        FROM effect_summary WHERE run_id = ? AND metric = 'logit_diff'
-        ORDER BY mean_recovery DESC NULLS LAST LIMIT ?""", [run_id, int(top)])
+# The metric a question is asked on when none is named: logit_diff, which a run has only where its
+# pairs' answers are one token each, else logprob_diff, its generalisation to scored answers.
+DEFAULT_METRICS = ("logit_diff", "logprob_diff")
 
 
-def stream_by_layer(path, run_id: str, every: int = 4):
-    """Mean recovery of logit difference when the resid stream is patched clean into corrupt, at the
-    last subject token and the last token, every `every`-th layer, as (columns, rows)."""
-    return query(path, """
+def _metric_sql(metric: str | None, run_id: str) -> tuple[str, list]:
+    """SQL for the metric a question on `run_id` is on, and its parameters."""
+    if metric is not None:
+        if metric not in METRICS:
+            raise ValueError(f"metric {metric!r} is not one of {', '.join(METRICS)}")
+        return "?", [metric]
+    first, fallback = DEFAULT_METRICS
+    # `effects` rather than a summary: the first row with a value answers, no aggregate is computed
+    return (f"(SELECT CASE WHEN EXISTS (SELECT 1 FROM effects WHERE run_id = ? AND patched_{first} IS NOT NULL) "
+            f"THEN '{first}' ELSE '{fallback}' END)"), [run_id]
+
+
+def strongest_effects(path, run_id: str, top: int = 20, metric: str | None = None):
+    """The run's cells with the largest mean recovery on `metric` (for a metric without recovery,
+    rank: the largest mean effect towards the clean run's value), as (columns, rows). metric None:
+    logit_diff where the run has it, else logprob_diff."""
+    chosen, params = _metric_sql(metric, run_id)
+    return query(path, f"""
+        SELECT s.sweep, s.site, s.direction, s.layer, s.position_role, s.head, s.metric, s.n_pairs, s.n_recovery,
+               round(s.mean_effect, 3) AS mean_effect, round(s.mean_recovery, 3) AS mean_recovery,
+               round(s.ci95_low, 3) AS ci95_low, round(s.ci95_high, 3) AS ci95_high
+        FROM effect_summary s JOIN metrics m USING (metric)
+        WHERE s.run_id = ? AND s.metric = {chosen}
+        ORDER BY CASE WHEN m.min_span IS NULL THEN m.better * s.mean_effect ELSE s.mean_recovery END DESC NULLS LAST
+        LIMIT ?""", [run_id, *params, int(top)])
+
+
+def stream_by_layer(path, run_id: str, every: int = 4, metric: str | None = None):
+    """Mean recovery on `metric` when the resid stream is patched clean into corrupt, at the last
+    subject token and the last token, every `every`-th layer, as (columns, rows). metric None:
+    logit_diff where the run has it, else logprob_diff (rank has no recovery: its mean_effect is
+    in effect_summary)."""
+    chosen, params = _metric_sql(metric, run_id)
+    return query(path, f"""
         SELECT layer, position_role, metric, n_recovery, round(mean_recovery, 3) AS mean_recovery,
                round(ci95_low, 3) AS ci95_low, round(ci95_high, 3) AS ci95_high
-        FROM effect_summary WHERE run_id = ? AND sweep = 'resid' AND direction = 'denoise'
+        FROM effect_summary WHERE run_id = ? AND metric = {chosen} AND sweep = 'resid' AND direction = 'denoise'
           AND position_role IN ('subject_last', 'last') AND layer % ? = 0
-        ORDER BY position_role DESC, layer""", [run_id, int(every)])
+        ORDER BY position_role DESC, layer""", [run_id, *params, int(every)])
 
 
 def trace_by_bucket(path, run_id: str, every: int = 4):
@@ -31,7 +57,7 @@ def trace_by_bucket(path, run_id: str, every: int = 4):
     al.'s last-subject-token and last-token buckets, every `every`-th layer, as (columns, rows)."""
     return query(path, """
         SELECT layer, bucket, metric, n_prompts, round(aie, 3) + 0 AS aie, round(ci95_low, 3) + 0 AS ci95_low,
-               round(ci95_high, 3) + 0 AS ci95_high, round(mean_noised_p, 3) AS noised_p
-        FROM trace_buckets WHERE run_id = ? AND site = 'resid' AND bucket IN ('last_subject', 'last')
+               round(ci95_high, 3) + 0 AS ci95_high, round(mean_noised, 3) AS noised_p
+        FROM trace_buckets WHERE run_id = ? AND metric = 'p' AND site = 'resid' AND bucket IN ('last_subject', 'last')
           AND layer % ? = 0
         ORDER BY bucket DESC, layer""", [run_id, int(every)])

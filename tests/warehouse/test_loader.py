@@ -13,12 +13,22 @@ from patchgrid.effects import write_effects
 from patchgrid.pairs import to_table as pairs_table
 from patchgrid.warehouse.layout import Layout
 from patchgrid.warehouse.loader import SCHEMA_VERSION, WarehouseError, ensure, load_run, query, start_run
+from tests.effect_rows import CLEAN, CORRUPT, baseline, make_pair, row, shifted
 
 ROLES = ["subject_first", "subject_last", "further", "further", "last"]
+# The effect and baseline columns patchgrid wrote before every metric had its own (schema v1, and
+# v2 loads until issue 15): logit difference and p only.
+OLD_EFFECT_COLUMNS = ["pair_id", "relation", "sweep", "site", "direction", "layer", "position", "position_role", "head",
+                      "window", "metric", "patched_logit_diff", "patched_p", "clean_logit_diff", "corrupt_logit_diff",
+                      "clean_p", "corrupt_p", "effect", "recovery"]
+OLD_BASELINE_COLUMNS = ["pair_id", "clean_logit_diff", "corrupt_logit_diff", "clean_p", "corrupt_p"]
 
 
-def synthetic(n_pairs=6, seed=0, relations=("capital", "currency")):
+def synthetic(n_pairs=6, seed=0, relations=("capital", "currency"), multi_token=False):
+    """Pairs, baselines and resid rows; `multi_token`: answers scored whole, so no logit difference."""
     rng = random.Random(seed)
+    clean, corrupt = (shifted(r, logit_diff=None) if multi_token else r for r in (CLEAN, CORRUPT))
+    headline = "logprob_diff" if multi_token else "logit_diff"
     pairs, baselines, effects = [], [], []
     for i in range(n_pairs):
         pid = f"p{i}"
@@ -27,22 +37,18 @@ def synthetic(n_pairs=6, seed=0, relations=("capital", "currency")):
                       "corrupt_prompt": "a x c d e", "clean_answer": " y", "corrupt_answer": " z",
                       "subject": "b", "subject_start": 1, "subject_end": 2, "roles": ROLES, "clean_ids": [1, 2, 3, 4, 5],
                       "corrupt_ids": [1, 9, 3, 4, 5], "clean_answer_id": 7, "corrupt_answer_id": 8})
-        baselines.append({"pair_id": pid, "clean_logit_diff": 2.0, "corrupt_logit_diff": -2.0, "clean_p": 0.5,
-                          "corrupt_p": 0.1})
+        baselines.append(baseline(pid, clean, corrupt))
+        key = make_pair(pid, ROLES, rel, subject=(1, 2))
         for layer in range(3):
-            for pos, role in enumerate(ROLES):
-                rec = rng.uniform(-0.2, 1.2)
-                effects.append({"pair_id": pid, "relation": rel, "sweep": "resid", "site": "resid",
-                                "direction": "denoise", "layer": layer, "position": pos, "position_role": role,
-                                "head": None, "window": None, "metric": "logit_diff",
-                                "patched_logit_diff": -2 + 4 * rec, "patched_p": 0.3, "clean_logit_diff": 2.0,
-                                "corrupt_logit_diff": -2.0, "clean_p": 0.5, "corrupt_p": 0.1,
-                                "effect": 4 * rec, "recovery": rec})
+            for pos in range(len(ROLES)):
+                effects.append(row(key, rng.uniform(-0.2, 1.2), layer=layer, position=pos, metric=headline,
+                                   clean=clean, corrupt=corrupt))
     pairs.append({"pair_id": "bad", "relation": "capital", "status": "rejected", "reason": "no_partner"})
     return pairs_table(pairs), baselines, effects
 
 
 def load(tmp_path, wh, run_id="run-a", seed=0, **kw):
+    """The synthetic run loaded as a study loads it; returns the counts and the effect rows."""
     pairs, baselines, effects = synthetic(seed=seed, **kw)
     f = write_effects(effects, tmp_path / f"{run_id}-{seed}.parquet")
     start_run(wh, {"run_id": run_id, "model": "m", "params": {"x": 1}})
@@ -99,7 +105,8 @@ def test_effect_summary_matches_a_direct_computation(tmp_path):
     values = [statistics.mean(v) for v in per_pair.values()]
     cols, rows = query(wh, """SELECT n_pairs, n_recovery, metric, mean_recovery, sd_recovery, se_recovery, ci95_low,
                               ci95_high FROM effect_summary
-                              WHERE run_id = 'run-a' AND layer = 1 AND position_role = 'further'""")
+                              WHERE run_id = 'run-a' AND layer = 1 AND position_role = 'further'
+                              AND metric = 'logit_diff'""")
     n, n_rec, metric, mean, sd, se, lo, hi = rows[0]
     assert n == n_rec == 6 and metric == "logit_diff"
     assert mean == pytest.approx(statistics.mean(values), rel=1e-5)
@@ -108,26 +115,39 @@ def test_effect_summary_matches_a_direct_computation(tmp_path):
     assert se == pytest.approx(sd / math.sqrt(6)) and lo == pytest.approx(mean - 2.5706 * se, rel=1e-4)
     assert hi == pytest.approx(mean + 2.5706 * se, rel=1e-4)
     rel = query(wh, "SELECT relation, n_pairs FROM relation_summary WHERE layer = 1 AND position_role = 'last' "
-                    "ORDER BY relation")[1]
+                    "AND metric = 'logit_diff' ORDER BY relation")[1]
     assert rel == [("capital", 3), ("currency", 3)]
     assert query(wh, "SELECT run_id, reason, n FROM rejections")[1] == [("run-a", "no_partner", 1)]
 
 
 def test_views_unique_and_not_null(tmp_path):
-    """dbt-style tests: each summary row unique on its key; counts and means never null."""
+    """dbt-style tests: each view's rows unique on its key; keys, counts and means never null."""
+    from patchgrid.metrics import METRICS
+
     wh = tmp_path / "w.duckdb"
-    load(tmp_path, wh)
-    for view, key in (("effect_summary", "run_id, sweep, site, direction, metric, layer, position_role, head"),
-                      ("relation_summary", "run_id, relation, sweep, site, direction, metric, layer, position_role, head"),
-                      ("pair_effects", "run_id, pair_id, sweep, site, direction, metric, layer, position_role, head, "
-                                       "\"window\"")):
+    _, effects = load(tmp_path, wh)
+    for view, key, required in (
+            ("metrics", "metric", "metric, meaning, better"),
+            ("effect_metrics", "run_id, pair_id, sweep, site, direction, layer, position, head, \"window\", metric",
+             "metric, patched, clean, corrupt, effect, moved, span"),
+            ("pair_effects", "run_id, pair_id, sweep, site, direction, metric, layer, position_role, head, \"window\"",
+             "metric, effect"),
+            ("effect_summary", "run_id, sweep, site, direction, metric, layer, position_role, head",
+             "n_pairs, metric, mean_effect"),
+            ("relation_summary", "run_id, relation, sweep, site, direction, metric, layer, position_role, head",
+             "n_pairs, metric, mean_effect")):
         dup = query(wh, f"SELECT count(*) FROM (SELECT {key}, count(*) c FROM {view} GROUP BY ALL HAVING c > 1)")[1]
         assert dup == [(0,)], view
-        nulls = query(wh, f"SELECT count(*) FROM {view} WHERE n_pairs IS NULL OR metric IS NULL OR mean_effect IS NULL"
-                      if view != "pair_effects" else f"SELECT count(*) FROM {view} WHERE metric IS NULL OR effect IS NULL")
-        assert nulls[1] == [(0,)], view
-    # the pairs behind each mean are the ones counted
-    assert query(wh, "SELECT count(*) FROM effect_summary WHERE n_recovery + n_small_span <> n_pairs")[1] == [(0,)]
+        nulls = " OR ".join(f"{c.strip()} IS NULL" for c in required.split(","))
+        assert query(wh, f"SELECT count(*) FROM {view} WHERE {nulls}")[1] == [(0,)], view
+    # every effect row once per metric (these rows have every metric), and every metric summarised
+    assert count(wh, "effect_metrics") == len(effects) * len(METRICS)
+    assert {m for (m,) in query(wh, "SELECT DISTINCT metric FROM effect_summary")[1]} == set(METRICS)
+    # the pairs behind each mean are the ones counted; a metric without recovery counts none
+    assert query(wh, "SELECT count(*) FROM effect_summary JOIN metrics USING (metric) WHERE min_span IS NOT NULL "
+                     "AND n_recovery + n_small_span <> n_pairs")[1] == [(0,)]
+    assert query(wh, "SELECT count(*) FROM effect_summary JOIN metrics USING (metric) WHERE min_span IS NULL "
+                     "AND (n_recovery, n_small_span) <> (0, 0) OR mean_recovery IS NOT NULL AND n_recovery = 0")[1] == [(0,)]
 
 
 @pytest.mark.parametrize("make, message", [
@@ -193,9 +213,9 @@ def _v1_warehouse(tmp_path, wh):
                    clean_answer, corrupt_answer, status, reason, detail, subject, subject_start, subject_end, roles FROM p""")
     import pyarrow as pa
 
-    con.register("b", pa.Table.from_pylist(baselines))
+    con.register("b", pa.Table.from_pylist(baselines).select(OLD_BASELINE_COLUMNS))
     con.execute("INSERT INTO baselines BY NAME SELECT 'run-old' AS run_id, * FROM b")
-    con.register("e", write_and_read(effects, tmp_path))
+    con.register("e", write_and_read(effects, tmp_path).select(OLD_EFFECT_COLUMNS))
     con.execute("INSERT INTO effects BY NAME SELECT 'run-old' AS run_id, * FROM e")
     con.close()
     return len(effects)
@@ -219,8 +239,13 @@ def test_a_v1_warehouse_is_read_and_then_migrated(tmp_path, capsys):
     assert "migrated from schema v1 to v2 (1 runs, 90 effect rows" in message
     assert (tmp_path / "w.v1.duckdb").exists()
     old = query(wh, "SELECT layer, position_role, n_pairs, mean_recovery FROM effect_summary WHERE run_id = 'run-old' "
-                    "ORDER BY ALL")[1]
-    assert old == before
+                    "AND metric = 'logit_diff' ORDER BY ALL")[1]
+    # v1 averaged its stored recoveries, the views now recompute them from the readings (float32)
+    assert [r[:3] for r in old] == [r[:3] for r in before]
+    assert [r[3] for r in old] == pytest.approx([r[3] for r in before], rel=1e-5)
+    # v1 had logit difference and p only: the migrated run is summarised on those two
+    assert query(wh, "SELECT DISTINCT metric FROM effect_summary WHERE run_id = 'run-old' ORDER BY 1")[1] == [
+        ("logit_diff",), ("p",)]
     assert query(wh, "SELECT run_id, status, params->>'x' FROM runs ORDER BY run_id")[1] == [
         ("run-new", "completed", "1"), ("run-old", "completed", "1")]
     assert count(wh, "pairs", "run-old") == 7 and count(wh, "baselines", "run-old") == 6
@@ -272,3 +297,78 @@ def test_run_states(tmp_path):
         ("r1", "m", "failed", "ValueError: no accepted pairs", "1"), ("r2", "m", "cancelled", "SIGTERM", None)]
     with pytest.raises(ValueError, match="does not end a run"):
         finish_run(wh, "r1", "running")
+
+
+def _old_shaped_load(wh, run_id: str, seed=0) -> None:
+    """The synthetic run published as patchgrid wrote loads before every metric had its columns:
+    effect and baseline files with logit difference and p only, pairs without answer_policy."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from patchgrid.rows import EFFECT, PAIR_IN_WAREHOUSE
+    from patchgrid.warehouse.layout import publish_dir, stamp
+    from patchgrid.warehouse.loader import finish_run
+
+    pairs, baselines, effects = synthetic(seed=seed)
+    layout = ensure(wh)
+    start_run(wh, {"run_id": run_id, "model": "m"})
+
+    def fill(folder):
+        (folder / "effects").mkdir()
+        effect_schema = pa.schema([EFFECT.schema.field(c) for c in OLD_EFFECT_COLUMNS])
+        pq.write_table(pa.Table.from_pylist(effects).select(OLD_EFFECT_COLUMNS).cast(effect_schema),
+                       folder / "effects" / "part-00000.parquet")
+        pq.write_table(pa.Table.from_pylist(baselines).select(OLD_BASELINE_COLUMNS).cast(
+            pa.schema([(c, pa.string() if c == "pair_id" else pa.float32()) for c in OLD_BASELINE_COLUMNS])),
+            folder / "baselines.parquet")
+        old_pairs = [c for c in PAIR_IN_WAREHOUSE.columns if c != "answer_policy"]
+        pq.write_table(pairs.select(old_pairs), folder / "pairs.parquet")
+
+    publish_dir(fill, layout.run_dir(run_id), f"load={stamp()}")
+    finish_run(wh, run_id, "completed")
+
+
+def test_an_old_shaped_load_is_summarised_on_logit_diff_and_p(tmp_path):
+    """The same rows loaded in today's shape and in the shape before issue 15: the old load has
+    logit difference and p only, and on those it is summarised exactly as the new one."""
+    wh = tmp_path / "w.duckdb"
+    load(tmp_path, wh, run_id="run-new")
+    _old_shaped_load(wh, "run-old")
+    assert count(wh, "effects", "run-old") == count(wh, "effects", "run-new") == 90
+    assert query(wh, "SELECT DISTINCT metric FROM effect_summary WHERE run_id = 'run-old' ORDER BY 1")[1] == [
+        ("logit_diff",), ("p",)]
+    for view in ("effect_summary", "relation_summary", "effect_summary_facts"):
+        summaries = {}
+        for run in ("run-old", "run-new"):
+            cols, rows = query(wh, f"SELECT * EXCLUDE (run_id) FROM {view} WHERE run_id = ? "
+                                   "AND metric IN ('logit_diff', 'p') ORDER BY ALL", [run])
+            summaries[run] = rows
+        old, new = summaries["run-old"], summaries["run-new"]
+        assert len(old) == len(new) == 2 * 12 * (2 if view == "relation_summary" else 1), view
+        for o, n in zip(old, new):  # 3 layers x 4 roles x 2 metrics; equal up to the order of float sums
+            assert list(o) == [pytest.approx(v, rel=1e-12) if isinstance(v, float) else v for v in n], view
+    assert query(wh, "SELECT count(*), count(answer_policy) FROM pairs WHERE run_id = 'run-old'")[1] == [(7, 0)]
+
+
+def test_named_queries_take_a_metric_and_fall_back_without_logit_diff(tmp_path):
+    from patchgrid.warehouse.queries import stream_by_layer, strongest_effects
+
+    wh = tmp_path / "w.duckdb"
+    load(tmp_path, wh, run_id="one-token")
+    load(tmp_path, wh, run_id="multi-token", multi_token=True)
+    for run, default in (("one-token", "logit_diff"), ("multi-token", "logprob_diff")):
+        cols, rows = strongest_effects(wh, run, top=5)
+        assert len(rows) == 5 and {r[cols.index("metric")] for r in rows} == {default}, run
+        recoveries = [r[cols.index("mean_recovery")] for r in rows]
+        assert recoveries == sorted(recoveries, reverse=True)
+        cols, rows = stream_by_layer(wh, run, every=2)
+        assert {r[cols.index("metric")] for r in rows} == {default} and len(rows) == 4  # layers 0, 2 x 2 roles
+    cols, rows = strongest_effects(wh, "one-token", top=3, metric="kl")
+    assert {r[cols.index("metric")] for r in rows} == {"kl"}
+    # rank has no recovery: its strongest cells are those that bring the clean answer's rank down most
+    cols, rows = strongest_effects(wh, "one-token", top=15, metric="rank")
+    effects = [r[cols.index("mean_effect")] for r in rows]
+    assert effects == sorted(effects) and all(r[cols.index("mean_recovery")] is None for r in rows)
+    assert strongest_effects(wh, "multi-token", metric="logit_diff")[1] == []
+    with pytest.raises(ValueError, match="metric 'logits' is not one of"):
+        stream_by_layer(wh, "one-token", metric="logits")
