@@ -69,38 +69,61 @@ def base_view_statements(layout: Layout, snapshot: bool) -> list[str]:
 
 # What identifies an effect row: the columns of rows.EFFECT before its headline `metric`.
 IDENTITY = tuple(EFFECT.columns[:EFFECT.columns.index("metric")])
+# A pair's cell: its rows at the positions of one role are averaged into one (a pair may have
+# several `further` positions).
+PAIR_CELL = tuple(c for c in IDENTITY if c != "position")
+
+
+def _measures(name: str, metric) -> dict[str, str]:
+    """SQL for one metric's measures of an effect row: its three readings, the effect (measured
+    from the run the patch is written into: effects.effect_row's rule), the recovery where the
+    metric has one, and moved and span, which a ratio of means over pairs takes. Readings are
+    widened to DOUBLE before subtracting, so differences of float32 values lose nothing more."""
+    pat, cln, cor = (f"{prefix}_{name}::DOUBLE" for prefix in ("patched", "clean", "corrupt"))
+    recovery = "NULL::DOUBLE" if metric.min_span is None else \
+        f"CASE WHEN {cln} <> {cor} THEN ({pat} - {cor}) / ({cln} - {cor}) END"
+    return {"patched": pat, "clean": cln, "corrupt": cor,
+            "effect": f"{pat} - CASE WHEN direction = 'noise' THEN {cln} ELSE {cor} END",
+            "recovery": recovery, "moved": f"{pat} - {cor}", "span": f"{cln} - {cor}"}
 
 
 def metric_statements() -> list[str]:
     """`metrics` (each metric, what it is, its direction and the smallest span a recovery divides
-    by; NULL: no recovery) and `effect_metrics`, the effect rows in long form, both generated from
-    patchgrid/metrics.py, so a metric added there reaches every view without SQL written by hand.
+    by; NULL: no recovery), `effect_metrics` (the effect rows in long form) and `pair_effects`
+    (each pair's rows of one cell averaged, per metric), all generated from patchgrid/metrics.py,
+    so a metric added there reaches every view without SQL written by hand.
 
-    `effect_metrics` has one row per effect row and metric whose patched value is there: a row
-    that has no value on a metric (logit_diff of a multi-token answer; every metric but logit_diff
-    and p in a load written before they existed, read as NULL) is no row of that metric. Values
-    are widened to DOUBLE before subtracting, so differences of float32 readings lose nothing more.
+    A row that has no value on a metric (logit_diff of a multi-token answer; every metric but
+    logit_diff and p in a load written before they existed, read as NULL) is no row of that metric.
     """
     def span(m):
         return "NULL::DOUBLE" if m.min_span is None else repr(float(m.min_span))
 
     rows = ", ".join(f"({_lit(name)}, {_lit(m.meaning)}, {int(m.better)}, {span(m)})" for name, m in METRICS.items())
     ident = ", ".join(_q(c) for c in IDENTITY)
+    measures = {name: _measures(name, m) for name, m in METRICS.items()}
     # One branch per metric: a filter on `metric` prunes the other branches' Parquet columns unread.
-    branches = " UNION ALL ".join(
-        f"SELECT run_id, {ident}, {_lit(name)} AS metric, patched_{name}::DOUBLE AS patched, "
-        f"clean_{name}::DOUBLE AS clean, corrupt_{name}::DOUBLE AS corrupt FROM effects "
-        f"WHERE patched_{name} IS NOT NULL" for name in METRICS)
-    # effect: measured from the run the patch is written into (effects.effect_row's rule); moved
-    # and span stay beside recovery so that a ratio of means can be taken over pairs.
-    long = (f"SELECT l.run_id, {', '.join('l.' + _q(c) for c in IDENTITY)}, l.metric, l.patched, l.clean, "
-            f"l.corrupt, l.patched - CASE WHEN l.direction = 'noise' THEN l.clean ELSE l.corrupt END AS effect, "
-            f"CASE WHEN m.min_span IS NOT NULL AND l.clean <> l.corrupt "
-            f"THEN (l.patched - l.corrupt) / (l.clean - l.corrupt) END AS recovery, "
-            f"l.patched - l.corrupt AS moved, l.clean - l.corrupt AS span "
-            f"FROM ({branches}) l JOIN metrics m ON m.metric = l.metric")
+    long = " UNION ALL ".join(
+        f"SELECT run_id, {ident}, {_lit(name)} AS metric, "
+        + ", ".join(f"{sql} AS {col}" for col, sql in ms.items())
+        + f" FROM effects WHERE patched_{name} IS NOT NULL" for name, ms in measures.items())
+    # pair_effects averages the wide rows first, every metric in one pass over the effect rows,
+    # and only then makes one row per metric: a run's millions of effect rows are read once, not
+    # once per metric.
+    cell = ", ".join(_q(c) for c in PAIR_CELL)
+    aggregates = ", ".join(
+        f"count(patched_{name}) AS n_{name}, "
+        + ", ".join(f"avg({ms[col]}) AS {col}_{name}" for col in ("effect", "recovery", "moved", "span"))
+        for name, ms in measures.items())
+    per_metric = " UNION ALL ".join(
+        f"SELECT run_id, {cell}, {_lit(name)} AS metric, n_{name} AS n_positions, "
+        + ", ".join(f"{col}_{name} AS {col}" for col in ("effect", "recovery", "moved", "span"))
+        + f" FROM wide WHERE n_{name} > 0" for name in METRICS)
+    pair_effects = (f"WITH wide AS MATERIALIZED (SELECT run_id, {cell}, {aggregates} FROM effects GROUP BY ALL) "
+                    f"{per_metric}")
     return [f"CREATE OR REPLACE VIEW metrics AS SELECT * FROM (VALUES {rows}) t(metric, meaning, better, min_span)",
-            f"CREATE OR REPLACE VIEW effect_metrics AS {long}"]
+            f"CREATE OR REPLACE VIEW effect_metrics AS {long}",
+            f"CREATE OR REPLACE VIEW pair_effects AS {pair_effects}"]
 
 
 def summary_view_sql() -> str:
