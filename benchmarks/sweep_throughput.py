@@ -1,15 +1,20 @@
 """Pairs per minute on smollm2-135m with patched runs starting at their lowest patched layer
 (skip) against the same sweeps running every layer (full), for the default sweep set and for
-causal tracing; and the intervention overhead.
+causal tracing; the intervention overhead; and what scoring answers of several tokens whole costs
+against scoring their first tokens, on the same pairs.
 
 In one process, on the same pairs, the same engine and the same activation cache:
   skip   patchgrid's sweeps on the vLLM backend, each patched run started mid-stack (the default)
   full   the same sweeps with SweepConfig(skip=False): every patched run computes every layer
   plain  vLLM prefill of exactly the full runs' token lists with no intervention at all
 
+  whole  the default sweep set over pairs whose answers have several tokens, scored whole
+  first  the same pairs with each answer cut to its first token (one forward per patched run)
+
 Target: skip / full >= 1.6x for both sweep sets; intervention overhead (full / plain) <= 1.25.
 
     .venv/bin/python benchmarks/sweep_throughput.py [--pairs 4] [--trace-pairs 2] [--trace-samples 10]
+                                                    [--answer-pairs 4]
 """
 from __future__ import annotations
 
@@ -82,6 +87,35 @@ def compare(name, engine, pairs, config, noise_std, plain=False):
               f"(full / plain) = {t_full / t_plain:4.2f} (target <= 1.25)")
 
 
+def answer_cost(engine, pairs, config):
+    """Seconds per pair of the sweeps with answers scored whole against the same pairs' first tokens."""
+    from patchgrid.cache import load_or_build
+    from patchgrid.plan import forwards
+    from patchgrid.sweeps import SweepContext, cache_spec, count_runs, patched_runs
+
+    first = [replace(p, clean_answer_ids=p.clean_answer_ids[:1], corrupt_answer_ids=p.corrupt_answer_ids[:1])
+             for p in pairs]
+    times = {}
+    for name, ps in (("whole", pairs), ("first", first)):
+        cache, _ = load_or_build(engine, ps, cache_spec(config, engine.shape.n_layers), Path(tempfile.mkdtemp()),
+                                 log=lambda *_: None)
+        timed_sweeps(engine, ps[:1], cache, config, 0.0)  # warm-up
+        times[name], _ = timed_sweeps(engine, ps, cache, config, 0.0)
+    ctx = SweepContext(config, engine.shape.n_layers, engine.shape.n_heads)
+    reqs = [req for *_, req in patched_runs(pairs, ctx)]
+    n_fwd = sum(len(forwards(r)) for r in reqs)
+    tokens = sum(len(f.tokens) for r in reqs for f in forwards(r))
+    runs = count_runs(pairs, config, engine.shape.n_layers, engine.shape.n_heads)
+    lengths = ", ".join(f"{len(p.clean_answer_ids)}+{len(p.corrupt_answer_ids)}" for p in pairs)
+    print(f"answers scored whole against their first tokens: {len(pairs)} pairs (answer tokens clean+corrupt: "
+          f"{lengths}), {runs} patched runs; whole: {n_fwd / len(reqs):.2f} forwards and "
+          f"{tokens / len(reqs):.1f} tokens per run")
+    for name in ("whole", "first"):
+        print(f"  {name + (' (scored whole)' if name == 'whole' else ' tokens only'):<24} "
+              f"{len(pairs) * 60 / times[name]:8.2f} pairs/min  ({runs / times[name]:7.1f} patched runs/s)")
+    print(f"  whole / first tokens = {times['whole'] / times['first']:5.2f}x the time")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m")
@@ -90,6 +124,8 @@ def main():
     parser.add_argument("--trace-samples", type=int, default=10)
     parser.add_argument("--sweeps", default="resid,attn_out,mlp_out,heads")
     parser.add_argument("--max-requests", type=int, default=2048)
+    parser.add_argument("--answer-pairs", type=int, default=4,
+                        help="pairs with answers of several tokens, scored whole and by first token (0: skip it)")
     args = parser.parse_args()
 
     from transformers import AutoTokenizer
@@ -111,6 +147,10 @@ def main():
         trace = SweepConfig(sweeps=("trace",), trace_samples=args.trace_samples, max_requests=args.max_requests)
         compare(f"causal tracing ({args.trace_samples} samples, hidden state + MLP + attention windows)", engine,
                 facts, trace, noise_std_for(engine, facts))
+    if args.answer_pairs:
+        many = shipped_pairs(tok, 10_000, engine=engine, max_len=engine.shape.max_len, answer_policy="full")
+        longer = [p for p in many if len(p.clean_answer_ids) > 1 or len(p.corrupt_answer_ids) > 1]
+        answer_cost(engine, longer[:args.answer_pairs], config)
     engine.close()
 
 

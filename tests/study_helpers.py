@@ -9,10 +9,12 @@ from patchgrid.pairs import accepted_pairs, build_pairs, read_source, to_table
 DATA = Path(__file__).resolve().parents[1] / "data" / "pairs" / "facts.jsonl"
 
 
-def shipped_pairs(tokenizer, n, *, engine=None, max_len=1024, spread=True):
-    """The first n accepted pairs, taken round-robin over relations so every relation shows up."""
+def shipped_pairs(tokenizer, n, *, engine=None, max_len=1024, spread=True, answer_policy="single"):
+    """The first n accepted pairs, taken round-robin over relations so every relation shows up
+    (one-token answers unless `answer_policy` says otherwise)."""
     _, recs = read_source(str(DATA))
-    rows = build_pairs(recs, tokenizer, max_len=max_len, engine=engine, require_known=engine is not None)
+    rows = build_pairs(recs, tokenizer, max_len=max_len, engine=engine, require_known=engine is not None,
+                       answer_policy=answer_policy)
     pairs = accepted_pairs(to_table(rows))
     if not spread:
         return pairs[:n]
