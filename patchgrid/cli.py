@@ -25,6 +25,8 @@ from .spec import RUNNERS, SpecError, StudySpec, sweep_names
 from .sweeps import DEFAULT_SWEEPS, SWEEPS
 
 DEFAULT_STUDY = StudySpec()
+ANSWER_POLICY_HELP = ("full: score a multi-token answer whole (teacher-forced); single: reject multi-token answers; "
+                      "first-token: keep their first token (the policy is recorded per pair)")
 NO_SKIP_HELP = ("run every layer of every patched run (default: start each at its lowest patched layer from the "
                 "cached stream below it; the numbers are the same)")
 
@@ -298,9 +300,9 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--source", required=True, help="a .jsonl, .json or .parquet file, or a hub data-set name")
     check.add_argument("--format", default=None, choices=FORMATS, help="default: detected from the fields")
     check.add_argument("--require-known", action="store_true",
-                       help="keep pairs whose clean logit difference is positive and corrupt negative")
-    check.add_argument("--answer-policy", default="single", choices=ANSWER_POLICIES,
-                       help="single: reject multi-token answers; first-token: keep their first token (recorded)")
+                       help="keep pairs whose clean log-probability difference (log p(clean answer) - "
+                            "log p(corrupt answer), over every answer token) is positive and corrupt negative")
+    check.add_argument("--answer-policy", default="full", choices=ANSWER_POLICIES, help=ANSWER_POLICY_HELP)
     check.add_argument("--seed", type=int, default=0, help="seed for drawing subject-swap partners")
     check.add_argument("--backend", default=DEFAULT_BACKEND, choices=BACKENDS)
     check.add_argument("--out", default="pairs.parquet")
