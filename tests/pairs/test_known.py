@@ -107,22 +107,24 @@ def test_full_answers_are_judged_by_their_whole_log_probability(tmp_path, engine
                                                    "subject": s, "target_true": {"str": x}}}
              for i, (s, x) in enumerate(TINY_FACTS)]
     _, recs = read_source(str(write_jsonl(tmp_path / "f.jsonl", facts)))
-    engine.calls = 0
-    rows = build_pairs(recs, tok, max_len=1024, engine=engine, require_known=True)
-    assert engine.calls >= 1
-    for r in rows:
-        assert r["known_alone"] is not None
-        if r["status"] != "accepted":
-            assert r["reason"] in ("not_known_clean", "not_known_corrupt")
-            continue
+    # without require_known every fact takes its first partner, and the pair is still measured
+    loose = build_pairs(recs, tok, max_len=1024, engine=engine, require_known=False)
+    assert [r["status"] for r in loose] == ["accepted"] * len(TINY_FACTS)
+    assert "full" in {r["answer_policy"] for r in loose}
+    for r in loose:
         a, b = tuple(r["clean_answer_ids"]), tuple(r["corrupt_answer_ids"])
         clean = _hf_logprob(model, r["clean_ids"], a) - _hf_logprob(model, r["clean_ids"], b)
         corrupt = _hf_logprob(model, r["corrupt_ids"], a) - _hf_logprob(model, r["corrupt_ids"], b)
-        assert r["clean_logprob_diff"] == pytest.approx(clean, abs=1e-4) and clean > 0
-        assert r["corrupt_logprob_diff"] == pytest.approx(corrupt, abs=1e-4) and corrupt < 0
-    # without require_known every fact takes its first partner, and the pair is still measured
-    loose = build_pairs(recs, tok, max_len=1024, engine=engine, require_known=False)
-    assert all(r["status"] == "accepted" and r["clean_logprob_diff"] is not None for r in loose)
+        assert r["clean_logprob_diff"] == pytest.approx(clean, abs=1e-4)
+        assert r["corrupt_logprob_diff"] == pytest.approx(corrupt, abs=1e-4)
+    # with it, a fact is kept only with a partner judged known both ways; the tiny model knows
+    # little, so most are rejected, each for the reason its partners' numbers give
+    strict = build_pairs(recs, tok, max_len=1024, engine=engine, require_known=True)
+    for r, first in zip(strict, loose):
+        if r["status"] == "accepted":
+            assert r["clean_logprob_diff"] > 0 > r["corrupt_logprob_diff"]
+        elif first["clean_logprob_diff"] > 0 and first["corrupt_logprob_diff"] < 0:
+            pytest.fail(f"fact {r['pair_id']}: its first partner is known both ways, yet it is rejected")
 
 
 def test_shipped_fact_set_shape():
