@@ -175,7 +175,8 @@ def study_spec(args, **overrides) -> StudySpec:
     source = Path(args.pairs)
     params = dict(model=args.model, pairs=str(source.resolve()) if source.exists() else args.pairs,
                   sweeps=args.sweeps, limit=args.limit, warehouse=args.warehouse, workdir=args.workdir,
-                  pairs_format=args.format, require_known=not args.no_require_known, seed=args.seed,
+                  pairs_format=args.format, require_known=not args.no_require_known,
+                  answer_policy=args.answer_policy, seed=args.seed,
                   trace_samples=args.trace_samples, trace_noise=args.trace_noise, shard_size=args.shard_size,
                   backend=args.backend, skip=not args.no_skip,
                   runner=args.runner, ray_address=args.ray_address, ray_workers=args.ray_workers,
@@ -331,6 +332,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--workdir", default=DEFAULT_STUDY.workdir, help="pairs tables, effect shards, activation cache")
         p.add_argument("--format", default=None, choices=FORMATS)
         p.add_argument("--no-require-known", action="store_true", help="keep pairs the model does not know")
+        p.add_argument("--answer-policy", default=DEFAULT_STUDY.answer_policy, choices=ANSWER_POLICIES,
+                       help=ANSWER_POLICY_HELP)
         p.add_argument("--seed", type=int, default=DEFAULT_STUDY.seed)
         p.add_argument("--trace-samples", type=int, default=DEFAULT_STUDY.trace_samples)
         p.add_argument("--trace-noise", type=float, default=DEFAULT_STUDY.trace_noise,

@@ -46,8 +46,8 @@ def test_patch_heads_table_on_hf():
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--clean-answer", " Paris is", "--corrupt-answer", " Madrid"], "--clean-answer ' Paris is' is 2 tokens"),
-    (["--clean-answer", " Paris", "--corrupt-answer", " Paris"], "are the same token"),
+    (["--clean-answer", " ", "--corrupt-answer", " Madrid"], "--clean-answer ' ' is empty"),
+    (["--clean-answer", " Paris", "--corrupt-answer", " Paris"], "are the same tokens [' Paris']"),
     (["--corrupt", "The capital of the United Kingdom is"], "tokenize to different lengths"),
     (["--position", "99"], "--position 99 is out of range"),
     (["--position", "x"], "--position 'x' is not a position"),
