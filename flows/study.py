@@ -51,6 +51,7 @@ def _produced(task, *args, sound=lambda path: Path(path).exists(), **kwargs) -> 
 def study(model: str = DEFAULT.model, pairs: str = DEFAULT.pairs, sweeps: str = ",".join(DEFAULT.sweeps),
           limit: int | None = DEFAULT.limit, warehouse: str = DEFAULT.warehouse, workdir: str = DEFAULT.workdir,
           pairs_format: str | None = DEFAULT.pairs_format, require_known: bool = DEFAULT.require_known,
+          answer_policy: str = DEFAULT.answer_policy,
           seed: int = DEFAULT.seed, trace_samples: int = DEFAULT.trace_samples,
           trace_noise: float | None = DEFAULT.trace_noise, shard_size: int = DEFAULT.shard_size,
           backend: str = DEFAULT.backend, max_requests: int = DEFAULT.max_requests, skip: bool = DEFAULT.skip,
@@ -60,7 +61,7 @@ def study(model: str = DEFAULT.model, pairs: str = DEFAULT.pairs, sweeps: str = 
           tensor_parallel_size: int = DEFAULT.tensor_parallel_size) -> str:
     """Run a whole activation-patching study and load it into the warehouse; returns the run id."""
     spec = StudySpec(model=model, pairs=pairs, sweeps=sweeps, limit=limit, warehouse=warehouse, workdir=workdir,
-                     pairs_format=pairs_format, require_known=require_known, seed=seed, trace_samples=trace_samples,
+                     pairs_format=pairs_format, require_known=require_known, answer_policy=answer_policy, seed=seed, trace_samples=trace_samples,
                      trace_noise=trace_noise, shard_size=shard_size, backend=backend, max_requests=max_requests,
                      skip=skip, run_id=run_id, runner=runner, ray_address=ray_address, ray_workers=ray_workers, gpus_per_engine=gpus_per_engine,
                      tensor_parallel_size=tensor_parallel_size)

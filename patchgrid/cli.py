@@ -25,6 +25,8 @@ from .spec import RUNNERS, SpecError, StudySpec, sweep_names
 from .sweeps import DEFAULT_SWEEPS, SWEEPS
 
 DEFAULT_STUDY = StudySpec()
+ANSWER_POLICY_HELP = ("full: score a multi-token answer whole (teacher-forced); single: reject multi-token answers; "
+                      "first-token: keep their first token (the policy is recorded per pair)")
 NO_SKIP_HELP = ("run every layer of every patched run (default: start each at its lowest patched layer from the "
                 "cached stream below it; the numbers are the same)")
 
@@ -173,7 +175,8 @@ def study_spec(args, **overrides) -> StudySpec:
     source = Path(args.pairs)
     params = dict(model=args.model, pairs=str(source.resolve()) if source.exists() else args.pairs,
                   sweeps=args.sweeps, limit=args.limit, warehouse=args.warehouse, workdir=args.workdir,
-                  pairs_format=args.format, require_known=not args.no_require_known, seed=args.seed,
+                  pairs_format=args.format, require_known=not args.no_require_known,
+                  answer_policy=args.answer_policy, seed=args.seed,
                   trace_samples=args.trace_samples, trace_noise=args.trace_noise, shard_size=args.shard_size,
                   backend=args.backend, skip=not args.no_skip,
                   runner=args.runner, ray_address=args.ray_address, ray_workers=args.ray_workers,
@@ -298,9 +301,9 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--source", required=True, help="a .jsonl, .json or .parquet file, or a hub data-set name")
     check.add_argument("--format", default=None, choices=FORMATS, help="default: detected from the fields")
     check.add_argument("--require-known", action="store_true",
-                       help="keep pairs whose clean logit difference is positive and corrupt negative")
-    check.add_argument("--answer-policy", default="single", choices=ANSWER_POLICIES,
-                       help="single: reject multi-token answers; first-token: keep their first token (recorded)")
+                       help="keep pairs whose clean log-probability difference (log p(clean answer) - "
+                            "log p(corrupt answer), over every answer token) is positive and corrupt negative")
+    check.add_argument("--answer-policy", default="full", choices=ANSWER_POLICIES, help=ANSWER_POLICY_HELP)
     check.add_argument("--seed", type=int, default=0, help="seed for drawing subject-swap partners")
     check.add_argument("--backend", default=DEFAULT_BACKEND, choices=BACKENDS)
     check.add_argument("--out", default="pairs.parquet")
@@ -329,6 +332,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--workdir", default=DEFAULT_STUDY.workdir, help="pairs tables, effect shards, activation cache")
         p.add_argument("--format", default=None, choices=FORMATS)
         p.add_argument("--no-require-known", action="store_true", help="keep pairs the model does not know")
+        p.add_argument("--answer-policy", default=DEFAULT_STUDY.answer_policy, choices=ANSWER_POLICIES,
+                       help=ANSWER_POLICY_HELP)
         p.add_argument("--seed", type=int, default=DEFAULT_STUDY.seed)
         p.add_argument("--trace-samples", type=int, default=DEFAULT_STUDY.trace_samples)
         p.add_argument("--trace-noise", type=float, default=DEFAULT_STUDY.trace_noise,

@@ -1,6 +1,7 @@
 """Patch one clean/corrupt pair typed at the command line at every layer (and head) and position.
 
-LD (logit difference) = logit(clean answer) - logit(corrupt answer) at the last position.
+LD (logit difference) = logit(clean answer) - logit(corrupt answer) at the last position. An answer
+may be several tokens: it is scored whole after the prompt (patchgrid.metrics).
 """
 from __future__ import annotations
 
@@ -22,17 +23,26 @@ class PairError(ValueError):
 class PairTokens:
     clean: tuple[int, ...]
     corrupt: tuple[int, ...]
-    clean_answer: int
-    corrupt_answer: int
+    clean_answer_ids: tuple[int, ...]  # every token of the answer, scored after the prompt
+    corrupt_answer_ids: tuple[int, ...]
     clean_strs: tuple[str, ...] = ()
 
+    @property
+    def clean_answer(self) -> int:
+        """The clean answer's first token (the logit difference reads it)."""
+        return self.clean_answer_ids[0]
 
-def answer_token(tokenizer, text: str, field: str) -> int:
-    ids = tokenizer.encode(text, add_special_tokens=False)
-    if len(ids) != 1:
-        shown = [tokenizer.decode([i]) for i in ids]
-        raise PairError(f"{field} {text!r} is {len(ids)} tokens {shown}, not one")
-    return ids[0]
+    @property
+    def corrupt_answer(self) -> int:
+        return self.corrupt_answer_ids[0]
+
+
+def answer_tokens(tokenizer, text: str, field: str) -> tuple[int, ...]:
+    """The answer's tokens as typed (a leading space is the user's to give)."""
+    ids = tuple(tokenizer.encode(text, add_special_tokens=False)) if text.strip() else ()
+    if not ids:
+        raise PairError(f"{field} {text!r} is empty")
+    return ids
 
 
 def tokenize_pair(tokenizer, clean: str, corrupt: str, clean_answer: str, corrupt_answer: str) -> PairTokens:
@@ -43,10 +53,12 @@ def tokenize_pair(tokenizer, clean: str, corrupt: str, clean_answer: str, corrup
     if len(c) != len(k):
         raise PairError(f"--clean and --corrupt tokenize to different lengths ({len(c)} vs {len(k)} tokens), "
                         "so positions do not line up")
-    a = answer_token(tokenizer, clean_answer, "--clean-answer")
-    b = answer_token(tokenizer, corrupt_answer, "--corrupt-answer")
+    a = answer_tokens(tokenizer, clean_answer, "--clean-answer")
+    b = answer_tokens(tokenizer, corrupt_answer, "--corrupt-answer")
     if a == b:
-        raise PairError("--clean-answer and --corrupt-answer are the same token")
+        shown = [tokenizer.decode([t]) for t in a]
+        raise PairError(f"--clean-answer {clean_answer!r} and --corrupt-answer {corrupt_answer!r} are the same "
+                        f"tokens {shown}")
     return PairTokens(c, k, a, b, tuple(tokenizer.decode([t]) for t in c))
 
 
@@ -54,8 +66,8 @@ def as_pair(tokens: PairTokens, pair_id: str = "pair") -> Pair:
     """A pair typed at the command line as the sweeps take it; its subject is where the prompts differ."""
     diff = [i for i, (a, b) in enumerate(zip(tokens.clean, tokens.corrupt)) if a != b]
     start, end = (diff[0], diff[-1] + 1) if diff else (0, 0)
-    return Pair(pair_id, None, tokens.clean, tokens.corrupt, tokens.clean_answer, tokens.corrupt_answer, start, end,
-                tuple(position_roles(len(tokens.clean), start, end)))
+    return Pair(pair_id, None, tokens.clean, tokens.corrupt, tokens.clean_answer_ids, tokens.corrupt_answer_ids,
+                start, end, tuple(position_roles(len(tokens.clean), start, end)))
 
 
 def sweep_pair(engine, tokens: PairTokens, site: str, positions: list[int] | None = None) -> dict:

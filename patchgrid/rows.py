@@ -138,8 +138,12 @@ PAIR = RowShape("pair", pa.schema([
     ("subject_start", pa.int32()),
     ("subject_end", pa.int32()),  # exclusive
     ("roles", pa.list_(pa.string())),  # one per position
-    ("clean_logit_diff", pa.float32()),  # set by --require-known
+    ("clean_logit_diff", pa.float32()),  # set when the model is asked; one-token answers only
     ("corrupt_logit_diff", pa.float32()),
+    # log p(clean answer) - log p(corrupt answer), each summed over its tokens, on the clean and the
+    # corrupt prompt: what --require-known judges by; set for every pair the model is asked about
+    ("clean_logprob_diff", pa.float32()),
+    ("corrupt_logprob_diff", pa.float32()),
     ("usable_alone", pa.bool_()),  # the clean fact alone passes, for causal tracing
     ("known_alone", pa.bool_()),  # the model's top token on the clean prompt is the answer
 ]), {"status": STATUSES, "reason": REASONS, "answer_policy": ANSWER_POLICIES})

@@ -10,6 +10,7 @@ from pathlib import Path
 from .engine import BACKENDS, DEFAULT_BACKEND
 from .models import DEFAULT_MODEL
 from .pairs.pair import Pair
+from .rows import ANSWER_POLICIES
 from .shipped import SHIPPED_PAIRS
 from .sweeps import DEFAULT_SWEEPS, SWEEPS, SweepConfig
 
@@ -53,6 +54,7 @@ class StudySpec:
     workdir: str = field(default=".patchgrid", metadata=OUTPUT)  # pairs tables, shard files, the cache
     pairs_format: str | None = None
     require_known: bool = True
+    answer_policy: str = "full"  # multi-token answers: full (scored whole), single (rejected), first-token
     seed: int = 0
     trace_samples: int = 10
     trace_noise: float | None = None  # default: 3 x std of the data set's subject embeddings
@@ -83,6 +85,8 @@ class StudySpec:
             raise SpecError("trace_noise", f"{self.trace_noise} must be above 0")
         if self.gpus_per_engine < 0:
             raise SpecError("gpus_per_engine", f"{self.gpus_per_engine} must not be negative")
+        if self.answer_policy not in ANSWER_POLICIES:
+            raise SpecError("answer_policy", f"{self.answer_policy!r} is not one of {', '.join(ANSWER_POLICIES)}")
         if self.backend not in BACKENDS:
             raise SpecError("backend", f"{self.backend!r} is not one of {', '.join(BACKENDS)}")
         if self.runner not in RUNNERS:
@@ -101,7 +105,8 @@ class StudySpec:
     def recorded_params(self) -> dict:
         """What a run records as its parameters, and what its default run id is derived from."""
         return dict(model=self.model, pairs=self.pairs, sweeps=list(self.sweeps), limit=self.limit,
-                    pairs_format=self.pairs_format, require_known=self.require_known, seed=self.seed,
+                    pairs_format=self.pairs_format, require_known=self.require_known,
+                    answer_policy=self.answer_policy, seed=self.seed,
                     trace_samples=self.trace_samples, trace_noise=self.trace_noise, backend=self.backend,
                     skip=self.skip)
 

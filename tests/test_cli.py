@@ -46,8 +46,8 @@ def test_patch_heads_table_on_hf():
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--clean-answer", " Paris is", "--corrupt-answer", " Madrid"], "--clean-answer ' Paris is' is 2 tokens"),
-    (["--clean-answer", " Paris", "--corrupt-answer", " Paris"], "are the same token"),
+    (["--clean-answer", " ", "--corrupt-answer", " Madrid"], "--clean-answer ' ' is empty"),
+    (["--clean-answer", " Paris", "--corrupt-answer", " Paris"], "are the same tokens [' Paris']"),
     (["--corrupt", "The capital of the United Kingdom is"], "tokenize to different lengths"),
     (["--position", "99"], "--position 99 is out of range"),
     (["--position", "x"], "--position 'x' is not a position"),
@@ -97,3 +97,28 @@ def test_pairs_check_bad_source(tmp_path, content, message):
     res = run_cli("pairs", "check", "--model", "tiny-llama", "--source", str(src), "--out", str(tmp_path / "o.parquet"))
     assert res.returncode == 2
     assert message in res.stderr.strip().splitlines()[-1] and "Traceback" not in res.stderr
+
+
+def test_pairs_check_answer_policy(tmp_path):
+    import pyarrow.parquet as pq
+
+    src = tmp_path / "facts.jsonl"
+    rows = [{"case_id": i, "requested_rewrite": {"prompt": "The capital of {} is", "relation_id": "P36",
+                                                 "subject": s, "target_true": {"str": a}}}
+            for i, (s, a) in enumerate([("France", "Paris"), ("Germany", "Berlin"), ("Nigeria", "Abuja"),
+                                        ("Ghana", "Accra")])]
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "pairs.parquet"
+    base = ["pairs", "check", "--model", "smollm2-135m", "--source", str(src), "--out", str(out)]
+    res = run_cli(*base)  # full by default: Abuja and Accra (two tokens each) are scored whole
+    assert res.returncode == 0, res.stderr
+    assert "accepted" in res.stdout and "answer_multi_token" not in res.stdout
+    table = pq.read_table(out)
+    assert table.column("status").to_pylist() == ["accepted"] * 4
+    assert [len(ids) for ids in table.column("clean_answer_ids").to_pylist()] == [1, 1, 2, 2]
+    res = run_cli(*base, "--answer-policy", "single")
+    assert res.returncode == 0, res.stderr
+    assert "answer_multi_token" in res.stdout
+    assert pq.read_table(out).column("reason").to_pylist()[2:] == ["answer_multi_token"] * 2
+    res = run_cli(*base, "--answer-policy", "whole")
+    assert res.returncode == 2 and "invalid choice: 'whole'" in res.stderr

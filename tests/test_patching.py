@@ -50,8 +50,23 @@ def test_pair_checks(tokenizers):
     tok = tokenizers("tiny-llama")
     with pytest.raises(PairError, match="different lengths"):
         tokenize_pair(tok, CLEAN, "The capital of the United Kingdom is", " Paris", " London")
-    with pytest.raises(PairError, match="--corrupt-answer ' Londonderry' is"):
-        tokenize_pair(tok, CLEAN, CORRUPT, " Paris", " Londonderry")
+    with pytest.raises(PairError, match="--corrupt-answer ' ' is empty"):
+        tokenize_pair(tok, CLEAN, CORRUPT, " Paris", " ")
+    with pytest.raises(PairError, match=r"--clean-answer ' Abuja' and --corrupt-answer ' Abuja' are the same tokens "
+                                        r"\[' A', 'b', 'u', 'j', 'a'\]"):
+        tokenize_pair(tok, CLEAN, CORRUPT, " Abuja", " Abuja")
+
+
+def test_multi_token_answers_are_kept_whole(tokenizers):
+    from patchgrid.patching import as_pair
+
+    tok = tokenizers("tiny-llama")
+    tokens = tokenize_pair(tok, CLEAN, CORRUPT, " Paris", " Londonderry")
+    longer = tuple(tok.encode(" Londonderry", add_special_tokens=False))
+    assert len(longer) > 1 and tokens.corrupt_answer_ids == longer and tokens.corrupt_answer == longer[0]
+    pair = as_pair(tokens)
+    assert pair.continuations == ((tokens.clean_answer,), longer)
+    assert pair.answers == (tokens.clean_answer, longer[0])
 
 
 @pytest.mark.parametrize("site, sweep", [("resid", "resid"), ("head", "heads"), ("embed", "embed"),

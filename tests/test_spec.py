@@ -29,11 +29,19 @@ def test_the_flow_takes_exactly_the_spec_fields_with_its_defaults():
     ({"backend": "tpu"}, "backend 'tpu' is not one of", "--backend 'tpu' is not one of"),
     ({"tensor_parallel_size": 2}, "runs in Ray engine actors", "--tensor-parallel-size > 1"),
     ({"run_id": "a b"}, "run_id 'a b' may hold only", "--run-id 'a b' may hold only"),
+    ({"answer_policy": "whole"}, "answer_policy 'whole' is not one of single, full, first-token",
+     "--answer-policy 'whole' is not one of"),
 ])
 def test_bad_parameters_are_named(change, flow_message, flag_message):
     with pytest.raises(SpecError) as err:
         StudySpec(**change)
     assert flow_message in str(err.value) and flag_message in err.value.flag_message
+
+
+def test_answer_policy_is_recorded_and_keys_the_run():
+    full, single = StudySpec(), StudySpec(answer_policy="single")
+    assert full.answer_policy == "full" and full.recorded_params()["answer_policy"] == "full"
+    assert fingerprint(full.recorded_params()) != fingerprint(single.recorded_params())
 
 
 def test_sweeps_are_normalised_and_frozen():

@@ -16,19 +16,6 @@ class Prompt:
     span: tuple[int, int]  # subject tokens [start, end)
 
 
-@dataclass(frozen=True)
-class Aligned:
-    clean: Prompt
-    corrupt: Prompt
-    clean_answer_id: int
-    corrupt_answer_id: int
-    answer_policy: str  # "single", or "first-token" when an answer was cut to its first token
-
-    @property
-    def roles(self) -> list[str]:
-        return position_roles(len(self.clean.ids), *self.clean.span)
-
-
 def position_roles(n: int, start: int, end: int) -> list[str]:
     roles = []
     for p in range(n):
@@ -71,13 +58,64 @@ def answer_text(prompt: str, answer: str) -> str:
     return " " + answer
 
 
-def answer_id(tokenizer, prompt: str, answer: str, policy: str, which: str) -> tuple[int, bool]:
-    ids = tokenizer.encode(answer_text(prompt, answer), add_special_tokens=False)
+@dataclass(frozen=True)
+class Answer:
+    text: str  # as it follows the prompt (with its leading space)
+    whole: tuple[int, ...]  # every token of the answer
+    ids: tuple[int, ...]  # the tokens scored after the prompt: `whole`, or its first under first-token
+    policy: str  # single: one token; full: several, scored whole; first-token: several, cut to the first
+
+
+def answer_ids(tokenizer, prompt: str, prompt_ids: tuple[int, ...], answer: str, policy: str, which: str,
+               max_len: int) -> Answer:
+    """The tokens an answer is scored by after `prompt` (whose tokens are `prompt_ids`) under the
+    policy asked for (`full`, `single` or `first-token`)."""
+    text = answer_text(prompt, answer)
+    ids = tuple(tokenizer.encode(text, add_special_tokens=False)) if answer.strip() else ()
     if not ids:
-        raise Rejection("empty_answer", f"the {which} answer is empty")
-    if len(ids) > 1 and policy != "first-token":
-        raise Rejection("answer_multi_token", f"the {which} answer {answer!r} is {len(ids)} tokens")
-    return ids[0], len(ids) > 1
+        raise Rejection("empty_answer", f"the {which} answer {answer!r} is empty")
+    if len(ids) > 1 and policy == "single":
+        raise Rejection("answer_multi_token", f"the {which} answer {answer!r} is {len(ids)} tokens "
+                                              f"{_shown(tokenizer, ids)} (--answer-policy single)")
+    ans = Answer(text, ids, ids, "full" if len(ids) > 1 else "single")
+    check_follows(tokenizer, prompt, prompt_ids, ans, which)
+    if len(ids) > 1 and policy == "first-token":
+        return Answer(text, ids, ids[:1], "first-token")
+    # teacher-forced: the prompt and every answer token but the last go through the model
+    if len(prompt_ids) + len(ids) - 1 > max_len:
+        raise Rejection("answer_too_long",
+                        f"the {which} answer {answer!r} is {len(ids)} tokens; after the {len(prompt_ids)}-token "
+                        f"prompt that is {len(prompt_ids) + len(ids) - 1} tokens, more than the model's {max_len}")
+    return ans
+
+
+def check_follows(tokenizer, prompt: str, prompt_ids: tuple[int, ...], answer: Answer, which: str) -> None:
+    """The answer's tokens are what follows the prompt's tokens when both are tokenized as one text.
+
+    Otherwise (a prompt ending in a space, an answer whose first characters merge with the prompt's
+    last token) the ids scored are not the answer as the model would read it. A cut answer is
+    checked whole: its first token must be the one that follows the prompt."""
+    joint = tuple(tokenizer(prompt + answer.text)["input_ids"])
+    apart = tuple(prompt_ids) + answer.whole
+    if joint == apart:
+        return
+    d = next((k for k, (a, b) in enumerate(zip(joint, apart)) if a != b), min(len(joint), len(apart)))
+    d = min(d, len(prompt_ids))
+    raise Rejection("answer_tokenization",
+                    f"the {which} answer {answer.text!r} tokenizes differently after the prompt than alone: "
+                    f"prompt + answer as one text ends {_shown(tokenizer, joint[d:])}, the prompt's tokens "
+                    f"then the answer's {_shown(tokenizer, apart[d:])}")
+
+
+def pair_policy(*answers: Answer) -> str:
+    """The policy recorded for a pair: first-token if an answer was cut, full if one is scored
+    whole over several tokens, else single."""
+    policies = {a.policy for a in answers}
+    return next(p for p in ("first-token", "full", "single") if p in policies)
+
+
+def _shown(tokenizer, ids) -> list[str]:
+    return [tokenizer.decode([i]) for i in ids]
 
 
 def check_fits(n: int, max_len: int, which: str):

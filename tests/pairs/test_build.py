@@ -3,7 +3,15 @@ from __future__ import annotations
 
 import pytest
 
-from patchgrid.pairs import build_pairs, position_roles, read_pairs, read_source, summary, write_pairs
+from patchgrid.pairs import (
+    accepted_pairs,
+    build_pairs,
+    position_roles,
+    read_pairs,
+    read_source,
+    summary,
+    write_pairs,
+)
 
 from .conftest import cf, write_jsonl
 
@@ -54,13 +62,83 @@ def test_fact_level_rejections(tmp_path, tok):
                cf(3, "Kazakhstan", "Nur-Sultan"),
                cf(4, "Italy", "Paris"),  # partner candidates must differ in answer
                cf(5, "Peru", "Lima", prompt="The capital of {} is", relation="other")]  # alone in its relation
-    rows = rows_for(tmp_path, tok, records)
+    rows = rows_for(tmp_path, tok, records, answer_policy="single")
     by = {r["pair_id"]: r for r in rows}
     assert by["2"]["reason"] == "answer_multi_token" and "'Abu Dhabi' is 4 tokens" in by["2"]["detail"]
     assert by["5"]["reason"] == "no_partner"
     assert by["5"]["usable_alone"]  # still usable alone, for causal tracing
     assert by["0"]["status"] == "accepted" and by["0"]["corrupt_answer"] != "Paris"
     assert len(rows) == len(records)
+
+
+# one-token subjects; answers of one (Paris, Berlin) and two tokens (Abuja, Accra) on smollm2
+MIXED = [("France", "Paris"), ("Germany", "Berlin"), ("Nigeria", "Abuja"), ("Ghana", "Accra")]
+
+
+def test_multi_token_answers_are_scored_whole_by_default(tmp_path, tok):
+    rows = rows_for(tmp_path, tok, [cf(i, s, a) for i, (s, a) in enumerate(MIXED)])
+    assert [r["status"] for r in rows] == ["accepted"] * 4
+    for r in rows:
+        clean = tok.encode(" " + r["clean_answer"], add_special_tokens=False)
+        corrupt = tok.encode(" " + r["corrupt_answer"], add_special_tokens=False)
+        assert r["clean_answer_ids"] == clean and r["corrupt_answer_ids"] == corrupt
+        assert (r["clean_answer_id"], r["corrupt_answer_id"]) == (clean[0], corrupt[0])
+        assert r["answer_policy"] == ("single" if len(clean) == len(corrupt) == 1 else "full")
+    nigeria = rows[2]
+    assert [tok.decode([t]) for t in nigeria["clean_answer_ids"]] == [" Abu", "ja"]
+    table = read_pairs(write_pairs(rows, tmp_path / "pairs.parquet"))
+    assert table.column("clean_answer_ids").to_pylist()[2] == nigeria["clean_answer_ids"]
+    pairs = accepted_pairs(table)
+    assert pairs[2].clean_answer_ids == tuple(nigeria["clean_answer_ids"])
+
+
+def test_single_policy_rejects_and_first_token_cuts(tmp_path, tok):
+    records = [cf(i, s, a) for i, (s, a) in enumerate(MIXED)]
+    single = rows_for(tmp_path, tok, records, answer_policy="single")
+    assert [r["reason"] for r in single[2:]] == ["answer_multi_token"] * 2
+    assert "'Abuja' is 2 tokens [' Abu', 'ja']" in single[2]["detail"]
+    assert [r["status"] for r in single[:2]] == ["accepted"] * 2
+    assert {r["answer_policy"] for r in single[:2]} == {"single"}
+    cut = rows_for(tmp_path, tok, records, answer_policy="first-token")
+    assert [r["status"] for r in cut] == ["accepted"] * 4
+    nigeria = cut[2]
+    assert nigeria["clean_answer_ids"] == [nigeria["clean_answer_id"]] == tok.encode(" Abu", add_special_tokens=False)
+    assert nigeria["answer_policy"] == "first-token"
+    with pytest.raises(ValueError, match="unknown answer policy 'whole'; use one of single, full, first-token"):
+        rows_for(tmp_path, tok, records, answer_policy="whole")
+
+
+def test_answer_rejections_name_what_is_wrong(tmp_path, tok):
+    records = [
+        _pair(id="empty", clean_answer="  "),
+        # "The capital of France is " + "Paris": ' Paris' together, ' ' then 'Paris' apart
+        _pair(id="space", clean_prompt="The capital of France is ", corrupt_prompt="The capital of Germany is ",
+              clean_answer="Paris", corrupt_answer="Berlin"),
+        _pair(id="long", clean_answer=" Abu Dhabi"),  # 5 prompt tokens + 4 answer tokens - 1 = 8
+    ]
+    by = {r["pair_id"]: r for r in rows_for(tmp_path, tok, records, "patchgrid", max_len=7)}
+    assert by["empty"]["reason"] == "empty_answer" and "the clean answer '  ' is empty" in by["empty"]["detail"]
+    assert by["space"]["reason"] == "answer_tokenization"
+    assert by["space"]["detail"] == ("the clean answer 'Paris' tokenizes differently after the prompt than alone: "
+                                     "prompt + answer as one text ends [' Paris'], the prompt's tokens then the "
+                                     "answer's [' ', 'Paris']")
+    assert by["long"]["reason"] == "answer_too_long"
+    assert by["long"]["detail"] == ("the clean answer ' Abu Dhabi' is 4 tokens; after the 5-token prompt that is 8 "
+                                    "tokens, more than the model's 7")
+    # the tokenization is checked under every policy: a cut answer's first token must follow the prompt
+    for policy in ("single", "first-token"):
+        rows = rows_for(tmp_path, tok, records[1:2], "patchgrid", answer_policy=policy)
+        assert rows[0]["reason"] == "answer_tokenization"
+    # cut to one token, the answer fits
+    rows = rows_for(tmp_path, tok, records[2:], "patchgrid", max_len=7, answer_policy="first-token")
+    assert rows[0]["status"] == "accepted" and rows[0]["answer_policy"] == "first-token"
+
+
+def test_fact_prompts_ending_in_a_space_are_rejected(tmp_path, tok):
+    records = [cf(i, s, a, prompt="The capital of {} is ") for i, (s, a) in enumerate(CAPITALS[:2])]
+    rows = rows_for(tmp_path, tok, records)
+    assert [r["reason"] for r in rows] == ["answer_tokenization"] * 2
+    assert not rows[0]["usable_alone"]
 
 
 def test_first_token_policy_is_recorded(tmp_path, tok):
@@ -92,6 +170,7 @@ def test_explicit_pairs(tmp_path, tok):
         _pair(id="outside", corrupt_prompt="The capital of Germany was", subject="France", corrupt_subject="Germany"),
         _pair(id="same", corrupt_answer=" Paris"),
         _pair(id="multi", clean_answer=" Paris, France"),
+        _pair(id="same_multi", clean_answer=" Paris, France", corrupt_answer=" Paris, France"),
         _pair(id="identical", corrupt_prompt="The capital of France is"),
     ]
     rows = rows_for(tmp_path, tok, records, "patchgrid")
@@ -102,8 +181,12 @@ def test_explicit_pairs(tmp_path, tok):
     assert by["length"]["reason"] == "length_mismatch"
     assert by["outside"]["reason"] == "differs_outside_subject"
     assert by["same"]["reason"] == "same_answer"
-    assert by["multi"]["reason"] == "answer_multi_token"
+    assert by["multi"]["status"] == "accepted" and by["multi"]["answer_policy"] == "full"
+    assert [tok.decode([t]) for t in by["multi"]["clean_answer_ids"]] == [" Paris", ",", " France"]
+    assert by["same_multi"]["reason"] == "same_answer" and "the same 3 tokens" in by["same_multi"]["detail"]
     assert by["identical"]["reason"] == "identical_prompts"
+    single = {r["pair_id"]: r for r in rows_for(tmp_path, tok, records, "patchgrid", answer_policy="single")}
+    assert single["multi"]["reason"] == "answer_multi_token"
 
 
 def test_table_round_trip_and_summary(tmp_path, tok):
