@@ -79,12 +79,15 @@ def format_rows(cols, rows) -> str:
 
 
 def format_patch_table(out: dict, token_strs) -> str:
-    """sweep_pair's result: patched logit difference by layer (and head) and position."""
+    """sweep_pair's result: the patched value of its headline metric (the logit difference, or the
+    log-probability difference when an answer has several tokens) by layer (and head) and position."""
     effects = out["effects"]
     base = out["baseline"]
+    metric = base["metric"]
+    what = {"logit_diff": "logit difference", "logprob_diff": "log-probability difference"}.get(metric, metric)
     positions = sorted({e["position"] for e in effects})
-    lines = [f"baseline logit difference: clean {base['clean']:+.3f}, corrupt {base['corrupt']:+.3f}",
-             "patched logit difference by layer (rows) and position (columns):"]
+    lines = [f"baseline {what} ({metric}): clean {base['clean']:+.3f}, corrupt {base['corrupt']:+.3f}",
+             f"patched {what} by layer (rows) and position (columns); every metric with --json:"]
     head_site = effects and effects[0]["head"] is not None
     label = "layer.head" if head_site else "layer"
     cols = [f"{p}:{token_strs[p]!r}" if p < len(token_strs) else str(p) for p in positions]
@@ -92,7 +95,7 @@ def format_patch_table(out: dict, token_strs) -> str:
     lines.append(f"{label:>10} " + " ".join(f"{c:>{width}}" for c in cols))
     rows = {}
     for e in effects:
-        rows.setdefault((e["layer"], e["head"]), {})[e["position"]] = e["logit_diff"]
+        rows.setdefault((e["layer"], e["head"]), {})[e["position"]] = e[metric]
     for (layer, head), vals in rows.items():
         name = "embed" if layer is None else (f"{layer}.{head}" if head is not None else str(layer))
         lines.append(f"{name:>10} " + " ".join(f"{vals[p]:>{width}.3f}" for p in positions))

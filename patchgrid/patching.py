@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import metrics
+from .metrics import METRICS
 from .cache import MemoryStore
 from .pairs.align import position_roles
 from .pairs.pair import Pair
@@ -85,13 +86,16 @@ def sweep_pair(engine, tokens: PairTokens, site: str, positions: list[int] | Non
     store = MemoryStore(engine, [pair], cache_spec(config, engine.shape.n_layers))
     rows = run_sweeps(engine, [pair], store, config)
     base = store.baselines[pair.pair_id]
+    metric = rows[0]["metric"] if rows else "logit_diff"  # logprob_diff when an answer has several tokens
     return {
-        "baseline": {"clean": base["clean_logit_diff"], "corrupt": base["corrupt_logit_diff"]},
+        "baseline": {"metric": metric, "clean": base[f"clean_{metric}"], "corrupt": base[f"corrupt_{metric}"],
+                     "runs": {run: {m: base[f"{run}_{m}"] for m in METRICS} for run in ("clean", "corrupt")}},
         "effects": [{"site": r["site"], "layer": r["layer"], "position": r["position"], "head": r["head"],
-                     "logit_diff": r["patched_logit_diff"], "p_clean_answer": r["patched_p"]} for r in rows],
+                     **{m: r[f"patched_{m}"] for m in METRICS}, "recovery": r["recovery"]} for r in rows],
     }
 
 
-def recovery(ld: float, baseline: dict) -> float | None:
-    """Recovery of a patched logit difference against sweep_pair's baseline (metrics.recovery)."""
-    return metrics.recovery(ld, baseline["clean"], baseline["corrupt"])
+def recovery(value: float, baseline: dict) -> float | None:
+    """Recovery of a patched value on sweep_pair's headline metric against its baseline
+    (metrics.recovery)."""
+    return metrics.recovery(value, baseline["clean"], baseline["corrupt"])

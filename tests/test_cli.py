@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from patchgrid.metrics import METRICS
 from tests.conftest import needs_vllm
 
 PAIR = ["--clean", "The capital of France is", "--corrupt", "The capital of Spain is",
@@ -27,15 +28,16 @@ def test_patch_json_on_vllm_matches_hf():
     assert out_h.returncode == 0, out_h.stderr
     v, h = json.loads(out_v.stdout), json.loads(out_h.stdout)
     assert set(v) == {"baseline", "effects"}
-    assert set(v["baseline"]) == {"clean", "corrupt"}
+    assert set(v["baseline"]) == {"metric", "clean", "corrupt", "runs"} and v["baseline"]["metric"] == "logit_diff"
     n_tokens = len({e["position"] for e in v["effects"]})
     assert len(v["effects"]) == 4 * n_tokens  # every layer x every position
     e = v["effects"][0]
-    assert set(e) == {"site", "layer", "position", "head", "logit_diff", "p_clean_answer"}
+    assert set(e) == {"site", "layer", "position", "head", "recovery", *METRICS}
     assert e["head"] is None and e["site"] == "resid"
     for a, b in zip(v["effects"], h["effects"]):
         assert (a["layer"], a["position"]) == (b["layer"], b["position"])
-        assert abs(a["logit_diff"] - b["logit_diff"]) < 1e-4
+        for m in METRICS:
+            assert abs(a[m] - b[m]) < 1e-4, m
 
 
 def test_patch_heads_table_on_hf():

@@ -69,6 +69,20 @@ def test_multi_token_answers_are_kept_whole(tokenizers):
     assert pair.answers == (tokens.clean_answer, longer[0])
 
 
+def test_patch_scores_answers_of_several_tokens(engines, tokenizers):
+    """A pair whose answers are scored whole has no logit difference: `patchgrid patch` reports the
+    log-probability difference, and its recovery, on every cell."""
+    engine = engines.get("tiny-llama", "hf", dtype="float32")
+    tokens = tokenize_pair(tokenizers("tiny-llama"), CLEAN, CORRUPT, " Paris", " Londonderry")
+    out = sweep_pair(engine, tokens, "resid", [3, len(tokens.clean) - 1])
+    base = out["baseline"]
+    assert base["metric"] == "logprob_diff" and base["runs"]["clean"]["logit_diff"] is None
+    assert base["clean"] == pytest.approx(base["runs"]["clean"]["logp_clean"] - base["runs"]["clean"]["logp_corrupt"])
+    for e in out["effects"]:
+        assert e["logit_diff"] is None and e["kl"] >= 0
+        assert e["recovery"] == pytest.approx(recovery(e["logprob_diff"], base), abs=1e-6)
+
+
 @pytest.mark.parametrize("site, sweep", [("resid", "resid"), ("head", "heads"), ("embed", "embed"),
                                          ("mlp_out", "mlp_out")])
 def test_patch_runs_the_study_sweep(tmp_path, engines, tokenizers, site, sweep):
