@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import metrics
-from .metrics import METRICS
 from .cache import MemoryStore
+from .metrics import METRICS
 from .pairs.align import position_roles
 from .pairs.pair import Pair
 from .sites import SITE_KINDS

@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 
+from patchgrid.metrics import METRICS
 from patchgrid.sweeps import SweepConfig, count_runs
 from patchgrid.warehouse.loader import query
 from tests.conftest import needs_vllm
@@ -82,6 +83,20 @@ def test_study_end_to_end_then_rerun_replaces(prefect_api, tmp_path):
     status = query(wh, "SELECT status, model, flow_run_id FROM runs WHERE run_id = ?", [run_id])[1][0]
     assert status[0] == "completed" and status[1] == "tiny-llama" and status[2]
     assert query(wh, "SELECT count(*) FROM rejections WHERE run_id = ?", [run_id])[1][0][0] >= 1
+    # answers of several tokens are scored whole (the default policy): every metric column is filled,
+    # the logit difference only where both answers are one token, and every view names its metric
+    policies = dict(query(wh, "SELECT answer_policy, count(*) FROM pairs WHERE run_id = ? AND pair_id IN "
+                              "(SELECT pair_id FROM effects WHERE run_id = ?) GROUP BY ALL", [run_id, run_id])[1])
+    assert policies.get("full", 0) >= 1, policies  # tiny-llama's tokenizer spells most answers out
+    missing = query(wh, "SELECT " + ", ".join(f"count(*) - count(patched_{m})" for m in METRICS if m != "logit_diff") +
+                    " FROM effects WHERE run_id = ?", [run_id])[1][0]
+    assert set(missing) == {0}
+    whole = query(wh, "SELECT count(patched_logit_diff), count(patched_logprob_diff), count(patched_kl) FROM effects "
+                      "e JOIN pairs p USING (run_id, pair_id) WHERE run_id = ? AND p.answer_policy = 'full'",
+                  [run_id])[1][0]
+    assert whole[0] == 0 and whole[1] == whole[2] > 0
+    summarised = {r[0] for r in query(wh, "SELECT DISTINCT metric FROM effect_summary WHERE run_id = ?", [run_id])[1]}
+    assert summarised == set(METRICS) - ({"logit_diff"} if "single" not in policies else set())
     keys = {a.key for a in _artifacts()}
     assert "study-summary" in keys and any(k.startswith("sweeps-") for k in keys)
 
@@ -98,11 +113,10 @@ def test_study_end_to_end_then_rerun_replaces(prefect_api, tmp_path):
     assert full_id != run_id
     same = " AND ".join(f"a.{c} IS NOT DISTINCT FROM b.{c}" for c in
                         ("pair_id", "sweep", "site", "direction", "layer", "position", "head", "window"))
-    n, worst_p, worst_ld = query(wh, f"SELECT count(*), max(abs(a.patched_p - b.patched_p)), "
-                                     f"max(abs(a.patched_logit_diff - b.patched_logit_diff)) FROM effects a "
-                                     f"JOIN effects b ON {same} WHERE a.run_id = ? AND b.run_id = ?",
-                                 [run_id, full_id])[1][0]
-    assert n == n_effects and worst_p == 0 and worst_ld == 0
+    worst = ", ".join(f"max(abs(a.patched_{m} - b.patched_{m}))" for m in METRICS)
+    n, *worst = query(wh, f"SELECT count(*), {worst} FROM effects a JOIN effects b ON {same} "
+                          f"WHERE a.run_id = ? AND b.run_id = ?", [run_id, full_id])[1][0]
+    assert n == n_effects and all(w == 0 for w in worst if w is not None) and worst.count(None) <= 1
     assert query(wh, "SELECT params->>'skip' FROM runs WHERE run_id = ?", [full_id])[1][0][0] == "false"
 
 
