@@ -212,16 +212,20 @@ def cmd_study(args) -> int:
 
 def cmd_demo_study(args) -> int:
     from .report import write_report
-    from .warehouse.queries import stream_by_layer, trace_by_bucket
+    from .warehouse.queries import every_metric, stream_by_layer, trace_by_bucket
 
     spec = StudySpec(model=args.model, sweeps=("resid", "attn_out", "mlp_out", "heads", "trace"), limit=args.limit,
                      warehouse=args.warehouse, trace_samples=args.trace_samples, backend=args.backend)
     quiet_prefect(False)
     run_id = _run_study(spec)
     print(f"\nrun {run_id} -> {args.warehouse}")
-    print("\nresid patched clean into corrupt: recovery of the logit difference, mean over pairs "
-          "(effect_summary, every 4th layer):")
+    print("\nresid patched clean into corrupt: recovery of the log-probability difference of the answers, scored "
+          "whole (the logit difference for one-token answers), mean over pairs (effect_summary, every 4th layer):")
     print(format_rows(*stream_by_layer(args.warehouse, run_id, every=4)))
+    print("\nthe same patch on every metric, at an early and a late layer (effect_summary; kl and logp_corrupt fall "
+          "as the clean run comes back, rank has no recovery):")
+    n_layers = _n_layers(args.model)
+    print(format_rows(*every_metric(args.warehouse, run_id, (n_layers // 4, n_layers - 2))))
     print("\ncausal tracing, hidden state restored: average indirect effect on p(answer), in Meng et al.'s "
           "buckets (trace_buckets, every 4th layer):")
     print(format_rows(*trace_by_bucket(args.warehouse, run_id, every=4)))
@@ -229,6 +233,15 @@ def cmd_demo_study(args) -> int:
     page = write_report(args.warehouse, Path(args.warehouse).resolve().parent / "report", run_id)
     print(f"report: {page}")
     return 0
+
+
+def _n_layers(model: str) -> int:
+    from transformers import AutoConfig
+
+    from .models import prepare
+    from .sites import shape_of
+
+    return shape_of(AutoConfig.from_pretrained(prepare(model), trust_remote_code=False)).n_layers
 
 
 def cmd_report(args) -> int:

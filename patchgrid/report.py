@@ -6,7 +6,7 @@ names, and each cell's hover text gives the mean, its metric, its 95% interval a
 
 The patching and head heatmaps are drawn once per metric the run has (`patchgrid.metrics`), and
 the page shows one metric at a time: a row of radio buttons selects it with CSS alone (no script),
-the headline metric (logit_diff, else logprob_diff) first. Causal tracing is drawn on p(answer), as
+the headline metric (logprob_diff, else logit_diff for older loads) first. Causal tracing is drawn on p(answer), as
 Meng et al. trace, and the small multiples by relation on the headline metric.
 """
 from __future__ import annotations
@@ -23,7 +23,8 @@ TRACE_PANELS = (("resid", "hidden state"), ("mlp_out", "MLP (window)"), ("attn_o
 # Meng et al.'s token buckets, top to bottom (the trace_buckets view)
 TRACE_BUCKETS = ("first_subject", "middle_subject", "last_subject", "first_subsequent", "further", "last")
 # The metric shown first (and the only one for the small multiples): the first of these the run has.
-HEADLINE = ("logit_diff", "logprob_diff")
+# logprob_diff: every pair has it (answers of any length), and for one-token answers it equals logit_diff
+HEADLINE = ("logprob_diff", "logit_diff")
 
 
 @dataclass

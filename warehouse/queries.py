@@ -6,9 +6,10 @@ from patchgrid.metrics import METRICS
 
 from .loader import query
 
-# The metric a question is asked on when none is named: logit_diff, which a run has only where its
-# pairs' answers are one token each, else logprob_diff, its generalisation to scored answers.
-DEFAULT_METRICS = ("logit_diff", "logprob_diff")
+# The metric a question is asked on when none is named: logprob_diff, which every pair has (answers
+# of any length) and which equals logit_diff for one-token answers; else logit_diff, for loads
+# written before answers were scored.
+DEFAULT_METRICS = ("logprob_diff", "logit_diff")
 
 
 def _metric_sql(metric: str | None, run_id: str) -> tuple[str, list]:
@@ -26,7 +27,7 @@ def _metric_sql(metric: str | None, run_id: str) -> tuple[str, list]:
 def strongest_effects(path, run_id: str, top: int = 20, metric: str | None = None):
     """The run's cells with the largest mean recovery on `metric` (for a metric without recovery,
     rank: the largest mean effect towards the clean run's value), as (columns, rows). metric None:
-    logit_diff where the run has it, else logprob_diff."""
+    logprob_diff where the run has it, else logit_diff."""
     chosen, params = _metric_sql(metric, run_id)
     return query(path, f"""
         SELECT s.sweep, s.site, s.direction, s.layer, s.position_role, s.head, s.metric, s.n_pairs, s.n_recovery,
@@ -41,7 +42,7 @@ def strongest_effects(path, run_id: str, top: int = 20, metric: str | None = Non
 def stream_by_layer(path, run_id: str, every: int = 4, metric: str | None = None):
     """Mean recovery on `metric` when the resid stream is patched clean into corrupt, at the last
     subject token and the last token, every `every`-th layer, as (columns, rows). metric None:
-    logit_diff where the run has it, else logprob_diff (rank has no recovery: its mean_effect is
+    logprob_diff where the run has it, else logit_diff (rank has no recovery: its mean_effect is
     in effect_summary)."""
     chosen, params = _metric_sql(metric, run_id)
     return query(path, f"""
@@ -50,6 +51,22 @@ def stream_by_layer(path, run_id: str, every: int = 4, metric: str | None = None
         FROM effect_summary WHERE run_id = ? AND metric = {chosen} AND sweep = 'resid' AND direction = 'denoise'
           AND position_role IN ('subject_last', 'last') AND layer % ? = 0
         ORDER BY position_role DESC, layer""", [run_id, *params, int(every)])
+
+
+def every_metric(path, run_id: str, layers: tuple[int, ...], roles=("subject_last", "last")):
+    """Every metric side by side for the resid stream patched clean into corrupt at `layers` and
+    `roles`: mean effect and mean recovery with the pairs behind each, as (columns, rows)."""
+    marks = ", ".join("?" for _ in layers)
+    roles_in = ", ".join("?" for _ in roles)
+    return query(path, f"""
+        SELECT s.layer, s.position_role, s.metric, s.n_pairs, round(s.mean_effect, 3) AS mean_effect,
+               s.n_recovery, round(s.mean_recovery, 3) AS mean_recovery, round(s.ci95_low, 3) AS ci95_low,
+               round(s.ci95_high, 3) AS ci95_high
+        FROM effect_summary s JOIN metrics m USING (metric)
+        WHERE s.run_id = ? AND s.sweep = 'resid' AND s.direction = 'denoise' AND s.layer IN ({marks})
+          AND s.position_role IN ({roles_in})
+        ORDER BY s.position_role DESC, s.layer, list_position(?, s.metric)""",
+                 [run_id, *layers, *roles, list(METRICS)])
 
 
 def trace_by_bucket(path, run_id: str, every: int = 4):

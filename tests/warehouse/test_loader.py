@@ -350,13 +350,14 @@ def test_an_old_shaped_load_is_summarised_on_logit_diff_and_p(tmp_path):
     assert query(wh, "SELECT count(*), count(answer_policy) FROM pairs WHERE run_id = 'run-old'")[1] == [(7, 0)]
 
 
-def test_named_queries_take_a_metric_and_fall_back_without_logit_diff(tmp_path):
+def test_named_queries_take_a_metric_and_fall_back_without_logprob_diff(tmp_path):
     from patchgrid.warehouse.queries import stream_by_layer, strongest_effects
 
     wh = tmp_path / "w.duckdb"
     load(tmp_path, wh, run_id="one-token")
     load(tmp_path, wh, run_id="multi-token", multi_token=True)
-    for run, default in (("one-token", "logit_diff"), ("multi-token", "logprob_diff")):
+    _old_shaped_load(wh, "run-old")  # written before answers were scored: logit_diff and p only
+    for run, default in (("one-token", "logprob_diff"), ("multi-token", "logprob_diff"), ("run-old", "logit_diff")):
         cols, rows = strongest_effects(wh, run, top=5)
         assert len(rows) == 5 and {r[cols.index("metric")] for r in rows} == {default}, run
         recoveries = [r[cols.index("mean_recovery")] for r in rows]
@@ -370,5 +371,14 @@ def test_named_queries_take_a_metric_and_fall_back_without_logit_diff(tmp_path):
     effects = [r[cols.index("mean_effect")] for r in rows]
     assert effects == sorted(effects) and all(r[cols.index("mean_recovery")] is None for r in rows)
     assert strongest_effects(wh, "multi-token", metric="logit_diff")[1] == []
+    from patchgrid.metrics import METRICS
+    from patchgrid.warehouse.queries import every_metric
+
+    cols, rows = every_metric(wh, "one-token", (0, 2))
+    by_cell = {}
+    for r in rows:
+        by_cell.setdefault((r[cols.index("layer")], r[cols.index("position_role")]), []).append(r[cols.index("metric")])
+    assert set(by_cell) == {(0, "subject_last"), (2, "subject_last"), (0, "last"), (2, "last")}
+    assert all(ms == list(METRICS) for ms in by_cell.values())  # every metric, in the registry's order
     with pytest.raises(ValueError, match="metric 'logits' is not one of"):
         stream_by_layer(wh, "one-token", metric="logits")
