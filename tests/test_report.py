@@ -99,14 +99,14 @@ def test_report_files(warehouse, tmp_path):
     assert "95% t interval" in text and "pairs" in text and "(logit_diff)" in text  # hover text
     assert "no_partner" in text  # rejections by reason
     # one radio button per metric, the headline checked; every metric's meaning is on the page
-    assert text.count("type='radio'") == len(METRICS) and "id='metric-0' value='logit_diff' checked" in text
+    assert text.count("type='radio'") == len(METRICS) and "id='metric-0' value='logprob_diff' checked" in text
     for spec in METRICS.values():
         assert html.escape(spec.meaning) in text
 
 
 def test_every_metric_has_its_figures_named_by_it(warehouse):
     data = _figures(warehouse)
-    assert data["metrics"][0] == data["headline"] == "logit_diff" and set(data["metrics"]) == set(METRICS)
+    assert data["metrics"][0] == data["headline"] == "logprob_diff" and set(data["metrics"]) == set(METRICS)
     switched = [f for f in data["figures"] if f.metric is not None]
     assert {f.metric for f in switched} == set(METRICS)
     for f in switched:
@@ -157,7 +157,9 @@ def test_page_renders_in_headless_chromium(warehouse, tmp_path):
         page.wait_for_load_state("load")
         n_figures = len(page.query_selector_all("figure"))
         seen = set()
-        for k, metric in enumerate(METRICS):
+        order = [el.get_attribute("value") for el in page.query_selector_all("input.metric-choice")]
+        assert order[0] == "logprob_diff" and set(order) == set(METRICS)  # the headline first
+        for k, metric in enumerate(order):
             if k:  # the headline metric is shown without a click
                 page.click(f"label[for='metric-{k}']")
             visible = [f for f in page.query_selector_all("figure") if f.is_visible()]
