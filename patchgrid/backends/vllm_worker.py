@@ -12,9 +12,10 @@ every write checks that what it writes lives where the activations live. Capture
 
 A patchgrid request whose answers are scored whole is several vLLM requests, one per forward
 (plan.forwards): the prompt followed by one continuation's inputs. Patches and noise address the
-prompt's positions only. A hook on the final norm unembeds, per request, the rows from the last
-prompt position on (vLLM unembeds only each request's last row), and reads there the answers'
-logits and ranks, the continuations' log-probabilities, and the KL divergence from the reference
+prompt's positions only. Logits are read at every row from the last prompt position on: vLLM
+unembeds each request's last row itself (a hook on its logits processor takes them), and a hook
+on the final norm unembeds the rows before it; there the worker reads the answers' logits and
+ranks, the continuations' log-probabilities, and the KL divergence from the reference
 log-probabilities the call's sources hold.
 
 A call whose requests all start at layer S (plan.Start) sets the decoder's `start_layer` to S for
@@ -104,9 +105,13 @@ class _Step:
         self.noise = None  # (rows, values) added to the embedding
         self.start = None  # (rows, values): the stream entering the start layer
         self.captures: dict[str, list] = {}  # key -> [(row0, row1, buffer, pos0)]
-        # the rows whose logits are read: [(request, first position, number of rows)] and their batch rows
+        # the rows whose logits are read, in order: [(request, first position, number of rows)]. A
+        # request's last row comes from vLLM's own logits (one row per request, in batch order:
+        # `vllm_rows`); the rows before it are unembedded by the final norm's hook (`own_rows`, batch
+        # rows of the hidden states). `*_dest`: where each lands among the read rows.
         self.reads: list[tuple[_Request, int, int]] = []
-        self.read_rows = None
+        self.own_rows = self.own_dest = self.vllm_rows = self.vllm_dest = None
+        self.own_logits = None
         self.done: list[_Request] = []  # requests whose last position is in this step
 
     def to(self, device) -> None:
@@ -117,8 +122,9 @@ class _Step:
             self.noise = tuple(t.to(device) for t in self.noise)
         if self.start is not None:
             self.start = tuple(t.to(device) for t in self.start)
-        if self.read_rows is not None:
-            self.read_rows = self.read_rows.to(device)
+        for name in ("own_rows", "own_dest", "vllm_rows", "vllm_dest"):
+            if getattr(self, name) is not None:
+                setattr(self, name, getattr(self, name).to(device))
 
 
 def put(t: torch.Tensor, index, values: torch.Tensor, what: str) -> None:
@@ -157,6 +163,7 @@ class _Session:
         self.requests: dict[str, _Request | None] = {}
         self.results: dict[str, list] = {}
         self.step = _Step()
+        self._own_call = False
         self.handles = []
         self.start_layer = start_layer
         self._decoder = None
@@ -187,6 +194,7 @@ class _Session:
         # The final norm's output is what the unembedding reads: its rows at the last prompt position
         # and over the continuations are unembedded here (vLLM itself unembeds each request's last row only).
         self.handles.append(get_module(m, fam.final_norm).register_forward_hook(self._on_final))
+        self.handles.append(m.logits_processor.register_forward_hook(self._on_logits))
         for key in keys - {"embed"}:  # the embedding's hooks above handle embed
             site, layer = parse_key(key)
             module = site_module(m, fam, site, layer)
@@ -214,7 +222,9 @@ class _Session:
         if n == 0:  # profiling and dummy runs
             return
         qsl = runner.query_start_loc.np
-        writes, heads, noise, caps, start, reads = {}, {}, [], {}, [], []
+        writes, heads, noise, caps, start = {}, {}, [], {}, []
+        own_rows, own_dest, vllm_rows, vllm_dest = [], [], [], []
+        n_read = 0
         for i in range(n):
             rid = batch.req_ids[i]
             r = self.requests.get(rid, False)
@@ -248,7 +258,14 @@ class _Session:
             lo = max(pos0, r.n_prompt - 1)
             if lo < pos1:
                 step.reads.append((r, lo, pos1 - lo))
-                reads.append(torch.arange(lo - pos0 + row0, row1))
+                done = pos1 >= r.n_tokens
+                own = (pos1 - 1 if done else pos1) - lo  # vLLM unembeds the request's last row itself
+                own_rows.append(torch.arange(lo - pos0 + row0, lo - pos0 + row0 + own))
+                own_dest.append(torch.arange(n_read, n_read + own))
+                if done:
+                    vllm_rows.append(i)
+                    vllm_dest.append(n_read + own)
+                n_read += pos1 - lo
             if pos1 >= r.n_tokens:
                 step.done.append(r)
         step.writes = {k: (torch.cat([a for a, _ in v]), torch.cat([b for _, b in v])) for k, v in writes.items()}
@@ -258,8 +275,10 @@ class _Session:
         if start:
             step.start = (torch.cat([a for a, _ in start]), torch.cat([b for _, b in start]))
         step.captures = caps
-        if reads:
-            step.read_rows = torch.cat(reads)
+        if own_rows and n_read > len(vllm_rows):
+            step.own_rows, step.own_dest = torch.cat(own_rows), torch.cat(own_dest)
+        if vllm_rows:
+            step.vllm_rows, step.vllm_dest = torch.tensor(vllm_rows), torch.tensor(vllm_dest)
         step.to(self.device)
 
     def _new_request(self, rid):
@@ -351,13 +370,32 @@ class _Session:
         return hook
 
     def _on_final(self, module, args, out):
+        """Unembed the read rows vLLM will not: every one but each finishing request's last."""
         step = self.step
-        if step.read_rows is None:
+        if step.own_rows is None:
             return None
         hidden = out[0] if isinstance(out, tuple) else out
-        logits = self.model.compute_logits(hidden[step.read_rows])
-        if logits is not None:  # None on tensor-parallel ranks but the first: logits live on rank 0
-            self._read(step, logits[:, : self.vocab].float())
+        self._own_call = True  # the logits hook below ignores this call
+        try:
+            step.own_logits = self.model.compute_logits(hidden[step.own_rows])
+        finally:
+            self._own_call = False
+        return None
+
+    def _on_logits(self, module, args, out):
+        """vLLM's logits (one row per request of the step) beside the final norm's rows: every read
+        row's readings, and the results of the requests that finish in this step."""
+        step = self.step
+        if self._own_call or not step.reads:
+            return None
+        if out is not None:  # None on tensor-parallel ranks but the first: logits live on rank 0
+            n_read = sum(count for _, _, count in step.reads)
+            logits = torch.empty(n_read, self.vocab, dtype=torch.float32, device=out.device)
+            if step.vllm_rows is not None:
+                logits[step.vllm_dest] = out[step.vllm_rows, : self.vocab].float()
+            if step.own_logits is not None:
+                logits[step.own_dest] = step.own_logits[:, : self.vocab].float()
+            self._read(step, logits)
         for r in step.done:
             self.results[r.tag] = r.part()
         return None
