@@ -112,7 +112,9 @@ def kl_divergence(reference: torch.Tensor, logprobs: torch.Tensor) -> torch.Tens
     return (ref.exp() * (ref - logprobs.float())).sum(-1)
 
 
-def answer_ranks(logits: torch.Tensor, tokens) -> list[int]:
-    """Per token, how many entries of `logits` [vocab] are larger than its own (0: the top one)."""
-    vals = logits[list(tokens)]
-    return (logits[None, :] > vals[:, None]).sum(1).tolist()
+def answer_ranks(logits: torch.Tensor, tokens) -> torch.Tensor:
+    """Per token, how many entries of `logits` are larger than its own (0: the top one):
+    logits [..., vocab], tokens [..., k] -> [..., k]."""
+    tokens = torch.as_tensor(tokens, device=logits.device)
+    vals = logits.gather(-1, tokens)
+    return (logits.unsqueeze(-2) > vals.unsqueeze(-1)).sum(-1)

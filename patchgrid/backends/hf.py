@@ -135,7 +135,7 @@ class HFEngine:
             if f.first:
                 lg = rows[0]
                 part.update(answer_logits=lg[list(r.answers)].clone(), logsumexp=float(torch.logsumexp(lg, 0)),
-                            answer_ranks=answer_ranks(lg, r.answers) if r.answers else [], top_ids=[], top_logits=[],
+                            answer_ranks=answer_ranks(lg, list(r.answers)).tolist() if r.answers else [], top_ids=[], top_logits=[],
                             kl=None if r.reference is None else float(kl_divergence(sources[r.reference][LOGPROBS],
                                                                                      logprobs[0])),
                             logprobs=logprobs[0].clone() if r.logprobs else None)

@@ -25,6 +25,8 @@ stream written in). The start layer is put back when the call ends, however it e
 """
 from __future__ import annotations
 
+from collections import defaultdict
+
 import numpy as np
 import torch
 
@@ -260,8 +262,9 @@ class _Session:
                 step.reads.append((r, lo, pos1 - lo))
                 done = pos1 >= r.n_tokens
                 own = (pos1 - 1 if done else pos1) - lo  # vLLM unembeds the request's last row itself
-                own_rows.append(torch.arange(lo - pos0 + row0, lo - pos0 + row0 + own))
-                own_dest.append(torch.arange(n_read, n_read + own))
+                if own:
+                    own_rows.append(torch.arange(lo - pos0 + row0, lo - pos0 + row0 + own))
+                    own_dest.append(torch.arange(n_read, n_read + own))
                 if done:
                     vllm_rows.append(i)
                     vllm_dest.append(n_read + own)
@@ -275,7 +278,7 @@ class _Session:
         if start:
             step.start = (torch.cat([a for a, _ in start]), torch.cat([b for _, b in start]))
         step.captures = caps
-        if own_rows and n_read > len(vllm_rows):
+        if own_rows:
             step.own_rows, step.own_dest = torch.cat(own_rows), torch.cat(own_dest)
         if vllm_rows:
             step.vllm_rows, step.vllm_dest = torch.tensor(vllm_rows), torch.tensor(vllm_dest)
@@ -435,19 +438,28 @@ class _Session:
             for k, v in zip(with_ref, kl_divergence(refs, lp).tolist()):
                 kls[k] = v
         lse_list = first_lse.tolist()
+        # the answers' logits and ranks, one batched read per number of answers
+        by_count = defaultdict(list)
         for k, (_, r) in enumerate(firsts):
-            lg = first_logits[k]
-            out = {"answer_logits": [], "answer_ranks": [], "logsumexp": lse_list[k], "top_ids": [], "top_logits": [],
-                   "kl": kls[k], "logprobs": None}
-            if r.answers:
-                vals = lg[r.answers]
-                out["answer_logits"] = vals.tolist()
-                out["answer_ranks"] = answer_ranks(lg, r.answers)
+            by_count[len(r.answers)].append(k)
+        answers = {}
+        for count, ks in by_count.items():
+            if not count:
+                continue
+            sel = torch.tensor(ks, device=logits.device)
+            tokens = torch.tensor([firsts[k][1].answers for k in ks], device=logits.device)
+            vals = first_logits[sel].gather(1, tokens).tolist()
+            ranks = answer_ranks(first_logits[sel], tokens).tolist()
+            answers.update(zip(ks, zip(vals, ranks)))
+        for k, (_, r) in enumerate(firsts):
+            vals, ranks = answers.get(k, ([], []))
+            out = {"answer_logits": vals, "answer_ranks": ranks, "logsumexp": lse_list[k], "top_ids": [],
+                   "top_logits": [], "kl": kls[k], "logprobs": None}
             if r.top_k:
-                vals, ids = torch.topk(lg, min(r.top_k, lg.shape[0]))
-                out["top_ids"], out["top_logits"] = ids.tolist(), vals.tolist()
+                top, ids = torch.topk(first_logits[k], min(r.top_k, first_logits.shape[1]))
+                out["top_ids"], out["top_logits"] = ids.tolist(), top.tolist()
             if r.logprobs:
-                out["logprobs"] = encode_tensor(lg - first_lse[k])
+                out["logprobs"] = encode_tensor(first_logits[k] - first_lse[k])
             r.readout = out
 
 
