@@ -156,8 +156,9 @@ class VllmEngine:
         sources = sources or {}
         requests = list(requests)
         validate(requests, sources, self.shape)
-        for i, r in enumerate(requests):
-            longest = max(len(f.tokens) for f in forwards(r))
+        fwds = [forwards(r) for r in requests]  # a start does not change them: computed once per call
+        for i, (r, fs) in enumerate(zip(requests, fwds)):
+            longest = max(len(f.tokens) for f in fs)
             if longest > self.max_model_len:
                 what = "tokens" if longest == len(r.tokens) else "tokens and an answer scored after them"
                 raise PlanError(f"request {i}: {what} have {longest} tokens, more than the engine's "
@@ -177,16 +178,17 @@ class VllmEngine:
         results: list[Result | None] = [None] * len(requests)
         for layer, idx in sorted(calls.items()):
             idx.sort()
-            for i, res in zip(idx, self._generate([_started_at(requests[i], layer) for i in idx], sources, layer)):
+            for i, res in zip(idx, self._generate([_started_at(requests[i], layer) for i in idx], sources, layer,
+                                                  [fwds[i] for i in idx])):
                 results[i] = res
         return results
 
-    def _generate(self, requests, sources, start_layer: int) -> list[Result]:
-        """One generate call; every request starts at `start_layer` (0: at the embedding)."""
+    def _generate(self, requests, sources, start_layer: int, fwds) -> list[Result]:
+        """One generate call; every request starts at `start_layer` (0: at the embedding) and runs
+        as its forwards `fwds` (plan.forwards)."""
         from vllm import SamplingParams, TokensPrompt
 
         call = next(self._calls)
-        fwds = [forwards(r) for r in requests]
         tags = [[f"{call}:{i}:{k}" for k in range(len(f))] for i, f in enumerate(fwds)]
         keys = sorted({p.key for r in requests for p in r.patches} | {k for r in requests for k in r.capture})
         used: dict[str, set[str]] = {}

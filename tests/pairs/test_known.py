@@ -64,6 +64,15 @@ def _expect_verdict(r):
         assert r["reason"] == "not_known_corrupt"
 
 
+def _assert_logprob_diffs(model, r):
+    """A row's recorded log-probability differences against a plain HF forward of each answer."""
+    a, b = tuple(r["clean_answer_ids"]), tuple(r["corrupt_answer_ids"])
+    clean = _hf_logprob(model, r["clean_ids"], a) - _hf_logprob(model, r["clean_ids"], b)
+    corrupt = _hf_logprob(model, r["corrupt_ids"], a) - _hf_logprob(model, r["corrupt_ids"], b)
+    assert r["clean_logprob_diff"] == pytest.approx(clean, abs=1e-4)
+    assert r["corrupt_logprob_diff"] == pytest.approx(corrupt, abs=1e-4)
+
+
 def _hf_logprob(model, prompt, answer) -> float:
     """log p(answer | prompt) summed over the answer's tokens, teacher-forced, by a plain HF forward."""
     import torch
@@ -95,11 +104,7 @@ def test_full_answers_are_judged_by_their_whole_log_probability(tmp_path, engine
     assert engine.calls == 1
     assert len([r for r in rows if r["answer_policy"] == "full"]) >= 4
     for r in rows:
-        a, b = tuple(r["clean_answer_ids"]), tuple(r["corrupt_answer_ids"])
-        clean = _hf_logprob(model, r["clean_ids"], a) - _hf_logprob(model, r["clean_ids"], b)
-        corrupt = _hf_logprob(model, r["corrupt_ids"], a) - _hf_logprob(model, r["corrupt_ids"], b)
-        assert r["clean_logprob_diff"] == pytest.approx(clean, abs=1e-4)
-        assert r["corrupt_logprob_diff"] == pytest.approx(corrupt, abs=1e-4)
+        _assert_logprob_diffs(model, r)
         _expect_verdict(r)
 
     # facts paired by subject swap: the pair chosen is judged the same way
@@ -112,11 +117,7 @@ def test_full_answers_are_judged_by_their_whole_log_probability(tmp_path, engine
     assert [r["status"] for r in loose] == ["accepted"] * len(TINY_FACTS)
     assert "full" in {r["answer_policy"] for r in loose}
     for r in loose:
-        a, b = tuple(r["clean_answer_ids"]), tuple(r["corrupt_answer_ids"])
-        clean = _hf_logprob(model, r["clean_ids"], a) - _hf_logprob(model, r["clean_ids"], b)
-        corrupt = _hf_logprob(model, r["corrupt_ids"], a) - _hf_logprob(model, r["corrupt_ids"], b)
-        assert r["clean_logprob_diff"] == pytest.approx(clean, abs=1e-4)
-        assert r["corrupt_logprob_diff"] == pytest.approx(corrupt, abs=1e-4)
+        _assert_logprob_diffs(model, r)
     # with it, a fact is kept only with a partner judged known both ways; the tiny model knows
     # little, so most are rejected, each for the reason its partners' numbers give
     strict = build_pairs(recs, tok, max_len=1024, engine=engine, require_known=True)
