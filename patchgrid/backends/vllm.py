@@ -183,12 +183,13 @@ class VllmEngine:
                 results[i] = res
         return results
 
-    def _generate(self, requests, sources, start_layer: int, fwds) -> list[Result]:
+    def _generate(self, requests, sources, start_layer: int, fwds=None) -> list[Result]:
         """One generate call; every request starts at `start_layer` (0: at the embedding) and runs
-        as its forwards `fwds` (plan.forwards)."""
+        as its forwards `fwds` (plan.forwards; computed here when not given)."""
         from vllm import SamplingParams, TokensPrompt
 
         call = next(self._calls)
+        fwds = fwds if fwds is not None else [forwards(r) for r in requests]
         tags = [[f"{call}:{i}:{k}" for k in range(len(f))] for i, f in enumerate(fwds)]
         keys = sorted({p.key for r in requests for p in r.patches} | {k for r in requests for k in r.capture})
         used: dict[str, set[str]] = {}
