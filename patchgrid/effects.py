@@ -13,9 +13,10 @@ from .staging import write_parquet
 SCHEMA = EFFECT.schema
 
 
-def reading_columns(prefix: str, reading: Reading) -> dict:
-    """A reading as row columns: `<prefix>_<metric>` for every metric, and the per-token lists."""
-    return {f"{prefix}_{f.name}": getattr(reading, f.name) for f in fields(Reading)}
+def reading_columns(prefix: str, reading: Reading | None) -> dict:
+    """A reading as row columns: `<prefix>_<metric>` for every metric, and the per-token lists
+    (NULL for a run that was not made)."""
+    return {f"{prefix}_{f.name}": None if reading is None else getattr(reading, f.name) for f in fields(Reading)}
 
 
 def reading_from(row: dict, prefix: str) -> Reading:
@@ -23,17 +24,17 @@ def reading_from(row: dict, prefix: str) -> Reading:
     return Reading(**{f.name: row[f"{prefix}_{f.name}"] for f in fields(Reading)})
 
 
-def effect_row(pair, cell, patched: Reading, clean: Reading, corrupt: Reading, metric: str) -> dict:
+def effect_row(pair, cell, patched: Reading | None, clean: Reading, corrupt: Reading, metric: str) -> dict:
     """One effect row: the patched run's reading beside the pair's baselines, on every metric, and
     the effect and recovery on the headline `metric`. Denoising is measured from the corrupt run,
-    noising from the clean run."""
+    noising from the clean run. `patched` None: a site estimated but not patched (atp)."""
     reference = clean if cell.direction == "noise" else corrupt
-    value, ref = patched.value(metric), reference.value(metric)
+    value, ref = None if patched is None else patched.value(metric), reference.value(metric)
     return {
         "pair_id": pair.pair_id, "relation": pair.relation, "sweep": cell.sweep, "site": cell.site,
         "direction": cell.direction, "layer": cell.layer, "position": cell.position,
         "position_role": "all" if cell.position is None else pair.roles[cell.position],
-        "head": cell.head, "window": cell.window, "metric": metric,
+        "head": cell.head, "neuron": cell.neuron, "window": cell.window, "metric": metric,
         "effect": None if value is None or ref is None else value - ref,
         "recovery": recovery(value, clean.value(metric), corrupt.value(metric)),
         **reading_columns("patched", patched), **reading_columns("clean", clean), **reading_columns("corrupt", corrupt),

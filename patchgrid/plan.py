@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .sites import LAYER_SITES, SITE_KINDS, ModelShape, parse_key, site_key
+from .sites import LAYER_SITES, SITE_KINDS, SITES, ModelShape, parse_key, site_key
 
 
 class PlanError(ValueError):
@@ -42,10 +42,16 @@ class Patch:
     source: str  # name of a capture in the call's `sources`
     positions: tuple[int, ...] | None = None  # None: every position
     head: int | None = None  # only for site == "head"
+    neuron: int | None = None  # only for site == "neuron"
 
     @property
     def key(self) -> str:
         return site_key(self.site, self.layer)
+
+    @property
+    def unit(self) -> int | None:
+        """The head or neuron patched alone; None: the site's whole width."""
+        return self.head if self.head is not None else self.neuron
 
 
 @dataclass(frozen=True)
@@ -287,11 +293,14 @@ def _check_patch(where, p: Patch, n: int, sources, shape: ModelShape):
         if p.layer is None:
             raise PlanError(f"{where}: patch layer is missing for site {p.site}")
         _check_layer(where, "patch", p.layer, shape)
-    if p.site == "head":
-        if p.head is None or not 0 <= p.head < shape.n_heads:
-            raise PlanError(f"{where}: patch head {p.head} is out of range (model has {shape.n_heads} heads)")
-    elif p.head is not None:
-        raise PlanError(f"{where}: patch head is set for site {p.site}, which has no heads")
+    for unit in ("head", "neuron"):
+        index = getattr(p, unit)
+        if SITES[p.site].unit == unit:
+            if index is None or not 0 <= index < shape.units(p.site):
+                raise PlanError(f"{where}: patch {unit} {index} is out of range (model has {shape.units(p.site)} "
+                                f"{unit}s per layer)")
+        elif index is not None:
+            raise PlanError(f"{where}: patch {unit} is set for site {p.site}, which has no {unit}s")
     if p.positions is not None:
         _check_positions(where, "patch.positions", p.positions, n)
     if p.source not in sources:
@@ -325,8 +334,8 @@ def to_wire(req: Request, tag: str, fwd: Forward | None = None) -> str:
         [int(a) for a in req.answers],
         int(req.top_k),
         list(req.capture),
-        [[p.site, p.layer, p.source, None if p.positions is None else [int(x) for x in p.positions], p.head]
-         for p in req.patches],
+        [[p.site, p.layer, p.source, None if p.positions is None else [int(x) for x in p.positions], p.head,
+          p.neuron] for p in req.patches],
         [[[int(x) for x in z.positions], float(z.std), int(z.seed)] for z in req.noise],
         None if req.start is None else [int(req.start.layer), req.start.source],
         [[int(t) for t in c] for c in req.continuations],
@@ -341,7 +350,7 @@ def from_wire(text: str) -> tuple[str, Request, tuple[int, Forward]]:
     req = Request(
         tokens=(),
         answers=tuple(answers),
-        patches=tuple(Patch(s, l, src, None if pos is None else tuple(pos), h) for s, l, src, pos, h in patches),
+        patches=tuple(Patch(s, l, src, None if pos is None else tuple(pos), h, u) for s, l, src, pos, h, u in patches),
         noise=tuple(Noise(tuple(pos), std, seed) for pos, std, seed in noise),
         capture=tuple(capture),
         top_k=top_k,

@@ -34,6 +34,7 @@ REASONS = (
     "identical_prompts", "same_answer", "no_partner", "not_known_clean", "not_known_corrupt",
 )
 DIRECTIONS = ("denoise", "noise")  # clean into corrupt | corrupt into clean
+VERIFY = ("top", "random")  # why an atp row's site was patched exactly
 POSITION_ROLES = ROLES + ("all",)  # `all`: a patch over every position at once
 RUN_STATUSES = ("running", "completed", "failed", "cancelled")  # cancelled: SIGTERM or SIGINT
 
@@ -106,14 +107,21 @@ EFFECT = RowShape("effect", pa.schema([
     ("position", pa.int32()),  # NULL: every position at once
     ("position_role", pa.string()),  # a pairs-table role, or `all`
     ("head", pa.int32()),
+    ("neuron", pa.int32()),
     ("window", pa.int32()),
     ("metric", pa.string()),  # the sweep's headline metric, which `effect` and `recovery` are on
-    ("effect", pa.float32()),
+    ("effect", pa.float32()),  # NULL for an atp row whose site was not verified (patched) exactly
     ("recovery", pa.float32()),
+    # atp: the attribution-patching estimate of `effect` (signed), and AtP*'s GradDrop score
+    # (unsigned, for ranking; NULL unless asked for); `verify` says why the site was also
+    # patched exactly: `top` (among the top K by the ranking score) or `random` (sampled from the rest)
+    ("estimate", pa.float32()),
+    ("estimate_graddrop", pa.float32()),
+    ("verify", pa.string()),
     # every metric of the patched run and the pair's baselines (trace: corrupt is the noised run's)
     *_metric_columns(("patched", "clean", "corrupt")),
 ]), {"sweep": _sweep_names, "site": SITE_KINDS, "direction": DIRECTIONS,
-     "metric": tuple(METRICS), "position_role": POSITION_ROLES})
+     "metric": tuple(METRICS), "position_role": POSITION_ROLES, "verify": VERIFY})
 
 PAIR = RowShape("pair", pa.schema([
     ("pair_id", pa.string()),

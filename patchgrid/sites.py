@@ -7,6 +7,8 @@ A site is a place in the forward pass whose activation can be read or overwritte
     attn_out   a layer's attention output          [tokens, d_model]
     mlp_out    a layer's MLP output                [tokens, d_model]
     head       one head's slice of z (o_proj input) [tokens, head_dim] of z [tokens, n_heads*head_dim]
+    neuron     one MLP neuron: a column of the down projection's input [tokens, 1] of [tokens, d_mlp]
+               (llama: act(gate) * up; gpt2: act(c_fc))
 
 `SITES` says, per site kind, which module of a family it lives on, whether it is read at that
 module's input or output, and how wide it is; both backends install their hooks from it. Adding a
@@ -21,9 +23,13 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Site:
     name: str
-    module: str  # the Family field naming its module: embed (model-level), layer, attn, mlp, o_proj
+    module: str  # the Family field naming its module: embed (model-level), layer, attn, mlp, o_proj, down_proj
     at: str  # "output": the module's output; "input": its first positional input
-    width: str  # "d_model", or "z": every head's output side by side (n_heads * head_dim)
+    # "d_model"; "z": every head's output side by side (n_heads * head_dim); "mlp": the MLP's hidden
+    # width (d_mlp). z and mlp are split over tensor-parallel ranks, by heads and by neurons.
+    width: str
+    # A site patched one unit at a time: "head" (head_dim columns of z each) or "neuron" (one column).
+    unit: str | None = None
 
 
 SITES = {site.name: site for site in (
@@ -31,7 +37,8 @@ SITES = {site.name: site for site in (
     Site("resid", "layer", "output", "d_model"),
     Site("attn_out", "attn", "output", "d_model"),
     Site("mlp_out", "mlp", "output", "d_model"),
-    Site("head", "o_proj", "input", "z"),
+    Site("head", "o_proj", "input", "z", "head"),
+    Site("neuron", "down_proj", "input", "mlp", "neuron"),
 )}
 SITE_KINDS = tuple(SITES)
 LAYER_SITES = tuple(name for name, site in SITES.items() if site.module != "embed")
@@ -52,6 +59,7 @@ class Family:
     # mid-stack says None; its patched runs then run every layer.
     stream_arg: int | None
     final_norm: str  # dotted path from the causal-LM module to the norm before the unembedding
+    down_proj: str  # relative to a layer: the MLP's output projection; its input is the neurons
 
     @property
     def decoder(self) -> str:
@@ -61,8 +69,9 @@ class Family:
 
 # vLLM: LlamaDecoderLayer(positions, hidden_states, residual); GPT2Block(hidden_states)
 LLAMA = Family("llama", "model.layers", "model.embed_tokens", "self_attn", "mlp", "self_attn.o_proj", True, 1,
-               "model.norm")
-GPT2 = Family("gpt2", "transformer.h", "transformer.wte", "attn", "mlp", "attn.c_proj", False, 0, "transformer.ln_f")
+               "model.norm", "mlp.down_proj")
+GPT2 = Family("gpt2", "transformer.h", "transformer.wte", "attn", "mlp", "attn.c_proj", False, 0, "transformer.ln_f",
+              "mlp.c_proj")
 
 FAMILIES = {
     "llama": LLAMA,
@@ -84,9 +93,18 @@ class ModelShape:
     d_model: int
     vocab_size: int
     max_len: int
+    d_mlp: int = 0  # the MLP's hidden width (neurons per layer)
 
     def width(self, site: str) -> int:
-        return self.n_heads * self.head_dim if SITES[site].width == "z" else self.d_model
+        return {"z": self.n_heads * self.head_dim, "mlp": self.d_mlp}.get(SITES[site].width, self.d_model)
+
+    def units(self, site: str) -> int:
+        """How many units (heads, neurons) a site of this kind has per layer; 0: not patched by unit."""
+        return {"head": self.n_heads, "neuron": self.d_mlp}.get(SITES[site].unit, 0)
+
+    def unit_width(self, site: str) -> int:
+        """The columns of the site's tensor one unit spans."""
+        return self.head_dim if SITES[site].unit == "head" else 1
 
 
 def family_of(model_type: str) -> Family:
@@ -105,11 +123,14 @@ def shape_of(config) -> ModelShape:
     d_model = config.hidden_size
     head_dim = getattr(config, "head_dim", None) or d_model // n_heads
     max_len = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", 2048)
-    return ModelShape(family, config.num_hidden_layers, n_heads, head_dim, d_model, config.vocab_size, max_len)
+    # gpt2 names it n_inner, None meaning 4 x d_model
+    d_mlp = getattr(config, "intermediate_size", None) or getattr(config, "n_inner", None) or 4 * d_model
+    return ModelShape(family, config.num_hidden_layers, n_heads, head_dim, d_model, config.vocab_size, max_len, d_mlp)
 
 
 def site_key(site: str, layer: int | None) -> str:
-    """Name of a captured tensor: `embed`, `resid.3`, `attn_out.3`, `mlp_out.3`, `head.3` (z)."""
+    """Name of a captured tensor: `embed`, `resid.3`, `attn_out.3`, `mlp_out.3`, `head.3` (z), `neuron.3`
+    (the down projection's input)."""
     return "embed" if site == "embed" else f"{site}.{layer}"
 
 

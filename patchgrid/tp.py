@@ -1,27 +1,39 @@
-"""Tensor parallelism: which rank holds which head of z, and putting per-rank reads back together.
+"""Tensor parallelism: which rank holds which head of z or neuron of the MLP, and putting per-rank
+reads back together.
 
 With tensor_parallel_size > 1, vLLM splits attention by heads: rank r holds heads
-[r * n/tp, (r+1) * n/tp) and its o_proj (row-parallel) input is only that slice of z. The
-other sites (embed, resid, attn_out, mlp_out) come after an all-reduce and are whole on every
-rank, so a write there is the same on every rank and a read is taken from rank 0.
+[r * n/tp, (r+1) * n/tp) and its o_proj (row-parallel) input is only that slice of z. It splits
+the MLP the same way by neurons: rank r's down projection (row-parallel) reads neurons
+[r * d_mlp/tp, (r+1) * d_mlp/tp). The other sites (embed, resid, attn_out, mlp_out) come after an
+all-reduce and are whole on every rank, so a write there is the same on every rank and a read is
+taken from rank 0.
 """
 from __future__ import annotations
 
 import torch
 
-from .sites import parse_key
+from .sites import SITES, parse_key
+
+
+def units_per_rank(units: int, tp_size: int, what: str = "attention heads") -> int:
+    if units % tp_size:
+        raise ValueError(f"{units} {what} do not split over tensor_parallel_size {tp_size}")
+    return units // tp_size
+
+
+def unit_owner(index: int, units: int, tp_size: int) -> tuple[int, int]:
+    """(rank, index within that rank's slice) of a head or neuron among `units` split evenly."""
+    per = units_per_rank(units, tp_size)
+    return index // per, index % per
 
 
 def heads_per_rank(n_heads: int, tp_size: int) -> int:
-    if n_heads % tp_size:
-        raise ValueError(f"{n_heads} attention heads do not split over tensor_parallel_size {tp_size}")
-    return n_heads // tp_size
+    return units_per_rank(n_heads, tp_size)
 
 
 def head_owner(head: int, n_heads: int, tp_size: int) -> tuple[int, int]:
     """(rank, head index within that rank's slice of z)."""
-    per = heads_per_rank(n_heads, tp_size)
-    return head // per, head % per
+    return unit_owner(head, n_heads, tp_size)
 
 
 def rank_z_columns(rank: int, n_heads: int, head_dim: int, tp_size: int) -> slice:
@@ -30,9 +42,10 @@ def rank_z_columns(rank: int, n_heads: int, head_dim: int, tp_size: int) -> slic
 
 
 def merge_rank_captures(per_rank: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """Whole tensors from each rank's reads: z slices side by side in rank order, the rest from rank 0."""
+    """Whole tensors from each rank's reads: z and neuron slices side by side in rank order, the rest
+    from rank 0."""
     out = dict(per_rank[0])
     for key in out:
-        if parse_key(key)[0] == "head" and len(per_rank) > 1:
+        if SITES[parse_key(key)[0]].width in ("z", "mlp") and len(per_rank) > 1:
             out[key] = torch.cat([caps[key] for caps in per_rank], dim=1)
     return out

@@ -7,9 +7,10 @@ import torch
 from patchgrid.plan import Noise, Patch, PlanError, Request, Start, decode_tensor, encode_tensor, latest_start, validate
 from patchgrid.sites import LLAMA, ModelShape
 
-SHAPE = ModelShape(LLAMA, n_layers=4, n_heads=4, head_dim=32, d_model=128, vocab_size=500, max_len=64)
+SHAPE = ModelShape(LLAMA, n_layers=4, n_heads=4, head_dim=32, d_model=128, vocab_size=500, max_len=64, d_mlp=256)
 TOKENS = (1, 2, 3, 4, 5)
-SOURCES = {"clean": {"resid.1": torch.zeros(5, 128), "head.2": torch.zeros(5, 128), "embed": torch.zeros(5, 128)}}
+SOURCES = {"clean": {"resid.1": torch.zeros(5, 128), "head.2": torch.zeros(5, 128), "embed": torch.zeros(5, 128),
+                     "neuron.1": torch.zeros(5, 256)}}
 
 
 def refused(req, match, sources=SOURCES):
@@ -31,6 +32,9 @@ def test_valid_plan_passes():
     (Request(tokens=TOKENS, patches=(Patch("head", 2, "clean", (0,), 4),)), "head 4 is out of range"),
     (Request(tokens=TOKENS, patches=(Patch("head", 2, "clean", (0,), None),)), "head None is out of range"),
     (Request(tokens=TOKENS, patches=(Patch("resid", 1, "clean", (0,), 1),)), "head is set for site resid"),
+    (Request(tokens=TOKENS, patches=(Patch("neuron", 1, "clean", (0,), neuron=256),)), "neuron 256 is out of range"),
+    (Request(tokens=TOKENS, patches=(Patch("neuron", 1, "clean", (0,), 3),)), "head is set for site neuron"),
+    (Request(tokens=TOKENS, patches=(Patch("head", 2, "clean", (0,), 1, 3),)), "neuron is set for site head"),
     (Request(tokens=TOKENS, patches=(Patch("mlp", 1, "clean", (0,)),)), "site 'mlp' is unknown"),
     (Request(tokens=TOKENS, patches=(Patch("resid", 1, "other", (0,)),)), "source 'other' is not among"),
     (Request(tokens=TOKENS, patches=(Patch("resid", 2, "clean", (0,)),)), "holds no resid.2"),

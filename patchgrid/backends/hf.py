@@ -58,7 +58,7 @@ class HFEngine:
     @torch.no_grad()
     def _forward(self, batch, sources) -> list[dict]:
         """One batch of forwards of equal length: each one's part of its request's Result."""
-        fam, m, hd = self.shape.family, self.model, self.shape.head_dim
+        fam, m = self.shape.family, self.model
         captures = [dict() for _ in batch]
         # site key -> [(row, positions, value)] and head key -> [(row, positions, head, value)]
         writes, noise = defaultdict(list), []
@@ -67,18 +67,19 @@ class HFEngine:
             for p in r.patches:
                 pos = resolve_positions(p.positions, n)
                 val = sources[p.source][p.key][pos].to(self.device, self.dtype)
-                if p.head is not None:
-                    val = val[:, p.head * hd:(p.head + 1) * hd]
-                writes[p.key].append((b, pos, p.head, val))
+                if p.unit is not None:
+                    uw = self.shape.unit_width(p.site)
+                    val = val[:, p.unit * uw:(p.unit + 1) * uw]
+                writes[p.key].append((b, pos, p.unit, val))
             for z in r.noise:
                 noise.append((b, list(z.positions), gaussian_noise(z, self.shape.d_model).to(self.device, self.dtype)))
 
         def write(key, t):  # t: [batch, tokens, width]
-            for b, pos, head, val in writes.get(key, ()):
-                if head is None:
+            for b, pos, unit, val in writes.get(key, ()):
+                if unit is None:
                     t[b, pos] = val
-                else:
-                    t.view(t.shape[0], t.shape[1], -1, hd)[b, pos, head] = val
+                else:  # a head's head_dim columns, or a neuron's one
+                    t.view(t.shape[0], t.shape[1], -1, val.shape[1])[b, pos, unit] = val
 
         def capture(key, t):
             for b, (r, _) in enumerate(batch):

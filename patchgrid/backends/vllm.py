@@ -203,7 +203,7 @@ class VllmEngine:
         # only what the patches, starts and references read crosses to the worker
         wire_sources = {name: {k: encode_tensor(sources[name][k]) for k in ks} for name, ks in used.items()}
         shape = {"vocab_size": self.shape.vocab_size, "d_model": self.shape.d_model,
-                 "n_heads": self.shape.n_heads, "head_dim": self.shape.head_dim}
+                 "n_heads": self.shape.n_heads, "head_dim": self.shape.head_dim, "d_mlp": self.shape.d_mlp}
         self.llm.collective_rpc("pg_begin", args=(wire_sources, keys, self.shape.family.name, shape, start_layer))
         prompts, params = [], []
         for r, fs, ts in zip(requests, fwds, tags):

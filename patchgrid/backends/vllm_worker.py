@@ -44,7 +44,7 @@ from ..plan import (
     tree_rows,
 )
 from ..sites import FAMILIES, SITES, Family, get_module, parse_key, site_module
-from ..tp import head_owner, heads_per_rank
+from ..tp import unit_owner, units_per_rank
 
 PLAN_KEY = "patchgrid"
 
@@ -66,22 +66,23 @@ class _Request:
         self.scores = [(j, list(req.continuations[j])) for j in fwd.scores]
         self.scored = {j: [None] * len(c) for j, c in self.scores}
         self.readout: dict = {}
-        # (key, head or None, positions array, values [len(positions), w])
+        # (key, unit (head or neuron) within this rank's slice or None, positions array,
+        # values [len(positions), w])
         self.patches = []
         rank, tp_size = tp
         for p in req.patches:
-            head = p.head
-            if head is not None:
-                owner, head = head_owner(p.head, widths["n_heads"], tp_size)
-                if owner != rank:  # another rank holds this head's slice of z
+            unit = p.unit
+            if unit is not None:
+                owner, unit = unit_owner(p.unit, widths["units"][SITES[p.site].unit], tp_size)
+                if owner != rank:  # another rank holds this head's slice of z, or this neuron
                     continue
             pos = np.asarray(resolve_positions(p.positions, n_prompt), dtype=np.int64)
             src = sources[p.source][p.key]
             vals = src[torch.from_numpy(pos)]
-            if p.head is not None:
-                hd = widths["head_dim"]
-                vals = vals[:, p.head * hd:(p.head + 1) * hd]
-            self.patches.append((p.key, head, pos, vals))
+            if p.unit is not None:
+                uw = widths["unit_width"][SITES[p.site].unit]
+                vals = vals[:, p.unit * uw:(p.unit + 1) * uw]
+            self.patches.append((p.key, unit, pos, vals))
         self.noise = []
         for z in req.noise:
             pos = np.asarray(z.positions, dtype=np.int64)
@@ -103,7 +104,7 @@ class _Request:
 class _Step:
     def __init__(self):
         self.writes: dict[str, tuple] = {}  # key -> (rows, values)
-        self.heads: dict[str, tuple] = {}  # head key -> (rows, heads, values)
+        self.units: dict[str, tuple] = {}  # head or neuron key -> (rows, units, values)
         self.noise = None  # (rows, values) added to the embedding
         self.start = None  # (rows, values): the stream entering the start layer
         self.captures: dict[str, list] = {}  # key -> [(row0, row1, buffer, pos0)]
@@ -119,7 +120,7 @@ class _Step:
     def to(self, device) -> None:
         """One transfer per tensor per step, to where the activations are."""
         self.writes = {k: tuple(t.to(device) for t in v) for k, v in self.writes.items()}
-        self.heads = {k: tuple(t.to(device) for t in v) for k, v in self.heads.items()}
+        self.units = {k: tuple(t.to(device) for t in v) for k, v in self.units.items()}
         if self.noise is not None:
             self.noise = tuple(t.to(device) for t in self.noise)
         if self.start is not None:
@@ -157,11 +158,15 @@ class _Session:
         self.references = {name: decode_tensor(caps[LOGPROBS]).float().to(self.device)
                            for name, caps in sources.items() if LOGPROBS in caps}
         self.tp = _tp_rank_and_size()
-        local_heads = heads_per_rank(shape["n_heads"], self.tp[1])
-        # this rank's width of each site (z is split over tensor-parallel ranks by heads)
-        self.widths = {name: local_heads * shape["head_dim"] if site.width == "z" else shape["d_model"]
-                       for name, site in SITES.items()}
-        self.widths.update(head_dim=shape["head_dim"], d_model=shape["d_model"], n_heads=shape["n_heads"])
+        tp_size = self.tp[1]
+        # this rank's width of each site: z is split over tensor-parallel ranks by heads, the MLP's
+        # hidden layer by neurons
+        local = {"z": units_per_rank(shape["n_heads"], tp_size) * shape["head_dim"],
+                 "mlp": units_per_rank(shape["d_mlp"], tp_size, "MLP neurons"), "d_model": shape["d_model"]}
+        self.widths = {name: local[site.width] for name, site in SITES.items()}
+        self.widths.update(d_model=shape["d_model"],
+                           units={"head": shape["n_heads"], "neuron": shape["d_mlp"]},
+                           unit_width={"head": shape["head_dim"], "neuron": 1})
         self.requests: dict[str, _Request | None] = {}
         self.results: dict[str, list] = {}
         self.step = _Step()
@@ -224,7 +229,7 @@ class _Session:
         if n == 0:  # profiling and dummy runs
             return
         qsl = runner.query_start_loc.np
-        writes, heads, noise, caps, start = {}, {}, [], {}, []
+        writes, units, noise, caps, start = {}, {}, [], {}, []
         own_rows, own_dest, vllm_rows, vllm_dest = [], [], [], []
         n_read = 0
         for i in range(n):
@@ -239,16 +244,16 @@ class _Session:
             pos1 = pos0 + (row1 - row0)
             if self.start_layer:
                 start.append((torch.arange(row0, row1), r.stream[pos0:pos1]))
-            for key, head, pos, vals in r.patches:
+            for key, unit, pos, vals in r.patches:
                 sel = (pos >= pos0) & (pos < pos1)
                 if not sel.any():
                     continue
                 rows = torch.from_numpy(pos[sel] - pos0 + row0)
                 v = vals[torch.from_numpy(sel)]
-                if head is None:
+                if unit is None:
                     writes.setdefault(key, []).append((rows, v))
                 else:
-                    heads.setdefault(key, []).append((rows, torch.full_like(rows, head), v))
+                    units.setdefault(key, []).append((rows, torch.full_like(rows, unit), v))
             for pos, vals in r.noise:
                 sel = (pos >= pos0) & (pos < pos1)
                 if sel.any():
@@ -272,7 +277,7 @@ class _Session:
             if pos1 >= r.n_tokens:
                 step.done.append(r)
         step.writes = {k: (torch.cat([a for a, _ in v]), torch.cat([b for _, b in v])) for k, v in writes.items()}
-        step.heads = {k: tuple(torch.cat([t[j] for t in v]) for j in range(3)) for k, v in heads.items()}
+        step.units = {k: tuple(torch.cat([t[j] for t in v]) for j in range(3)) for k, v in units.items()}
         if noise:
             step.noise = (torch.cat([a for a, _ in noise]), torch.cat([b for _, b in noise]))
         if start:
@@ -358,15 +363,17 @@ class _Session:
         return hook
 
     def _make_input_hook(self, key):
-        """z, the input of o_proj: head patches write one head's slice of it."""
-        hd = self.widths["head_dim"]
+        """z (o_proj's input) or the neurons (the down projection's input): a patch writes one
+        head's slice of it, or one neuron's column."""
+        site = parse_key(key)[0]
+        uw = self.widths["unit_width"][SITES[site].unit]
 
         def hook(module, args):
             z = args[0]
-            w = self.step.heads.get(key)
+            w = self.step.units.get(key)
             if w is not None:
-                rows, heads, vals = w
-                put(z.view(z.shape[0], -1, hd), (rows, heads), vals, key)
+                rows, units, vals = w
+                put(z.view(z.shape[0], -1, uw), (rows, units), vals, key)
             self._capture(key, lambda a, b: z[a:b])
             return None
 

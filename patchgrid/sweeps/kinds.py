@@ -6,6 +6,8 @@ cache must hold for it, and how its runs become effect rows.
     mlp_out   layer x position, denoise
     embed     position, denoise (the token embedding: a patch is a token swap)
     heads     layer x head: every position at once, and at chosen positions (by role)
+    neurons   layer x MLP neuron, at the same positions as heads (exhaustive only on small models;
+              the atp sweep screens them)
     trace     causal tracing: Gaussian noise on the subject's embeddings, restore the clean hidden
               state at one (layer, position), or the clean MLP / attention output over a window of
               layers at one position; metric: the clean answer's probability, averaged over samples
@@ -21,6 +23,7 @@ from ..cache import NOISED, CacheSpec, layer_keys, stream_keys
 from ..effects import effect_row, reading_from
 from ..metrics import Reading
 from ..plan import Noise, Patch, Request, trace_seed
+from ..sites import SITES
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,7 @@ class Cell:
     head: int | None = None
     window: int | None = None
     sample: int | None = None  # trace: the noise sample
+    neuron: int | None = None
 
     @property
     def source(self) -> str:
@@ -58,6 +62,9 @@ class SweepContext:
     n_layers: int
     n_heads: int
     noise_std: float = 0.0  # trace
+    d_mlp: int = 0  # neurons per layer
+    # atp: per pair index, per screened sweep kind, {cell: (estimate, graddrop score or None)}
+    estimates: dict | None = None
 
 
 class SweepKind:
@@ -78,6 +85,10 @@ class SweepKind:
 
     def cells(self, pair, ctx: SweepContext) -> list[Cell]:
         raise NotImplementedError
+
+    def count(self, pair, ctx: SweepContext) -> int:
+        """How many patched runs the kind makes for `pair`."""
+        return len(self.cells(pair, ctx))
 
     def request(self, pair, cell: Cell, ctx: SweepContext, source: str) -> Request:
         """The engine request for `cell`; `source` names the cached run it patches from."""
@@ -159,29 +170,38 @@ class PositionSweep(SweepKind):
                        **_scored(pair))
 
 
-class HeadSweep(SweepKind):
-    """One attention head's output (its slice of z) per run: at every position at once and at the
-    positions of chosen roles, or at given positions one by one."""
+class UnitSweep(SweepKind):
+    """One unit (an attention head's slice of z, or one MLP neuron) per run: at every position at
+    once and at the positions of chosen roles, or at given positions one by one."""
 
-    name, site = "heads", "head"
+    def __init__(self, name: str, site: str):
+        self.name, self.site = name, site
+        self.unit = SITES[site].unit  # the Cell and Patch field naming the unit
 
     def needs(self, ctx):
         streams = (("corrupt", stream_keys(ctx.n_layers)),) if ctx.config.skip else ()
-        return CacheSpec(layer_keys("head", ctx.n_layers), ("clean",), streams)
+        return CacheSpec(layer_keys(self.site, ctx.n_layers), ("clean",), streams)
+
+    def positions(self, pair, config) -> list[int | None]:
+        if config.positions is not None:
+            return list(config.positions)
+        chosen = [None] + [pair.roles.index(role) for role in config.head_position_roles if role in pair.roles]
+        return list(dict.fromkeys(chosen))
+
+    def units(self, ctx) -> int:
+        return ctx.n_heads if self.unit == "head" else ctx.d_mlp
 
     def cells(self, pair, ctx):
-        config = ctx.config
-        if config.positions is not None:
-            positions = list(config.positions)
-        else:
-            chosen = [None] + [pair.roles.index(role) for role in config.head_position_roles if role in pair.roles]
-            positions = list(dict.fromkeys(chosen))
-        return [Cell(self.name, self.site, "denoise", layer, pos, head)
-                for pos in positions for layer in range(ctx.n_layers) for head in range(ctx.n_heads)]
+        units = self.units(ctx)
+        if not units:
+            raise ValueError(f"the {self.name} sweep needs the model's number of {self.unit}s")
+        return [Cell(self.name, self.site, "denoise", layer, pos, **{self.unit: unit})
+                for pos in self.positions(pair, ctx.config) for layer in range(ctx.n_layers) for unit in range(units)]
 
     def request(self, pair, cell, ctx, source):
         positions = None if cell.position is None else (cell.position,)
-        return Request(tokens=pair.corrupt_ids, patches=(Patch("head", cell.layer, source, positions, cell.head),),
+        unit = {self.unit: getattr(cell, self.unit)}
+        return Request(tokens=pair.corrupt_ids, patches=(Patch(self.site, cell.layer, source, positions, **unit),),
                        **_scored(pair))
 
 
@@ -261,7 +281,8 @@ SWEEP_KINDS: dict[str, SweepKind] = {kind.name: kind for kind in (
     PositionSweep("attn_out"),
     PositionSweep("mlp_out"),
     PositionSweep("embed", layered=False),
-    HeadSweep(),
+    UnitSweep("heads", "head"),
+    UnitSweep("neurons", "neuron"),
     TraceSweep(),
 )}
 

@@ -11,7 +11,7 @@ TOL = 1e-4
 
 
 def all_keys(shape):
-    return ["embed"] + [site_key(s, layer) for s in ("resid", "attn_out", "mlp_out", "head")
+    return ["embed"] + [site_key(s, layer) for s in ("resid", "attn_out", "mlp_out", "head", "neuron")
                         for layer in range(shape.n_layers)]
 
 
@@ -27,6 +27,10 @@ def every_site_requests(shape, corrupt, answers, source="clean"):
             reqs.append(Request(tokens=corrupt, answers=answers, patches=(Patch(site, layer, source, None),)))
         for head in range(shape.n_heads):
             reqs.append(Request(tokens=corrupt, answers=answers, patches=(Patch("head", layer, source, pos, head),)))
+        # neurons at both ends of each tensor-parallel rank's half, and inside
+        for neuron in (0, shape.d_mlp // 2 - 1, shape.d_mlp // 2, shape.d_mlp - 1, 37):
+            reqs.append(Request(tokens=corrupt, answers=answers, patches=(Patch("neuron", layer, source, pos, neuron=neuron),)))
+        reqs.append(Request(tokens=corrupt, answers=answers, patches=(Patch("neuron", layer, source, None, neuron=5),)))
     # causal-tracing shape: noise on the subject, restore one layer's stream
     reqs.append(Request(tokens=corrupt, answers=answers, noise=(Noise((1, 2), 0.7, 11),)))
     reqs.append(Request(tokens=corrupt, answers=answers, noise=(Noise((1, 2), 0.7, 11),),

@@ -70,3 +70,34 @@ def test_hooks_removed_and_unpatched_run_is_bitwise_baseline(pair_of_engines):
     after = vl.run([plain])[0]
     assert torch.equal(before.answer_logits, after.answer_logits)
     assert torch.equal(before.captures["resid.1"], after.captures["resid.1"])
+
+
+def test_a_neuron_patch_writes_one_column_of_the_down_projection_input(pair_of_engines):
+    """Against a plain transformers forward whose hook writes the column itself: the neuron site is
+    the down projection's input, one column per neuron."""
+    from patchgrid.sites import get_module
+
+    hf, vl = pair_of_engines
+    layer, neuron, pos = hf.shape.n_layers - 2, 11, len(CORRUPT) - 1
+    clean = hf.run([Request(tokens=CLEAN, capture=(f"neuron.{layer}",))])[0].captures[f"neuron.{layer}"]
+    assert clean.shape == (len(CLEAN), hf.shape.d_mlp)
+    req = Request(tokens=CORRUPT, answers=ANSWERS, patches=(Patch("neuron", layer, "clean", (pos,), neuron=neuron),))
+    got = vl.run([req], {"clean": {f"neuron.{layer}": clean}})[0]
+    base = vl.run([Request(tokens=CORRUPT, answers=ANSWERS)])[0]
+
+    fam = hf.shape.family
+    down = get_module(get_module(hf.model, fam.layers)[layer], fam.down_proj)
+
+    def write(module, args):
+        x = args[0].clone()
+        x[0, pos, neuron] = clean[pos, neuron]
+        return (x,) + args[1:]
+
+    handle = down.register_forward_pre_hook(write)
+    try:
+        with torch.no_grad():
+            logits = hf.model(input_ids=torch.tensor([CORRUPT])).logits[0, -1].float()
+    finally:
+        handle.remove()
+    assert torch.allclose(got.answer_logits, logits[list(ANSWERS)], atol=1e-4)
+    assert (got.answer_logits - base.answer_logits).abs().max() > 1e-4, "the neuron patch changed nothing"

@@ -1,0 +1,233 @@
+"""Attribution patching (AtP): every site's effect estimated from one clean forward and one corrupt
+forward and backward, on plain transformers (vLLM has no backward pass).
+
+For a site a (a layer's stream, attention or MLP output, a head's slice of z, one MLP neuron) at
+position t, patching the clean activation into the corrupt run changes the pair's metric M by about
+
+    c(a, t) = (a_clean[t] - a_corrupt[t]) . dM/da[t]      (the gradient taken at the corrupt run)
+
+and patching it at every position at once by the sum over t. M is the log-probability difference
+of the clean and the corrupt answer, each summed over its tokens (scored teacher-forced, as the
+engine scores them); for one-token answers it equals the logit difference. The gradient of a pair
+whose answers take several forwards (plan.forwards) is the sum of each forward's, over the prompt's
+positions, which every forward shares.
+
+GradDrop (AtP*, Kramár et al. 2024, arXiv 2403.00745, section 3.1.2) guards against cancellation
+between a site's direct and indirect effects: for each layer l, the estimate c_l is taken with the
+backward pass cut where layer l's attention and MLP read the stream (only the skip connection
+carries the gradient past layer l), and the site's score is the mean of |c_l| over the layers.
+It is unsigned and only ranks sites; the plain signed estimate is always computed beside it.
+
+AtP*'s other correction, the QK fix for attention saturation, recomputes a head's attention
+softmax exactly when its queries or keys are patched. It applies to query and key sites, which this
+module does not estimate: every site here lies before a head's projections or after its softmax,
+and its path through later attention patterns is linearised as in AtP and AtP* alike.
+
+Pairs of one prompt length share a batch; gradients are taken only for the site kinds asked for.
+It runs on a GPU when there is one; estimates come back to the CPU.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+from .plan import Request, forwards
+from .sites import SITES, ModelShape, get_module, site_key, site_module
+
+ATP_SITES = ("resid", "attn_out", "mlp_out", "head", "neuron")
+CORRECTIONS = ("none", "graddrop")
+
+
+class _Gate(torch.autograd.Function):
+    """The identity, whose backward passes no gradient while its layer is the one dropped."""
+
+    @staticmethod
+    def forward(ctx, x, layer, state):
+        ctx.layer, ctx.state = layer, state
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return (torch.zeros_like(grad) if ctx.state.get("drop") == ctx.layer else grad), None, None
+
+
+class Attributor:
+    """AtP estimates on a transformers causal LM (float32 by default: the estimates are a
+    linearisation, and half precision adds its own error to them)."""
+
+    def __init__(self, model, shape: ModelShape, batch_size: int = 16):
+        self.model = model
+        self.model.eval()
+        for p in self.model.parameters():
+            p.requires_grad_(False)  # gradients are taken for activations only
+        self.shape = shape
+        self.batch_size = batch_size
+        self.device = next(model.parameters()).device
+        self._gate_state = {"drop": None}  # which layer's backward GradDrop cuts now
+
+    @classmethod
+    def load(cls, model_dir: Path, shape: ModelShape, *, dtype: str = "float32", device: str = "auto",
+             batch_size: int = 16) -> Attributor:
+        from transformers import AutoModelForCausalLM
+
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
+        return cls(model.to(device), shape, batch_size)
+
+    def estimate(self, pairs, sites=ATP_SITES, correction: str = "none") -> list[dict[str, dict[str, torch.Tensor]]]:
+        """Per pair, per site kind: `estimate` [n_layers, positions + 1, units] float32, the last
+        position index being every position at once (units: 1, heads or neurons), and with
+        `correction="graddrop"` also `graddrop`, the same shape."""
+        bad = [s for s in sites if s not in ATP_SITES]
+        if bad:
+            raise ValueError(f"attribution patching estimates {', '.join(ATP_SITES)}; not {bad[0]!r}")
+        if correction not in CORRECTIONS:
+            raise ValueError(f"unknown correction {correction!r}; use one of {', '.join(CORRECTIONS)}")
+        by_len = defaultdict(list)
+        for i, p in enumerate(pairs):
+            by_len[len(p.corrupt_ids)].append(i)
+        out: list = [None] * len(pairs)
+        for idx in by_len.values():
+            for k in range(0, len(idx), self.batch_size):
+                chunk = idx[k:k + self.batch_size]
+                for i, got in zip(chunk, self._batch([pairs[i] for i in chunk], tuple(sites), correction)):
+                    out[i] = got
+        return out
+
+    # ---- one batch of pairs of one prompt length ----
+    def _batch(self, pairs, sites, correction):
+        n, L = len(pairs[0].corrupt_ids), self.shape.n_layers
+        keys = [site_key(s, layer) for s in sites for layer in range(L)]
+        clean = self._clean(pairs, keys)
+        reqs = [Request(tokens=p.corrupt_ids, continuations=p.continuations) for p in pairs]
+        by_len = defaultdict(list)  # the corrupt run's forwards, by length
+        for b, r in enumerate(reqs):
+            for f in forwards(r):
+                by_len[len(f.tokens)].append((b, f))
+        drops = list(range(L)) if correction == "graddrop" else []
+        groups, delta = [], {}
+        for items in by_len.values():
+            acts, objective = self._corrupt_forward(reqs, items, keys, bool(drops))
+            rows = torch.tensor([b for b, _ in items], device=self.device)
+            groups.append((rows, acts, objective))
+            for key in keys:  # every forward of a pair holds its prompt, and computes the same there
+                delta.setdefault(key, torch.zeros_like(clean[key]))[rows] = clean[key][rows] - acts[key][:, :n].detach().float()
+        est = self._estimates(groups, delta, sites, n, None)
+        out = [{s: {"estimate": est[s][b].cpu()} for s in sites} for b in range(len(pairs))]
+        if drops:
+            score = {s: torch.zeros_like(v) for s, v in est.items()}
+            for d in drops:
+                for s, v in self._estimates(groups, delta, sites, n, d).items():
+                    score[s] += v.abs()
+            for b in range(len(pairs)):
+                for s in sites:
+                    out[b][s]["graddrop"] = (score[s][b] / len(drops)).cpu()
+        return out
+
+    def _estimates(self, groups, delta, sites, n, drop) -> dict[str, torch.Tensor]:
+        """Per site kind, [pairs, L, n + 1, units]: the estimates from the gradient taken with
+        layer `drop`'s backward cut (None: the plain gradient), summed over the forwards."""
+        L = self.shape.n_layers
+        self._gate_state["drop"] = drop
+        out = {}
+        for rows, acts, objective in groups:
+            keys = list(acts)
+            grads = torch.autograd.grad(objective, [acts[k] for k in keys], retain_graph=True, allow_unused=True)
+            for key, g in zip(keys, grads):
+                site, layer = key.split(".")[0], int(key.split(".")[1])
+                if site not in out:
+                    out[site] = torch.zeros(len(delta[key]), L, n + 1, self.shape.units(site) or 1,
+                                            device=self.device)
+                if g is not None:  # a pair may have two forwards in a group: index_add sums them
+                    out[site][:, layer].index_add_(0, rows, self._contract(site, delta[key][rows], g[:, :n]))
+        self._gate_state["drop"] = None
+        return out
+
+    def _contract(self, site: str, delta: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+        """[B, n, width] x [B, n, width] -> [B, n + 1, units]: each unit's estimate per position,
+        then at every position at once (the sum: the estimate is linear in the patch)."""
+        prod = delta.float() * grad.float()
+        B, n, _ = prod.shape
+        if SITES[site].unit is None:
+            per = prod.sum(-1, keepdim=True)
+        else:
+            per = prod.view(B, n, self.shape.units(site), self.shape.unit_width(site)).sum(-1)
+        return torch.cat([per, per.sum(1, keepdim=True)], dim=1)
+
+    @torch.no_grad()
+    def _clean(self, pairs, keys) -> dict[str, torch.Tensor]:
+        """The clean prompts' activations at every site key, [pairs, n, width] float32."""
+        acts = {}
+
+        def record(key, t):
+            acts[key] = t.detach().float()
+
+        handles = [self._hook(key, record) for key in keys]
+        try:
+            ids = torch.tensor([list(p.clean_ids) for p in pairs], device=self.device)
+            self.model(input_ids=ids, logits_to_keep=1)
+        finally:
+            for h in handles:
+                h.remove()
+        return acts
+
+    def _corrupt_forward(self, reqs, items, keys, gated: bool):
+        """One batch of the corrupt run's forwards of equal length, with its activations at `keys`
+        in the graph: (activations, the summed metric to differentiate)."""
+        acts = {}
+        handles = [self._hook(key, acts.__setitem__) for key in keys]
+        # the weights take no gradient: the graph starts at the token embeddings
+        handles.append(get_module(self.model, self.shape.family.embed).register_forward_hook(
+            lambda mod, args, out: out.requires_grad_(True)))
+        if gated:
+            handles += self._gates(self._gate_state)
+        try:
+            ids = torch.tensor([list(f.tokens) for _, f in items], device=self.device)
+            with torch.enable_grad():
+                logits = self.model(input_ids=ids).logits[..., : self.shape.vocab_size].float()
+                logprobs = torch.log_softmax(logits, dim=-1)
+                objective = logits.new_zeros(())
+                for j, (b, f) in enumerate(items):
+                    n = len(reqs[b].tokens)
+                    for c in f.scores:  # continuation 0 is the clean answer, 1 the corrupt one
+                        tokens = reqs[b].continuations[c]
+                        sign = 1.0 if c == 0 else -1.0
+                        pos = torch.arange(n - 1, n - 1 + len(tokens), device=self.device)
+                        objective = objective + sign * logprobs[j, pos, torch.tensor(tokens, device=self.device)].sum()
+        finally:
+            for h in handles:
+                h.remove()
+        missing = [k for k in keys if k not in acts]
+        if missing:
+            raise RuntimeError(f"attribution: no activation was read at {missing[0]}")
+        return acts, objective
+
+    def _hook(self, key: str, record):
+        """A hook handing `record(key, tensor)` the site's activation [batch, tokens, width]."""
+        site, layer = key.split(".")[0], int(key.split(".")[1])
+        module = site_module(self.model, self.shape.family, site, layer)
+        if SITES[site].at == "input":
+            return module.register_forward_pre_hook(lambda mod, args: record(key, args[0]))
+
+        def on_output(mod, args, out):
+            record(key, out[0] if isinstance(out, tuple) else out)
+
+        return module.register_forward_hook(on_output)
+
+    def _gates(self, state) -> list:
+        """Gates on the stream where each layer's attention and MLP read it (GradDrop)."""
+        fam = self.shape.family
+        handles = []
+        for layer, block in enumerate(get_module(self.model, fam.layers)):
+            for name in (fam.attn, fam.mlp):
+                def gate(mod, args, kwargs, layer=layer):
+                    if args:
+                        return (_Gate.apply(args[0], layer, state),) + tuple(args[1:]), kwargs
+                    kwargs = dict(kwargs)
+                    kwargs["hidden_states"] = _Gate.apply(kwargs["hidden_states"], layer, state)
+                    return args, kwargs
+                handles.append(get_module(block, name).register_forward_pre_hook(gate, with_kwargs=True))
+        return handles
