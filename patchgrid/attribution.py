@@ -66,6 +66,8 @@ class Attributor:
         self.batch_size = batch_size
         self.device = next(model.parameters()).device
         self._gate_state = {"drop": None}  # which layer's backward GradDrop cuts now
+        # estimates are accumulated in float32 at least (float64 for a float64 model)
+        self.acc = torch.promote_types(next(model.parameters()).dtype, torch.float32)
 
     @classmethod
     def load(cls, model_dir: Path, shape: ModelShape, *, dtype: str = "float32", device: str = "auto",
@@ -78,7 +80,8 @@ class Attributor:
         return cls(model.to(device), shape, batch_size)
 
     def estimate(self, pairs, sites=ATP_SITES, correction: str = "none") -> list[dict[str, dict[str, torch.Tensor]]]:
-        """Per pair, per site kind: `estimate` [n_layers, positions + 1, units] float32, the last
+        """Per pair, per site kind: `estimate` [n_layers, positions + 1, units] (float32, or float64 for
+        a float64 model), the last
         position index being every position at once (units: 1, heads or neurons), and with
         `correction="graddrop"` also `graddrop`, the same shape."""
         bad = [s for s in sites if s not in ATP_SITES]
@@ -97,6 +100,9 @@ class Attributor:
                     out[i] = got
         return out
 
+    def close(self):
+        self.model = None
+
     # ---- one batch of pairs of one prompt length ----
     def _batch(self, pairs, sites, correction):
         n, L = len(pairs[0].corrupt_ids), self.shape.n_layers
@@ -114,7 +120,7 @@ class Attributor:
             rows = torch.tensor([b for b, _ in items], device=self.device)
             groups.append((rows, acts, objective))
             for key in keys:  # every forward of a pair holds its prompt, and computes the same there
-                delta.setdefault(key, torch.zeros_like(clean[key]))[rows] = clean[key][rows] - acts[key][:, :n].detach().float()
+                delta.setdefault(key, torch.zeros_like(clean[key]))[rows] = clean[key][rows] - acts[key][:, :n].detach().to(self.acc)
         est = self._estimates(groups, delta, sites, n, None)
         out = [{s: {"estimate": est[s][b].cpu()} for s in sites} for b in range(len(pairs))]
         if drops:
@@ -140,7 +146,7 @@ class Attributor:
                 site, layer = key.split(".")[0], int(key.split(".")[1])
                 if site not in out:
                     out[site] = torch.zeros(len(delta[key]), L, n + 1, self.shape.units(site) or 1,
-                                            device=self.device)
+                                            device=self.device, dtype=self.acc)
                 if g is not None:  # a pair may have two forwards in a group: index_add sums them
                     out[site][:, layer].index_add_(0, rows, self._contract(site, delta[key][rows], g[:, :n]))
         self._gate_state["drop"] = None
@@ -149,7 +155,7 @@ class Attributor:
     def _contract(self, site: str, delta: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
         """[B, n, width] x [B, n, width] -> [B, n + 1, units]: each unit's estimate per position,
         then at every position at once (the sum: the estimate is linear in the patch)."""
-        prod = delta.float() * grad.float()
+        prod = delta.to(self.acc) * grad.to(self.acc)
         B, n, _ = prod.shape
         if SITES[site].unit is None:
             per = prod.sum(-1, keepdim=True)
@@ -159,11 +165,11 @@ class Attributor:
 
     @torch.no_grad()
     def _clean(self, pairs, keys) -> dict[str, torch.Tensor]:
-        """The clean prompts' activations at every site key, [pairs, n, width] float32."""
+        """The clean prompts' activations at every site key, [pairs, n, width]."""
         acts = {}
 
         def record(key, t):
-            acts[key] = t.detach().float()
+            acts[key] = t.detach().to(self.acc)
 
         handles = [self._hook(key, record) for key in keys]
         try:
@@ -187,7 +193,7 @@ class Attributor:
         try:
             ids = torch.tensor([list(f.tokens) for _, f in items], device=self.device)
             with torch.enable_grad():
-                logits = self.model(input_ids=ids).logits[..., : self.shape.vocab_size].float()
+                logits = self.model(input_ids=ids).logits[..., : self.shape.vocab_size].to(self.acc)
                 logprobs = torch.log_softmax(logits, dim=-1)
                 objective = logits.new_zeros(())
                 for j, (b, f) in enumerate(items):
@@ -231,3 +237,12 @@ class Attributor:
                     return args, kwargs
                 handles.append(get_module(block, name).register_forward_pre_hook(gate, with_kwargs=True))
         return handles
+
+
+def attributor_for(engine) -> Attributor:
+    """An Attributor on `engine`'s model (float32, on a GPU when there is one), made once per engine."""
+    att = getattr(engine, "_attributor", None)
+    if att is None:
+        att = Attributor.load(engine.folder, engine.shape)
+        engine._attributor = att
+    return att

@@ -11,6 +11,9 @@ DEFAULT_SWEEPS = ("resid", "attn_out", "mlp_out", "heads")
 HEAD_POSITION_ROLES = ("subject_last", "last")
 TRACE_SITES = ("resid", "mlp_out", "attn_out")
 TRACE_NOISE_SCALE = 3.0  # times the std of the subjects' embeddings over the data set (Meng et al.)
+ATP_KINDS = ("resid", "attn_out", "mlp_out", "heads", "neurons")  # what the atp sweep can screen
+DEFAULT_ATP_KINDS = ("resid", "attn_out", "mlp_out", "heads")
+ATP_CORRECTIONS = ("none", "graddrop")
 
 
 @dataclass(frozen=True)
@@ -30,6 +33,13 @@ class SweepConfig:
     # Start each patched run at its lowest patched layer from the cached stream of the run it
     # equals below there (plan.Start); False: every patched run computes every layer.
     skip: bool = True
+    # atp: the sweep kinds screened, the cells per pair and kind patched exactly (the top K by the
+    # ranking score, and R sampled from the rest), and the ranking score: |estimate| (none) or
+    # AtP*'s GradDrop score (graddrop)
+    atp_kinds: tuple[str, ...] = DEFAULT_ATP_KINDS
+    verify_top: int = 20
+    verify_random: int = 20
+    atp_correction: str = "none"
 
     def __post_init__(self):
         bad = [s for s in self.sweeps if s not in SWEEPS]
@@ -43,5 +53,12 @@ class SweepConfig:
             raise ValueError(f"unknown trace site {bad[0] if bad else '(none)'}; use some of {', '.join(TRACE_SITES)}")
         if self.trace_samples < 1 or self.trace_window < 1 or self.max_requests < 1:
             raise ValueError("trace_samples, trace_window and max_requests must be at least 1")
+        bad = [k for k in self.atp_kinds if k not in ATP_KINDS]
+        if bad or not self.atp_kinds:
+            raise ValueError(f"unknown atp kind {bad[0] if bad else '(none)'!r}; use some of {', '.join(ATP_KINDS)}")
+        if self.verify_top < 0 or self.verify_random < 0:
+            raise ValueError(f"verify_top {self.verify_top} and verify_random {self.verify_random} must not be negative")
+        if self.atp_correction not in ATP_CORRECTIONS:
+            raise ValueError(f"unknown atp correction {self.atp_correction!r}; use one of {', '.join(ATP_CORRECTIONS)}")
         if not self.trace_noise_scale >= 0:
             raise ValueError(f"trace_noise_scale {self.trace_noise_scale} must be >= 0")

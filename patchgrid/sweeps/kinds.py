@@ -11,11 +11,17 @@ cache must hold for it, and how its runs become effect rows.
     trace     causal tracing: Gaussian noise on the subject's embeddings, restore the clean hidden
               state at one (layer, position), or the clean MLP / attention output over a window of
               layers at one position; metric: the clean answer's probability, averaged over samples
+    atp       attribution patching: every cell of the screened kinds (denoise) estimated from
+              gradients (patchgrid.attribution), then per pair and kind the top K cells by the
+              estimate and R sampled from the rest patched exactly; one row per screened cell
 
 To add a sweep kind: a `SweepKind` subclass here and its entry in `SWEEP_KINDS`.
 """
 from __future__ import annotations
 
+import dataclasses
+import random
+import zlib
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -276,6 +282,96 @@ class TraceSweep(SweepKind):
         return out
 
 
+class AtpSweep(SweepKind):
+    """Attribution patching over the cells of the screened kinds (config.atp_kinds, denoise only),
+    the top `verify_top` per pair and kind by the ranking score and `verify_random` sampled from the
+    rest patched exactly. `ctx.estimates` holds the estimates (`estimates()` makes them)."""
+
+    name = "atp"
+
+    def screened(self, ctx: SweepContext) -> tuple[list[SweepKind], SweepContext]:
+        """The kinds screened, and the context their grids are taken in (denoising only)."""
+        config = dataclasses.replace(ctx.config, resid_directions=("denoise",))
+        return [SWEEP_KINDS[k] for k in ctx.config.atp_kinds], dataclasses.replace(ctx, config=config)
+
+    def needs(self, ctx):
+        kinds, inner = self.screened(ctx)
+        spec = CacheSpec(())
+        for kind in kinds:
+            spec = spec.merge(kind.needs(inner))
+        return spec
+
+    def grid(self, pair, ctx) -> list[tuple[SweepKind, Cell]]:
+        """Every screened cell, as an atp cell, with the kind that patches it."""
+        kinds, inner = self.screened(ctx)
+        return [(kind, dataclasses.replace(cell, sweep=self.name)) for kind in kinds for cell in kind.cells(pair, inner)]
+
+    def estimates(self, attributor, pairs, ctx) -> dict[str, dict[Cell, tuple[float, float | None]]]:
+        """Per pair id, every screened cell's (estimate, GradDrop score or None)."""
+        kinds, _ = self.screened(ctx)
+        correction = ctx.config.atp_correction
+        got = attributor.estimate(pairs, tuple(kind.site for kind in kinds), correction)
+        out = {}
+        for pair, est in zip(pairs, got):
+            n = len(pair.corrupt_ids)
+            cells = {}
+            for _, cell in self.grid(pair, ctx):
+                at = (cell.layer, n if cell.position is None else cell.position,
+                      cell.head if cell.head is not None else cell.neuron or 0)
+                e = est[cell.site]
+                cells[cell] = (float(e["estimate"][at]), float(e["graddrop"][at]) if "graddrop" in e else None)
+            out[pair.pair_id] = cells
+        return out
+
+    def verified(self, pair, ctx) -> dict[Cell, str]:
+        """The cells patched exactly: per screened kind, the top K by the ranking score (|estimate|,
+        or the GradDrop score), then R sampled (seeded by the study seed, the pair and the site) from
+        the rest; cell -> `top` or `random`."""
+        if ctx.estimates is None:
+            raise ValueError("the atp sweep's cells depend on its estimates: compute them first (AtpSweep.estimates)")
+        est, config = ctx.estimates[pair.pair_id], ctx.config
+        by_site = defaultdict(list)
+        for _, cell in self.grid(pair, ctx):
+            by_site[cell.site].append(cell)
+        out = {}
+        for site, cells in by_site.items():
+            score = (lambda c: est[c][1]) if config.atp_correction == "graddrop" else (lambda c: abs(est[c][0]))
+            ranked = sorted(cells, key=lambda c: -score(c))  # stable: ties keep grid order
+            top, rest = ranked[:config.verify_top], ranked[config.verify_top:]
+            rng = random.Random(zlib.crc32(f"{config.seed}:{pair.pair_id}:{site}".encode()))
+            sample = rng.sample(rest, min(config.verify_random, len(rest)))
+            out.update({c: "top" for c in top})
+            out.update({c: "random" for c in sample})
+        return out
+
+    def cells(self, pair, ctx):
+        chosen = self.verified(pair, ctx)
+        return [cell for _, cell in self.grid(pair, ctx) if cell in chosen]
+
+    def count(self, pair, ctx):
+        kinds, inner = self.screened(ctx)
+        k, r = ctx.config.verify_top, ctx.config.verify_random
+        return sum(min(k + r, kind.count(pair, inner)) for kind in kinds)
+
+    def request(self, pair, cell, ctx, source):
+        kinds, inner = self.screened(ctx)
+        kind = next(k for k in kinds if k.site == cell.site)
+        return kind.request(pair, cell, inner, source)
+
+    def rows(self, pair, readings, baseline, ctx):
+        clean, corrupt = baselines(baseline)
+        metric = self.headline(pair)
+        exact = dict(readings)
+        chosen = self.verified(pair, ctx)
+        est = ctx.estimates[pair.pair_id]
+        out = []
+        for _, cell in self.grid(pair, ctx):
+            row = effect_row(pair, cell, exact.get(cell), clean, corrupt, metric)
+            row.update(estimate=est[cell][0], estimate_graddrop=est[cell][1], verify=chosen.get(cell))
+            out.append(row)
+        return out
+
+
 SWEEP_KINDS: dict[str, SweepKind] = {kind.name: kind for kind in (
     PositionSweep("resid", both_directions=True),
     PositionSweep("attn_out"),
@@ -284,6 +380,7 @@ SWEEP_KINDS: dict[str, SweepKind] = {kind.name: kind for kind in (
     UnitSweep("heads", "head"),
     UnitSweep("neurons", "neuron"),
     TraceSweep(),
+    AtpSweep(),
 )}
 
 

@@ -28,9 +28,9 @@ def cache_spec(config: SweepConfig, n_layers: int, noise_std: float = 0.0) -> Ca
     return spec
 
 
-def count_runs(pairs, config: SweepConfig, n_layers: int, n_heads: int) -> int:
-    ctx = SweepContext(config, n_layers, n_heads)
-    return sum(len(SWEEP_KINDS[name].cells(p, ctx)) for p in pairs for name in config.sweeps)
+def count_runs(pairs, config: SweepConfig, n_layers: int, n_heads: int, d_mlp: int = 0) -> int:
+    ctx = SweepContext(config, n_layers, n_heads, d_mlp=d_mlp)
+    return sum(SWEEP_KINDS[name].count(p, ctx) for p in pairs for name in config.sweeps)
 
 
 def patched_runs(pairs, ctx: SweepContext) -> Iterator[tuple[int, SweepKind, Cell, Request]]:
@@ -56,12 +56,14 @@ def trace_noise_std(store, pairs, scale: float) -> float:
 
 
 def run_sweeps(engine, pairs, store, config: SweepConfig, progress: Progress | None = None,
-               noise_std: float | None = None) -> list[dict]:
+               noise_std: float | None = None, attributor=None) -> list[dict]:
     """Effect rows of every sweep of `config` over `pairs`.
 
     store: the pairs' cached activations and baselines (an ActivationCache or a MemoryStore).
     noise_std: the trace noise scale, when `pairs` is one shard of a larger data set whose
     subjects set it; by default it is computed over `pairs`.
+    attributor: what the atp sweep takes its gradients on (patchgrid.attribution); by default one
+    on the engine's model, in float32.
     """
     shape = engine.shape
     std = 0.0
@@ -76,8 +78,13 @@ def run_sweeps(engine, pairs, store, config: SweepConfig, progress: Progress | N
     if not need.covered_by(store.spec):
         raise CacheError(f"the activation store holds {_described(store.spec)}; these sweeps need "
                          f"{_described(need)}: build it with cache_spec() of the same sweep settings")
-    ctx = SweepContext(config, shape.n_layers, shape.n_heads, std)
-    total = count_runs(pairs, config, shape.n_layers, shape.n_heads)
+    ctx = SweepContext(config, shape.n_layers, shape.n_heads, std, shape.d_mlp)
+    if "atp" in config.sweeps:
+        from ..attribution import attributor_for
+
+        estimates = SWEEP_KINDS["atp"].estimates(attributor or attributor_for(engine), pairs, ctx)
+        ctx = dataclasses.replace(ctx, estimates=estimates)
+    total = count_runs(pairs, config, shape.n_layers, shape.n_heads, shape.d_mlp)
     readings: dict[tuple[int, str], list] = defaultdict(list)
     done = 0
 

@@ -1,0 +1,245 @@
+"""Attribution patching: the gradient estimate against finite differences of the same
+linearisation, against exact patches where the metric is linear in the site, and the atp sweep's
+verification against direct patches on vLLM."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from patchgrid.attribution import Attributor
+from patchgrid.cache import load_or_build
+from patchgrid.models import prepare
+from patchgrid.sites import get_module, shape_of, site_module
+from patchgrid.sweeps import SweepConfig, cache_spec, count_runs, run_sweeps
+from tests.conftest import TINY, needs_vllm
+from tests.study_helpers import shipped_pairs
+
+SITES = ("resid", "attn_out", "mlp_out", "head", "neuron")
+
+
+def _model64(model):
+    from transformers import AutoModelForCausalLM
+
+    m = AutoModelForCausalLM.from_pretrained(prepare(model), dtype=torch.float64)
+    return m.eval(), shape_of(m.config)
+
+
+def _pairs(tokenizers, model):
+    pairs = shipped_pairs(tokenizers(model), 3)
+    # answers of several tokens: the metric sums every forward's log-probabilities
+    a, b = pairs[0].clean_answer_id, pairs[0].corrupt_answer_id
+    pairs[0] = replace(pairs[0], clean_answer_ids=(a, 11, 12), corrupt_answer_ids=(b, 13))
+    return pairs
+
+
+def _metric(model, pair, patch=None) -> float:
+    """log p(clean answer) - log p(corrupt answer), each whole, on the corrupt prompt, by plain
+    transformers forwards; `patch` = (module, is_input, fn) rewrites a site's activation."""
+    handle = None
+    if patch is not None:
+        module, is_input, fn = patch
+        if is_input:
+            handle = module.register_forward_pre_hook(lambda mod, args: (fn(args[0]),) + args[1:])
+        else:
+            def out_hook(mod, args, out):
+                if isinstance(out, tuple):
+                    return (fn(out[0]),) + out[1:]
+                return fn(out)
+            handle = module.register_forward_hook(out_hook)
+    total = 0.0
+    try:
+        with torch.no_grad():
+            n = len(pair.corrupt_ids)
+            for sign, answer in ((1, pair.clean_answer_ids), (-1, pair.corrupt_answer_ids)):
+                ids = torch.tensor([list(pair.corrupt_ids) + list(answer[:-1])])
+                lp = torch.log_softmax(model(input_ids=ids).logits[0].double(), -1)
+                total += sign * sum(float(lp[n - 1 + k, t]) for k, t in enumerate(answer))
+    finally:
+        if handle is not None:
+            handle.remove()
+    return total
+
+
+def _acts(model, shape, ids, site, layer):
+    from patchgrid.sites import SITES as S
+
+    got = {}
+    module = site_module(model, shape.family, site, layer)
+
+    def read(t):
+        got["a"] = t.clone()  # returns None: the hook leaves the activation as it is
+
+    if S[site].at == "input":
+        h = module.register_forward_pre_hook(lambda mod, args: read(args[0]))
+    else:
+        h = module.register_forward_hook(lambda mod, args, out: read(out[0] if isinstance(out, tuple) else out))
+    try:
+        with torch.no_grad():
+            model(input_ids=torch.tensor([list(ids)]))
+    finally:
+        h.remove()
+    return got["a"][0]
+
+
+def _writer(shape, site, position, unit, value):
+    """fn(t) writing `value` [width] into t at one position (or every one: position None), over one
+    unit's columns when `unit` is set."""
+    def fn(t):
+        t = t.clone()
+        pos = slice(0, len(value)) if position is None else position  # the prompt's positions
+        if unit is None:
+            t[0, pos] = value[pos]
+        else:
+            uw = shape.unit_width(site)
+            t[0, pos, unit * uw:(unit + 1) * uw] = value[pos, unit * uw:(unit + 1) * uw]
+        return t
+    return fn
+
+
+@pytest.mark.parametrize("model", TINY)
+def test_estimate_equals_finite_differences_of_the_linearisation(tokenizers, model):
+    m, shape = _model64(model)
+    att = Attributor(m, shape)
+    pairs = _pairs(tokenizers, model)
+    est = att.estimate(pairs, SITES)
+    from patchgrid.sites import SITES as S
+
+    for b, pair in enumerate(pairs[:2]):
+        n = len(pair.corrupt_ids)
+        for site in SITES:
+            for layer, position, unit in ((1, n - 1, 1), (shape.n_layers - 1, pair.subject_end - 1, 2),
+                                          (0, None, 0)):
+                clean = _acts(m, shape, pair.clean_ids, site, layer)
+                corrupt = _acts(m, shape, pair.corrupt_ids, site, layer)
+                u = unit if S[site].unit else None
+                module = site_module(m, shape.family, site, layer)
+                # the norms compute in float32 even in a float64 model: a step small enough to keep
+                # the curvature out and large enough to stay above their rounding
+                eps = 2e-3
+                vals = [_metric(m, pair, (module, S[site].at == "input",
+                                          _writer(shape, site, position, u, corrupt + s * eps * (clean - corrupt))))
+                        for s in (1, -1)]
+                fd = (vals[0] - vals[1]) / (2 * eps)
+                got = float(est[b][site]["estimate"][layer, n if position is None else position, unit if u is not None
+                                                     else 0])
+                assert got == pytest.approx(fd, abs=2e-4, rel=1e-3), (pair.pair_id, site, layer, position, unit)
+    # the estimate moves: a check of zeros would prove nothing
+    assert max(float(e["resid"]["estimate"].abs().max()) for e in est) > 0.1
+
+
+def test_estimate_equals_the_exact_patch_where_the_metric_is_linear_in_the_site(tokenizers):
+    """Without the final norm, the last layer's stream, its MLP output and its neurons reach the
+    logits only linearly (the unembedding), so AtP is exact there; a one-token answer keeps the log
+    normaliser out (the metric is a logit difference)."""
+    m, shape = _model64("tiny-llama")
+    m.model.norm = torch.nn.Identity()
+    att = Attributor(m, shape)
+    pairs = shipped_pairs(tokenizers("tiny-llama"), 2)
+    est = att.estimate(pairs, ("resid", "mlp_out", "neuron"))
+    last = shape.n_layers - 1
+    checked = 0
+    for b, pair in enumerate(pairs):
+        n = len(pair.corrupt_ids)
+        base = _metric(m, pair)
+        for site, unit in (("resid", None), ("mlp_out", None), ("neuron", 3), ("neuron", 200)):
+            clean = _acts(m, shape, pair.clean_ids, site, last)
+            module = site_module(m, shape.family, site, last)
+            for position in (n - 1, None):
+                exact = _metric(m, pair, (module, site == "neuron", _writer(shape, site, position, unit, clean))) - base
+                got = float(est[b][site]["estimate"][last, n if position is None else position, unit or 0])
+                assert got == pytest.approx(exact, abs=1e-9, rel=1e-9), (site, unit, position)
+                checked += abs(exact) > 1e-3
+    assert checked >= 4
+
+
+def test_graddrop_scores_are_the_mean_absolute_estimate_with_each_layers_backward_cut(tokenizers):
+    m, shape = _model64("tiny-gpt2")
+    att = Attributor(m, shape)
+    pair = _pairs(tokenizers, "tiny-gpt2")[0]
+    plain = att.estimate([pair], ("resid", "head"))[0]
+    got = att.estimate([pair], ("resid", "head"), correction="graddrop")[0]
+    assert torch.equal(got["resid"]["estimate"], plain["resid"]["estimate"])  # the plain one is always there
+    # By hand: layer l's backward cut = its attention and MLP read a detached stream; the final
+    # layer's stream reaches the logits through the final norm alone, so cutting any layer leaves it
+    # as it is: its score is |estimate|.
+    last = shape.n_layers - 1
+    assert torch.allclose(got["resid"]["graddrop"][last], plain["resid"]["estimate"][last].abs(), atol=1e-12)
+    n = len(pair.corrupt_ids)
+    manual = torch.zeros(shape.n_layers, n + 1, dtype=torch.float64)
+    for drop in range(shape.n_layers):
+        block = get_module(m, shape.family.layers)[drop]
+        hooks = [get_module(block, name).register_forward_pre_hook(
+            lambda mod, args, kwargs: ((args[0].detach(),) + args[1:], kwargs) if args else
+            (args, {**kwargs, "hidden_states": kwargs["hidden_states"].detach()}), with_kwargs=True)
+            for name in (shape.family.attn, shape.family.mlp)]
+        try:
+            manual += att.estimate([pair], ("resid",))[0]["resid"]["estimate"][..., 0].abs()
+        finally:
+            for h in hooks:
+                h.remove()
+    assert torch.allclose(got["resid"]["graddrop"][..., 0], manual / shape.n_layers, atol=1e-10)
+    assert not torch.allclose(got["resid"]["graddrop"][0], plain["resid"]["estimate"][0].abs())
+
+
+def test_bad_site_kinds_and_corrections_are_refused(tokenizers):
+    m, shape = _model64("tiny-llama")
+    att = Attributor(m, shape)
+    pairs = shipped_pairs(tokenizers("tiny-llama"), 1)
+    with pytest.raises(ValueError, match="not 'embed'"):
+        att.estimate(pairs, ("embed",))
+    with pytest.raises(ValueError, match="unknown correction 'qk'"):
+        att.estimate(pairs, ("resid",), correction="qk")
+    with pytest.raises(ValueError, match="unknown atp kind 'head'"):
+        SweepConfig(sweeps=("atp",), atp_kinds=("head",))
+
+
+@needs_vllm
+@pytest.mark.parametrize("correction", ["none", "graddrop"])
+def test_atp_sweep_verifies_the_strongest_and_a_sample_exactly(tmp_path, engines, tokenizers, correction):
+    model = "tiny-qwen3"
+    vl = engines.get(model, "vllm", dtype="float32")
+    pairs = _pairs(tokenizers, model)
+    kinds = ("resid", "attn_out", "mlp_out", "heads", "neurons")
+    config = SweepConfig(sweeps=("atp",), atp_kinds=kinds, verify_top=5, verify_random=4, atp_correction=correction,
+                         seed=3)
+    exact_config = SweepConfig(sweeps=kinds, resid_directions=("denoise",))
+    spec = cache_spec(config, vl.shape.n_layers).merge(cache_spec(exact_config, vl.shape.n_layers))
+    cache, _ = load_or_build(vl, pairs, spec, tmp_path, log=lambda *_: None)
+    rows = run_sweeps(vl, pairs, cache, config)
+    # the exhaustive exact sweep of the same cells, on the same engine
+    exact = {_cell(r): r for r in run_sweeps(vl, pairs, cache, exact_config)}
+    ctx_cells = {_cell(r) for r in rows}
+    assert ctx_cells == set(exact), "atp rows cover exactly the cells of the kinds it screens"
+    assert len(rows) == len(exact)
+    verified = [r for r in rows if r["verify"] is not None]
+    assert len(verified) == count_runs(pairs, config, vl.shape.n_layers, vl.shape.n_heads, vl.shape.d_mlp)
+    for r in rows:
+        assert r["sweep"] == "atp" and r["estimate"] is not None
+        assert (r["estimate_graddrop"] is not None) == (correction == "graddrop")
+        if r["verify"] is None:
+            assert r["effect"] is None and r["patched_logprob_diff"] is None
+        else:  # patched exactly: the direct patch of the same site
+            e = exact[_cell(r)]
+            assert r["effect"] == pytest.approx(e["effect"], abs=1e-5)
+            assert r["patched_kl"] == pytest.approx(e["patched_kl"], abs=1e-5)
+            assert r["metric"] == e["metric"]
+    for pair in pairs:
+        for site in ("resid", "attn_out", "mlp_out", "head", "neuron"):
+            mine = [r for r in rows if r["pair_id"] == pair.pair_id and r["site"] == site]
+            top = [r for r in mine if r["verify"] == "top"]
+            score = (lambda r: r["estimate_graddrop"]) if correction == "graddrop" else (lambda r: abs(r["estimate"]))
+            assert len(top) == 5 and len([r for r in mine if r["verify"] == "random"]) == 4
+            assert min(score(r) for r in top) >= max(score(r) for r in mine if r["verify"] != "top")
+    # the sample is seeded: the same again
+    again = run_sweeps(vl, pairs, cache, config)
+    assert [(_cell(r), r["verify"]) for r in again] == [(_cell(r), r["verify"]) for r in rows]
+    # where AtP is roughly right on this model: estimate and exact effect correlate over the verified
+    xs = torch.tensor([r["estimate"] for r in verified])
+    ys = torch.tensor([r["effect"] for r in verified])
+    assert torch.corrcoef(torch.stack([xs, ys]))[0, 1] > 0.5
+
+
+def _cell(r):
+    return (r["pair_id"], r["site"], r["layer"], r["position"], r["head"], r["neuron"])
