@@ -23,6 +23,7 @@ from .rows import ANSWER_POLICIES
 from .sites import SITE_KINDS
 from .spec import RUNNERS, SpecError, StudySpec, sweep_names
 from .sweeps import DEFAULT_SWEEPS, SWEEPS
+from .sweeps.config import ATP_CORRECTIONS, ATP_KINDS
 
 DEFAULT_STUDY = StudySpec()
 ANSWER_POLICY_HELP = ("full: score a multi-token answer whole (teacher-forced); single: reject multi-token answers; "
@@ -138,8 +139,13 @@ def cmd_sweep(args) -> int:
     from .pairs import accepted_pairs, read_pairs
     from .sweeps import SweepConfig, cache_spec, run_sweeps, subject_noise
 
-    config = SweepConfig(sweeps=sweep_names(args.sweeps), trace_samples=args.trace_samples, seed=args.seed,
-                         max_requests=args.max_requests, skip=not args.no_skip)
+    try:
+        config = SweepConfig(sweeps=sweep_names(args.sweeps), trace_samples=args.trace_samples, seed=args.seed,
+                             max_requests=args.max_requests, skip=not args.no_skip,
+                             atp_kinds=sweep_names(args.atp_kinds), verify_top=args.verify_top,
+                             verify_random=args.verify_random, atp_correction=args.atp_correction)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     if args.limit is not None and args.limit < 1:
         raise UsageError(f"--limit {args.limit} must be at least 1")
     if not Path(args.pairs).is_file():
@@ -170,6 +176,17 @@ def cmd_sweep(args) -> int:
     return 0
 
 
+def atp_options(p) -> None:
+    p.add_argument("--atp-kinds", default=",".join(DEFAULT_STUDY.atp_kinds),
+                   help=f"atp sweep: the sweep kinds it screens, comma list of {', '.join(ATP_KINDS)}")
+    p.add_argument("--verify-top", type=int, default=DEFAULT_STUDY.verify_top,
+                   help="atp sweep: per pair and kind, patch the K sites with the largest estimates exactly")
+    p.add_argument("--verify-random", type=int, default=DEFAULT_STUDY.verify_random,
+                   help="atp sweep: and R sites sampled from the rest (seeded by --seed)")
+    p.add_argument("--atp-correction", default=DEFAULT_STUDY.atp_correction, choices=ATP_CORRECTIONS,
+                   help="atp sweep: rank sites by |estimate| (none) or by AtP*'s GradDrop score (graddrop)")
+
+
 def study_spec(args, **overrides) -> StudySpec:
     """The study the command line asks for, checked before anything runs."""
     source = Path(args.pairs)
@@ -180,7 +197,9 @@ def study_spec(args, **overrides) -> StudySpec:
                   trace_samples=args.trace_samples, trace_noise=args.trace_noise, shard_size=args.shard_size,
                   backend=args.backend, skip=not args.no_skip,
                   runner=args.runner, ray_address=args.ray_address, ray_workers=args.ray_workers,
-                  gpus_per_engine=args.gpus_per_engine, tensor_parallel_size=args.tensor_parallel_size)
+                  gpus_per_engine=args.gpus_per_engine, tensor_parallel_size=args.tensor_parallel_size,
+                  atp_kinds=args.atp_kinds, verify_top=args.verify_top, verify_random=args.verify_random,
+                  atp_correction=args.atp_correction)
     params.update(overrides)
     try:
         spec = StudySpec(**params)
@@ -333,6 +352,7 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--cache", default=".patchgrid-cache", help="activation cache folder")
     sweep.add_argument("--backend", default=DEFAULT_BACKEND, choices=BACKENDS)
     sweep.add_argument("--no-skip", action="store_true", help=NO_SKIP_HELP)
+    atp_options(sweep)
     sweep.add_argument("--out", default="effects.parquet")
     sweep.set_defaults(func=cmd_sweep)
 
@@ -362,6 +382,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--gpus-per-engine", type=float, default=DEFAULT_STUDY.gpus_per_engine)
         p.add_argument("--tensor-parallel-size", type=int, default=DEFAULT_STUDY.tensor_parallel_size,
                        help="ranks per engine (Ray runner)")
+        atp_options(p)
         p.add_argument("--verbose", action="store_true", help="Prefect's run log on the console")
 
     st = sub.add_parser("study", help="a whole study: data set -> pairs -> cache -> sweeps -> warehouse")

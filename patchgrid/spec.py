@@ -13,6 +13,7 @@ from .pairs.pair import Pair
 from .rows import ANSWER_POLICIES
 from .shipped import SHIPPED_PAIRS
 from .sweeps import DEFAULT_SWEEPS, SWEEPS, SweepConfig
+from .sweeps.config import DEFAULT_ATP_KINDS
 
 RUNNERS = ("local", "ray")
 RUN_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -68,15 +69,25 @@ class StudySpec:
     ray_workers: int = 2
     gpus_per_engine: float = 0.0
     tensor_parallel_size: int = 1
+    # the atp sweep: the kinds it screens, the sites per pair and kind it patches exactly (top K by
+    # the ranking score, and R sampled from the rest), and AtP*'s correction ranking them
+    atp_kinds: tuple[str, ...] = DEFAULT_ATP_KINDS
+    verify_top: int = 20
+    verify_random: int = 20
+    atp_correction: str = "none"
 
     def __post_init__(self):
         object.__setattr__(self, "sweeps", sweep_names(self.sweeps))
+        object.__setattr__(self, "atp_kinds", sweep_names(self.atp_kinds))
         if not self.sweeps:
             raise SpecError("sweeps", f"is empty; use some of {', '.join(SWEEPS)}")
         for name in ("limit", "shard_size", "trace_samples", "max_requests", "ray_workers", "tensor_parallel_size"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise SpecError(name, f"{value} must be at least 1")
+        for name in ("verify_top", "verify_random"):
+            if getattr(self, name) < 0:
+                raise SpecError(name, f"{getattr(self, name)} must not be negative")
         try:
             self.sweep_config()  # the sweeps' own checks, naming what is wrong
         except ValueError as exc:
@@ -100,20 +111,27 @@ class StudySpec:
 
     def sweep_config(self) -> SweepConfig:
         return SweepConfig(sweeps=self.sweeps, trace_samples=self.trace_samples, seed=self.seed,
-                           max_requests=self.max_requests, skip=self.skip)
+                           max_requests=self.max_requests, skip=self.skip, atp_kinds=self.atp_kinds,
+                           verify_top=self.verify_top, verify_random=self.verify_random,
+                           atp_correction=self.atp_correction)
 
     def recorded_params(self) -> dict:
         """What a run records as its parameters, and what its default run id is derived from."""
-        return dict(model=self.model, pairs=self.pairs, sweeps=list(self.sweeps), limit=self.limit,
-                    pairs_format=self.pairs_format, require_known=self.require_known,
-                    answer_policy=self.answer_policy, seed=self.seed,
-                    trace_samples=self.trace_samples, trace_noise=self.trace_noise, backend=self.backend,
-                    skip=self.skip)
+        params = dict(model=self.model, pairs=self.pairs, sweeps=list(self.sweeps), limit=self.limit,
+                      pairs_format=self.pairs_format, require_known=self.require_known,
+                      answer_policy=self.answer_policy, seed=self.seed,
+                      trace_samples=self.trace_samples, trace_noise=self.trace_noise, backend=self.backend,
+                      skip=self.skip)
+        if "atp" in self.sweeps:  # only then: the run ids of studies without it stay as they were
+            params.update(atp_kinds=list(self.atp_kinds), verify_top=self.verify_top,
+                          verify_random=self.verify_random, atp_correction=self.atp_correction)
+        return params
 
     def flow_parameters(self) -> dict:
         """The study flow's parameters for this spec (the flow builds the same spec from them)."""
         params = asdict(self)
         params["sweeps"] = ",".join(self.sweeps)
+        params["atp_kinds"] = ",".join(self.atp_kinds)
         return params
 
     def engine_options(self) -> dict:

@@ -17,7 +17,7 @@ def test_the_flow_takes_exactly_the_spec_fields_with_its_defaults():
     default = StudySpec()
     assert list(params) == list(StudySpec.__dataclass_fields__)
     for name, p in params.items():
-        want = ",".join(default.sweeps) if name == "sweeps" else getattr(default, name)
+        want = ",".join(getattr(default, name)) if name in ("sweeps", "atp_kinds") else getattr(default, name)
         assert p.default == want, name
     assert StudySpec(**StudySpec(limit=3).flow_parameters()) == StudySpec(limit=3)
 
@@ -31,6 +31,9 @@ def test_the_flow_takes_exactly_the_spec_fields_with_its_defaults():
     ({"run_id": "a b"}, "run_id 'a b' may hold only", "--run-id 'a b' may hold only"),
     ({"answer_policy": "whole"}, "answer_policy 'whole' is not one of single, full, first-token",
      "--answer-policy 'whole' is not one of"),
+    ({"verify_top": -1}, "verify_top -1 must not be negative", "--verify-top -1 must not be negative"),
+    ({"atp_kinds": "heads,trace"}, "unknown atp kind 'trace'", "unknown atp kind 'trace'"),
+    ({"atp_correction": "qk"}, "unknown atp correction 'qk'", "unknown atp correction 'qk'"),
 ])
 def test_bad_parameters_are_named(change, flow_message, flag_message):
     with pytest.raises(SpecError) as err:
@@ -64,3 +67,12 @@ def test_outputs_count_by_path_inputs_by_content(tmp_path):
     key = fingerprint(spec)
     data.write_text("b")  # the same path, other content: another input
     assert fingerprint(spec) != key
+
+
+def test_atp_settings_key_the_run_only_when_the_atp_sweep_runs():
+    plain = StudySpec()
+    assert "verify_top" not in plain.recorded_params()
+    assert fingerprint(plain.recorded_params()) == fingerprint(StudySpec(verify_top=5).recorded_params())
+    atp = StudySpec(sweeps="atp", verify_top=5)
+    assert atp.recorded_params()["verify_top"] == 5 and atp.sweep_config().verify_top == 5
+    assert fingerprint(atp.recorded_params()) != fingerprint(StudySpec(sweeps="atp").recorded_params())

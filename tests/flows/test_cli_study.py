@@ -37,7 +37,35 @@ def test_study_prints_run_id_then_query_reads_it(tmp_path):
     assert lines[-1] == "(2 rows)"
 
 
+@needs_vllm
+def test_study_with_the_atp_sweep_fills_the_warehouse_and_the_report(tmp_path):
+    wh = tmp_path / "w.duckdb"
+    res = cli("study", "--model", "tiny-gpt2", "--pairs", str(DATA), "--limit", "3", "--no-require-known",
+              "--sweeps", "atp", "--atp-kinds", "resid,attn_out,mlp_out,heads,neurons", "--verify-top", "4",
+              "--verify-random", "3", "--atp-correction", "graddrop", "--warehouse", str(wh),
+              "--workdir", str(tmp_path / "work"), cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    run_id = res.stdout.strip().splitlines()[-1]
+    q = cli("query", "--warehouse", str(wh),
+            "SELECT site, count(DISTINCT pair_id) AS pairs, count(*) FILTER (WHERE verify = 'top') AS top, "
+            "count(*) FILTER (WHERE verify = 'random') AS sampled, count(*) FILTER (WHERE effect IS NULL) AS unpatched, "
+            "count(*) FILTER (WHERE estimate IS NULL OR estimate_graddrop IS NULL) AS no_estimate "
+            f"FROM effects WHERE run_id = '{run_id}' AND sweep = 'atp' GROUP BY site ORDER BY site")
+    assert q.returncode == 0, q.stderr
+    lines = [line.split() for line in q.stdout.strip().splitlines()]
+    assert [line[0] for line in lines[1:-1]] == ["attn_out", "head", "mlp_out", "neuron", "resid"]
+    for site, pairs, top, sampled, unpatched, no_estimate in lines[1:-1]:
+        assert (int(pairs), int(top), int(sampled), int(no_estimate)) == (3, 12, 9, 0), site
+        assert int(unpatched) > 0
+    rep = cli("report", "--warehouse", str(wh), "--out", str(tmp_path / "report"))
+    assert rep.returncode == 0, rep.stderr[-3000:]
+    html = (tmp_path / "report" / "report.html").read_text()
+    assert "AtP" in html
+
+
 @pytest.mark.parametrize("args, message", [
+    (["--verify-top", "-2"], "--verify-top -2 must not be negative"),
+    (["--atp-kinds", "heads,trace"], "unknown atp kind 'trace'"),
     (["--limit", "0"], "--limit 0 must be at least 1"),
     (["--sweeps", "resid,everything"], "unknown sweep 'everything'"),
     (["--pairs", "no/such/file.jsonl"], "--pairs no/such/file.jsonl: no such file"),
