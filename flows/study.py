@@ -60,14 +60,15 @@ def study(model: str = DEFAULT.model, pairs: str = DEFAULT.pairs, sweeps: str = 
           ray_workers: int = DEFAULT.ray_workers, gpus_per_engine: float = DEFAULT.gpus_per_engine,
           tensor_parallel_size: int = DEFAULT.tensor_parallel_size,
           atp_kinds: str = ",".join(DEFAULT.atp_kinds), verify_top: int = DEFAULT.verify_top,
-          verify_random: int = DEFAULT.verify_random, atp_correction: str = DEFAULT.atp_correction) -> str:
+          verify_random: int = DEFAULT.verify_random, atp_correction: str = DEFAULT.atp_correction,
+          head_positions: str = DEFAULT.head_positions) -> str:
     """Run a whole activation-patching study and load it into the warehouse; returns the run id."""
     spec = StudySpec(model=model, pairs=pairs, sweeps=sweeps, limit=limit, warehouse=warehouse, workdir=workdir,
                      pairs_format=pairs_format, require_known=require_known, answer_policy=answer_policy, seed=seed, trace_samples=trace_samples,
                      trace_noise=trace_noise, shard_size=shard_size, backend=backend, max_requests=max_requests,
                      skip=skip, run_id=run_id, runner=runner, ray_address=ray_address, ray_workers=ray_workers, gpus_per_engine=gpus_per_engine,
                      tensor_parallel_size=tensor_parallel_size, atp_kinds=atp_kinds, verify_top=verify_top,
-                     verify_random=verify_random, atp_correction=atp_correction)
+                     verify_random=verify_random, atp_correction=atp_correction, head_positions=head_positions)
     # SIGTERM and SIGINT stop the study through every clean-up on the way out (engines first)
     with cancel_on_signals(), EnginePool() as engines:
         return run_study(spec, engines)

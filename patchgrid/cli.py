@@ -23,7 +23,7 @@ from .rows import ANSWER_POLICIES
 from .sites import SITE_KINDS
 from .spec import RUNNERS, SpecError, StudySpec, sweep_names
 from .sweeps import DEFAULT_SWEEPS, SWEEPS
-from .sweeps.config import ATP_CORRECTIONS, ATP_KINDS
+from .sweeps.config import ATP_CORRECTIONS, ATP_KINDS, HEAD_POSITIONS
 
 DEFAULT_STUDY = StudySpec()
 ANSWER_POLICY_HELP = ("full: score a multi-token answer whole (teacher-forced); single: reject multi-token answers; "
@@ -143,7 +143,8 @@ def cmd_sweep(args) -> int:
         config = SweepConfig(sweeps=sweep_names(args.sweeps), trace_samples=args.trace_samples, seed=args.seed,
                              max_requests=args.max_requests, skip=not args.no_skip,
                              atp_kinds=sweep_names(args.atp_kinds), verify_top=args.verify_top,
-                             verify_random=args.verify_random, atp_correction=args.atp_correction)
+                             verify_random=args.verify_random, atp_correction=args.atp_correction,
+                             head_positions=args.head_positions)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     if args.limit is not None and args.limit < 1:
@@ -177,6 +178,9 @@ def cmd_sweep(args) -> int:
 
 
 def atp_options(p) -> None:
+    p.add_argument("--head-positions", default=DEFAULT_STUDY.head_positions, choices=HEAD_POSITIONS,
+                   help="heads and neurons: every position at once plus the subject's last token and the last "
+                        "token (roles), or each position one by one (every)")
     p.add_argument("--atp-kinds", default=",".join(DEFAULT_STUDY.atp_kinds),
                    help=f"atp sweep: the sweep kinds it screens, comma list of {', '.join(ATP_KINDS)}")
     p.add_argument("--verify-top", type=int, default=DEFAULT_STUDY.verify_top,
@@ -199,7 +203,7 @@ def study_spec(args, **overrides) -> StudySpec:
                   runner=args.runner, ray_address=args.ray_address, ray_workers=args.ray_workers,
                   gpus_per_engine=args.gpus_per_engine, tensor_parallel_size=args.tensor_parallel_size,
                   atp_kinds=args.atp_kinds, verify_top=args.verify_top, verify_random=args.verify_random,
-                  atp_correction=args.atp_correction)
+                  atp_correction=args.atp_correction, head_positions=args.head_positions)
     params.update(overrides)
     try:
         spec = StudySpec(**params)

@@ -75,6 +75,7 @@ class StudySpec:
     verify_top: int = 20
     verify_random: int = 20
     atp_correction: str = "none"
+    head_positions: str = "roles"  # heads and neurons: all at once + roles, or every position one by one
 
     def __post_init__(self):
         object.__setattr__(self, "sweeps", sweep_names(self.sweeps))
@@ -113,7 +114,7 @@ class StudySpec:
         return SweepConfig(sweeps=self.sweeps, trace_samples=self.trace_samples, seed=self.seed,
                            max_requests=self.max_requests, skip=self.skip, atp_kinds=self.atp_kinds,
                            verify_top=self.verify_top, verify_random=self.verify_random,
-                           atp_correction=self.atp_correction)
+                           atp_correction=self.atp_correction, head_positions=self.head_positions)
 
     def recorded_params(self) -> dict:
         """What a run records as its parameters, and what its default run id is derived from."""
@@ -122,6 +123,8 @@ class StudySpec:
                       answer_policy=self.answer_policy, seed=self.seed,
                       trace_samples=self.trace_samples, trace_noise=self.trace_noise, backend=self.backend,
                       skip=self.skip)
+        if self.head_positions != "roles":  # only then: the run ids of earlier studies stay as they were
+            params["head_positions"] = self.head_positions
         if "atp" in self.sweeps:  # only then: the run ids of studies without it stay as they were
             params.update(atp_kinds=list(self.atp_kinds), verify_top=self.verify_top,
                           verify_random=self.verify_random, atp_correction=self.atp_correction)

@@ -9,6 +9,9 @@ from .kinds import SWEEP_KINDS
 SWEEPS = tuple(SWEEP_KINDS)
 DEFAULT_SWEEPS = ("resid", "attn_out", "mlp_out", "heads")
 HEAD_POSITION_ROLES = ("subject_last", "last")
+# heads and neurons: every position at once plus the head_position_roles' positions, or each
+# position one by one
+HEAD_POSITIONS = ("roles", "every")
 TRACE_SITES = ("resid", "mlp_out", "attn_out")
 TRACE_NOISE_SCALE = 3.0  # times the std of the subjects' embeddings over the data set (Meng et al.)
 ATP_KINDS = ("resid", "attn_out", "mlp_out", "heads", "neurons")  # what the atp sweep can screen
@@ -21,6 +24,7 @@ class SweepConfig:
     sweeps: tuple[str, ...] = DEFAULT_SWEEPS
     resid_directions: tuple[str, ...] = DIRECTIONS
     head_position_roles: tuple[str, ...] = HEAD_POSITION_ROLES
+    head_positions: str = "roles"
     trace_samples: int = 10
     trace_window: int = 10
     trace_noise_scale: float = TRACE_NOISE_SCALE
@@ -53,6 +57,8 @@ class SweepConfig:
             raise ValueError(f"unknown trace site {bad[0] if bad else '(none)'}; use some of {', '.join(TRACE_SITES)}")
         if self.trace_samples < 1 or self.trace_window < 1 or self.max_requests < 1:
             raise ValueError("trace_samples, trace_window and max_requests must be at least 1")
+        if self.head_positions not in HEAD_POSITIONS:
+            raise ValueError(f"unknown head positions {self.head_positions!r}; use one of {', '.join(HEAD_POSITIONS)}")
         bad = [k for k in self.atp_kinds if k not in ATP_KINDS]
         if bad or not self.atp_kinds:
             raise ValueError(f"unknown atp kind {bad[0] if bad else '(none)'!r}; use some of {', '.join(ATP_KINDS)}")

@@ -178,7 +178,7 @@ class PositionSweep(SweepKind):
 
 class UnitSweep(SweepKind):
     """One unit (an attention head's slice of z, or one MLP neuron) per run: at every position at
-    once and at the positions of chosen roles, or at given positions one by one."""
+    once and at the positions of chosen roles, or at every (or given) position one by one."""
 
     def __init__(self, name: str, site: str):
         self.name, self.site = name, site
@@ -191,6 +191,8 @@ class UnitSweep(SweepKind):
     def positions(self, pair, config) -> list[int | None]:
         if config.positions is not None:
             return list(config.positions)
+        if config.head_positions == "every":
+            return list(range(len(pair.corrupt_ids)))
         chosen = [None] + [pair.roles.index(role) for role in config.head_position_roles if role in pair.roles]
         return list(dict.fromkeys(chosen))
 
