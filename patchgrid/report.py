@@ -104,7 +104,10 @@ def collect(con, run_id: str) -> dict:
     headline = next((m for m in HEADLINE if m in present), metrics[0] if metrics else None)
     metrics = [headline] + [m for m in metrics if m != headline] if headline else []
     figures: list[Heatmap] = []
-    groups = sorted({(r["sweep"], r["site"], r["direction"]) for r in summary if r["sweep"] not in ("heads", "trace")},
+    # heads have their own figures; exhaustive neuron sweeps have a cell per neuron, which a layer x
+    # role heatmap cannot hold
+    groups = sorted({(r["sweep"], r["site"], r["direction"]) for r in summary
+                     if r["sweep"] not in ("heads", "neurons", "trace")},
                     key=lambda g: (["resid", "attn_out", "mlp_out"].index(g[0]) if g[0] in ("resid", "attn_out",
                                                                                              "mlp_out") else 9, g))
     for metric in metrics:
