@@ -198,7 +198,7 @@ FROM means m JOIN clustered c USING (run_id, site, layer, metric, bucket);
 -- above leave atp rows out (catalog.ESTIMATED_SWEEP); these views read them.
 
 -- The |recovery| from which atp_agreement counts a site as important.
-CREATE OR REPLACE MACRO atp_threshold() AS 0.1;
+CREATE OR REPLACE MACRO atp_threshold() AS 0.1::DOUBLE;
 
 -- The exact sweep that patches each site kind on its own, one site per run (kinds.kind_for_site;
 -- a test checks the two agree): a run holding it has the exact effect of every site atp screens.
@@ -259,8 +259,8 @@ FROM cell;
 -- How far the estimates can be trusted, per (run, site kind, metric); a site is one atp row
 -- (one layer, position, head or neuron of one pair):
 --   n_pairs: pairs with atp rows of this site kind; n_sites: atp rows (sites screened, over pairs);
---   n_top, n_random: rows with verify 'top' / 'random'; n_verified: verify rows with an exact
---   effect (the rows the correlation is over);
+--   n_top, n_random: rows with verify 'top' / 'random'; n_verified: verify rows with both an
+--   estimate and an exact effect (the rows the correlation is over);
 --   ranked_by: 'graddrop' when the rows carry GradDrop scores (the top K were chosen by them),
 --   else 'abs_estimate';
 --   correlation: Pearson's correlation of estimate and effect over the verified rows, top and
@@ -280,7 +280,8 @@ FROM cell;
 --   |effect| (K = the pair's n_top; ties broken by layer, position, head, neuron) that atp marked
 --   'top', averaged over the pairs with K > 0 (n_pairs_exact of them); NULL without such pairs.
 --   recall_top_10: the same for the exact top min(10, N) sites: the share of them atp marked
---   'top' (found among its top K).
+--   'top' (found among its top K), averaged over the same pairs; at most K / min(10, N), so below
+--   1 whenever K < 10.
 CREATE OR REPLACE VIEW atp_agreement AS
 WITH atp AS (
     SELECT run_id, pair_id, site, metric, layer, position, head, neuron, verify,
