@@ -365,3 +365,13 @@ def test_atp_section_on_the_page(atp_warehouse, tmp_path):
     assert neurons.count("<tr><td>logit_diff</td>") == N_LAYERS and "AtP estimate (logit_diff)" in neurons
     # the exact patching figures are all still there, as many as without the atp rows
     assert text.count("data-metric=") == sum(1 for p in pngs if not p.startswith(("atp-", "trace-", "relation-")))
+
+
+def test_atp_scatter_shows_a_fixed_sample_of_many_points(atp_warehouse, monkeypatch):
+    import patchgrid.report as report
+
+    monkeypatch.setattr(report, "ATP_SCATTER_POINTS", 10)
+    first, again = (_figures(atp_warehouse)["atp"]["scatters"] for _ in range(2))
+    for s, t in zip(first, again):
+        assert len(s.points) == 10 and s.points == t.points
+        assert f"10 of the {6 * (ATP_K + ATP_R)} verified sites are shown" in s.caption
