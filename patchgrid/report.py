@@ -8,6 +8,12 @@ The patching and head heatmaps are drawn once per metric the run has (`patchgrid
 the page shows one metric at a time: a row of radio buttons selects it with CSS alone (no script),
 the headline metric (logprob_diff, else logit_diff for older loads) first. Causal tracing is drawn on p(answer), as
 Meng et al. trace, and the small multiples by relation on the headline metric.
+
+A run with attribution-patching rows (sweep `atp`) has a section of its own, on the metric its
+estimates are on (each pair's headline metric) whichever metric is selected: the estimates' layer
+x role and layer x head heatmaps (atp_summary), estimate-against-exact scatter plots of the sites
+also patched exactly, the top neurons per layer, and the agreement numbers (atp_agreement). A run
+without atp rows has no such section.
 """
 from __future__ import annotations
 
@@ -25,6 +31,11 @@ TRACE_BUCKETS = ("first_subject", "middle_subject", "last_subject", "first_subse
 # The metric shown first (and the only one for the small multiples): the first of these the run has.
 # logprob_diff: every pair has it (answers of any length), and for one-token answers it equals logit_diff
 HEADLINE = ("logprob_diff", "logit_diff")
+# Attribution patching: the site kinds drawn layer x role, and every site kind in table order
+ATP_POSITION_SITES = ("resid", "attn_out", "mlp_out")
+ATP_SITES = ("resid", "attn_out", "mlp_out", "head", "neuron")
+ATP_TOP_NEURONS = 5  # per layer and position role
+ATP_SCATTER_POINTS = 2000  # per site kind and metric; a run with more verified rows shows a sample
 
 
 @dataclass
@@ -43,6 +54,22 @@ class Heatmap:
     small: bool = False
     metric: str | None = None  # set: one of a figure's versions per metric, shown when it is selected
     extra: dict = field(default_factory=dict)
+
+
+@dataclass
+class Scatter:
+    """Estimate against exact effect, one point per verified site of a pair."""
+
+    key: str  # file stem of its PNG
+    title: str
+    points: list  # (estimate, exact effect, verify) per verified atp row
+    x_label: str
+    y_label: str
+    groups: tuple = ("top", "random")  # verify values, in legend order
+    caption: str = ""
+    metric: str | None = None  # never switched by the metric buttons (atp figures are on their own metric)
+    on: str = ""  # the metric both axes are on
+    note: str = ""  # the correlation in a few words, under the PNG's title
 
 
 def _q(con, sql, params=()):
@@ -104,7 +131,10 @@ def collect(con, run_id: str) -> dict:
     headline = next((m for m in HEADLINE if m in present), metrics[0] if metrics else None)
     metrics = [headline] + [m for m in metrics if m != headline] if headline else []
     figures: list[Heatmap] = []
-    groups = sorted({(r["sweep"], r["site"], r["direction"]) for r in summary if r["sweep"] not in ("heads", "trace")},
+    # heads have their own figures; exhaustive neuron sweeps have a cell per neuron, which a layer x
+    # role heatmap cannot hold
+    groups = sorted({(r["sweep"], r["site"], r["direction"]) for r in summary
+                     if r["sweep"] not in ("heads", "neurons", "trace")},
                     key=lambda g: (["resid", "attn_out", "mlp_out"].index(g[0]) if g[0] in ("resid", "attn_out",
                                                                                              "mlp_out") else 9, g))
     for metric in metrics:
@@ -147,7 +177,127 @@ def collect(con, run_id: str) -> dict:
                                  values, notes, "layer", "position role", f"mean recovery ({headline})", 1.0,
                                  small=True))
     return {"info": info[0], "figures": figures, "multiples": multiples, "rejections": rejections,
-            "metrics": metrics, "headline": headline}
+            "metrics": metrics, "headline": headline, "atp": _collect_atp(con, run_id)}
+
+
+def _atp_note(row):
+    """Hover text of an atp cell: the mean estimate, its t interval and pairs; the exact effect
+    over the verified pairs beside their own mean estimate."""
+    metric = row["metric"]
+    text = f"AtP estimate ({metric}) {row['mean_estimate']:+.3f}"
+    if row["estimate_ci95_low"] is not None:
+        text += f" (95% t interval {row['estimate_ci95_low']:+.3f} to {row['estimate_ci95_high']:+.3f})"
+    text += f", {row['n_pairs']} pairs"
+    if row["mean_graddrop"] is not None:
+        text += f"; GradDrop score ({metric}) {row['mean_graddrop']:.3f}"
+    if row["n_verified"]:
+        text += (f"; exact effect ({metric}) {row['mean_effect']:+.3f} over the {row['n_verified']} pairs patched "
+                 f"exactly (their estimate {row['mean_estimate_verified']:+.3f})")
+    return text
+
+
+def _atp_metrics(rows):
+    present = {r["metric"] for r in rows}
+    return [m for m in HEADLINE if m in present] + sorted(present - set(HEADLINE))
+
+
+def _collect_atp(con, run_id: str) -> dict | None:
+    """The attribution-patching section's figures and tables; None when the run has no atp rows."""
+    summary = _q(con, "SELECT * FROM atp_summary WHERE run_id = ?", [run_id])
+    if not summary:
+        return None
+    agreement = _q(con, "SELECT * FROM atp_agreement WHERE run_id = ? ORDER BY list_position(?, site), metric",
+                   [run_id, list(ATP_SITES)])
+    # the verified rows, a deterministic sample of ATP_SCATTER_POINTS per site kind and metric at most
+    verified = _q(con, """
+        SELECT site, metric, verify, estimate, effect, n_rows FROM (
+            SELECT site, metric, verify, estimate::DOUBLE AS estimate, effect::DOUBLE AS effect,
+                   count(*) OVER (PARTITION BY site, metric) AS n_rows,
+                   row_number() OVER (PARTITION BY site, metric
+                                      ORDER BY hash(pair_id, layer, position, head, neuron)) AS k
+            FROM effects WHERE run_id = ? AND sweep = 'atp' AND verify IS NOT NULL
+              AND effect IS NOT NULL AND estimate IS NOT NULL)
+        WHERE k <= ? ORDER BY site, metric, verify DESC, k""", [run_id, ATP_SCATTER_POINTS])
+    figures, scatters, neurons = [], [], []
+    for metric in _atp_metrics(summary):
+        rows = [r for r in summary if r["metric"] == metric]
+        for site in ATP_POSITION_SITES:
+            cell = [r for r in rows if r["site"] == site]
+            if cell:
+                figures.append(_atp_position_figure(cell, site, metric))
+        heads = [r for r in rows if r["site"] == "head"]
+        for role in _roles_present(heads):
+            figures.append(_atp_heads_figure([r for r in heads if r["position_role"] == role], role, metric))
+        for site in ATP_SITES:
+            points = [r for r in verified if (r["site"], r["metric"]) == (site, metric)]
+            if points:
+                agree = next((a for a in agreement if (a["site"], a["metric"]) == (site, metric)), None)
+                scatters.append(_atp_scatter(points, site, metric, agree))
+        by_layer = {}
+        for r in rows:
+            if r["site"] == "neuron":
+                by_layer.setdefault((r["layer"], r["position_role"]), []).append(r)
+        for (layer, role), cells in sorted(by_layer.items(), key=lambda k: (k[0][0], ROLE_ORDER.index(k[0][1]))):
+            top = sorted(cells, key=lambda r: (-abs(r["mean_estimate"]), r["neuron"]))[:ATP_TOP_NEURONS]
+            neurons.append({"metric": metric, "layer": layer, "position_role": role, "top": top})
+    return {"figures": figures, "scatters": scatters, "neurons": neurons, "agreement": agreement,
+            "metrics": _atp_metrics(summary)}
+
+
+_ATP_READING = ("AtP estimate: (clean − corrupt activation) · gradient of {metric} at the corrupt run, the "
+                "linear estimate of the effect of patching the site clean into corrupt (patched − corrupt on "
+                "{metric}: {meaning}), averaged over pairs. Red: the patch is estimated to raise {metric}{towards}, "
+                "blue: to lower it. An estimate, not a patch: the scatter plots and the "
+                "agreement table below say how close it came where sites were patched exactly. The colour scale "
+                "reaches this panel's largest magnitude (legend).")
+
+
+def _atp_reading(metric: str) -> str:
+    towards = " (towards the clean run's value)" if METRICS[metric].better > 0 else " (away from the clean run's value)"
+    return _ATP_READING.format(metric=metric, meaning=METRICS[metric].meaning, towards=towards)
+
+
+def _atp_position_figure(rows, site, metric) -> Heatmap:
+    """A layer x position-role heatmap of one site kind's mean AtP estimate on `metric`."""
+    layers = sorted({r["layer"] for r in rows})
+    roles = _roles_present(rows)
+    values, notes = _grid(rows, "layer", "position_role", layers, roles, lambda r: r["mean_estimate"], _atp_note)
+    return Heatmap(f"atp-{site}-{metric}", f"AtP estimates: {site} patched clean into corrupt, on {metric}", layers,
+                   roles, values, notes, "layer", "position role", f"AtP estimate ({metric})",
+                   _symmetric_limit(values), caption=_atp_reading(metric),
+                   extra={"on": metric})
+
+
+def _atp_heads_figure(rows, role, metric) -> Heatmap:
+    """A layer x head heatmap of the heads' mean AtP estimate at one position role on `metric`."""
+    layers = sorted({r["layer"] for r in rows})
+    heads = sorted({r["head"] for r in rows})
+    values, notes = _grid(rows, "layer", "head", layers, heads, lambda r: r["mean_estimate"], _atp_note)
+    where = "every position at once" if role == "all" else f"the {role.replace('_', ' ')} position"
+    return Heatmap(f"atp-heads-{role}-{metric}", f"AtP estimates: attention heads at {where}, on {metric}", layers,
+                   heads, values, notes, "layer", "head", f"AtP estimate ({metric})", _symmetric_limit(values),
+                   caption="Each head's output (z). " + _atp_reading(metric),
+                   extra={"on": metric})
+
+
+def _atp_scatter(rows, site, metric, agree) -> Scatter:
+    points = [(r["estimate"], r["effect"], r["verify"]) for r in rows]
+    n_rows = rows[0]["n_rows"]
+    shown = "" if n_rows == len(points) else f" {len(points)} of the {n_rows} verified sites are shown (a fixed sample)."
+    note = "" if agree is None or agree["correlation"] is None else \
+        f"Pearson r = {agree['correlation']:.3f} over {agree['n_verified']} verified sites ({metric})"
+    if agree is None or agree["correlation"] is None:
+        corr = "Pearson correlation: none (fewer than two sites, or no spread)."
+    else:
+        corr = (f"Pearson correlation of estimate and exact effect on {metric}: r = {agree['correlation']:.3f} over "
+                f"{agree['n_verified']} verified sites of {agree['n_pairs']} pairs (atp_agreement).")
+    ranked = "GradDrop score" if agree is not None and agree["ranked_by"] == "graddrop" else "|estimate|"
+    caption = (f"Each point is one site of one pair patched exactly: its AtP estimate against its exact effect "
+               f"(patched − corrupt on {metric}). Red: among the pair's top K by {ranked}; blue: sampled at "
+               f"random from the rest. On the dashed line y = x the estimate is exact. {corr}{shown}")
+    return Scatter(f"atp-scatter-{site}-{metric}", f"AtP estimate against exact patching: {site}, on {metric}",
+                   points, f"AtP estimate ({metric})", f"exact effect ({metric})", caption=caption, on=metric,
+                   note=note)
 
 
 def _direction_words(metric: str) -> str:
@@ -290,6 +440,64 @@ def svg_heatmap(h: Heatmap) -> str:
     return "".join(out)
 
 
+_GROUP_COLOURS = {"top": colour(1.0, 1.0), "random": colour(-1.0, 1.0)}  # red, blue: the scale's ends
+
+
+def _scatter_range(points) -> tuple[float, float]:
+    """One range for both axes (so that y = x is the diagonal), padded by 5%."""
+    values = [v for x, y, _ in points for v in (x, y)]
+    lo, hi = min(values), max(values)
+    if hi - lo < 1e-9:
+        lo, hi = lo - 1.0, hi + 1.0
+    pad = (hi - lo) * 0.05
+    return lo - pad, hi + pad
+
+
+def svg_scatter(s: Scatter) -> str:
+    size, left, top, bottom, legend_w = 300, 62, 10, 46, 110
+    width, height = left + size + legend_w, top + size + bottom
+    lo, hi = _scatter_range(s.points)
+
+    def px(v):
+        return left + (v - lo) / (hi - lo) * size
+
+    def py(v):
+        return top + size - (v - lo) / (hi - lo) * size
+
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+           f'viewBox="0 0 {width} {height}" role="img" aria-label="{html.escape(s.title)}">',
+           '<g font-family="system-ui, sans-serif" font-size="11" fill="#222">',
+           f'<rect x="{left}" y="{top}" width="{size}" height="{size}" fill="#fff" stroke="#999"/>']
+    for k in range(5):
+        v = lo + (hi - lo) * k / 4
+        out.append(f'<line x1="{px(v):.1f}" y1="{top + size}" x2="{px(v):.1f}" y2="{top + size + 4}" stroke="#999"/>'
+                   f'<text x="{px(v):.1f}" y="{top + size + 15}" text-anchor="middle">{v:+.2g}</text>'
+                   f'<line x1="{left - 4}" y1="{py(v):.1f}" x2="{left}" y2="{py(v):.1f}" stroke="#999"/>'
+                   f'<text x="{left - 6}" y="{py(v) + 4:.1f}" text-anchor="end">{v:+.2g}</text>')
+    if lo < 0 < hi:
+        out.append(f'<line x1="{left}" y1="{py(0):.1f}" x2="{left + size}" y2="{py(0):.1f}" stroke="#e3e3e3"/>'
+                   f'<line x1="{px(0):.1f}" y1="{top}" x2="{px(0):.1f}" y2="{top + size}" stroke="#e3e3e3"/>')
+    out.append(f'<line x1="{px(lo):.1f}" y1="{py(lo):.1f}" x2="{px(hi):.1f}" y2="{py(hi):.1f}" stroke="#555" '
+               f'stroke-dasharray="4 3"><title>y = x: the estimate equals the exact effect</title></line>')
+    for group in reversed(s.groups):  # the top sites drawn last, over the sample
+        for x, y, g in s.points:
+            if g == group:
+                tip = html.escape(f"{g}: AtP estimate {x:+.3f}, exact effect {y:+.3f} ({s.on})")
+                out.append(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="3" fill="{_GROUP_COLOURS.get(g, "#444")}" '
+                           f'fill-opacity="0.75"><title>{tip}</title></circle>')
+    out.append(f'<text x="{left + size / 2}" y="{height - 6}" text-anchor="middle" font-weight="600">'
+               f'{html.escape(s.x_label)}</text>')
+    out.append(f'<text x="12" y="{top + size / 2}" text-anchor="middle" font-weight="600" '
+               f'transform="rotate(-90 12 {top + size / 2})">{html.escape(s.y_label)}</text>')
+    lx = left + size + 14
+    for k, group in enumerate(s.groups):
+        n = sum(1 for *_, g in s.points if g == group)
+        out.append(f'<circle cx="{lx + 5}" cy="{top + 12 + 18 * k}" r="4" fill="{_GROUP_COLOURS.get(group, "#444")}"/>'
+                   f'<text x="{lx + 14}" y="{top + 16 + 18 * k}">{group} ({n})</text>')
+    out.append("</g></svg>")
+    return "".join(out)
+
+
 # ---- PNG ----
 
 def png_heatmap(h: Heatmap, path: Path) -> None:
@@ -323,6 +531,32 @@ def png_heatmap(h: Heatmap, path: Path) -> None:
     plt.close(fig)
 
 
+def png_scatter(s: Scatter, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lo, hi = _scatter_range(s.points)
+    fig, ax = plt.subplots(figsize=(5.2, 4.6), dpi=110)
+    ax.plot([lo, hi], [lo, hi], ls="--", color="#555", lw=1, label="y = x")
+    for group in reversed(s.groups):
+        xs = [x for x, _, g in s.points if g == group]
+        ys = [y for _, y, g in s.points if g == group]
+        if xs:
+            ax.scatter(xs, ys, s=12, alpha=0.75, color=_GROUP_COLOURS.get(group, "#444"), label=f"{group} ({len(xs)})")
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(lo, hi)
+    ax.set_aspect("equal")
+    ax.set_xlabel(s.x_label)
+    ax.set_ylabel(s.y_label)
+    ax.set_title(s.title + (f"\n{s.note}" if s.note else ""), fontsize=10)
+    ax.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
 # ---- the page ----
 
 _CSS = """
@@ -345,6 +579,60 @@ def _metric_css(metrics) -> str:
         rules.append(f"#metric-{k}:checked ~ figure.m-{k}, #metric-{k}:checked ~ * figure.m-{k} "
                      f"{{ display: inline-block; }} #metric-{k}:checked + label {{ font-weight: 700; }}")
     return "\n".join(rules)
+
+
+def _number(v, fmt=".3f") -> str:
+    return "—" if v is None else format(v, fmt)
+
+
+def _atp_section(atp: dict, figure) -> list[str]:
+    """The attribution-patching section: heatmaps of the estimates, estimate against exact effect,
+    the top neurons per layer, and the agreement table."""
+    on = ", ".join(atp["metrics"])
+    parts = ["<h2>Attribution patching (AtP estimates)</h2>",
+             f"<p class='note'>Every site's effect estimated from one forward and backward pass per pair "
+             f"(sweep atp, on {html.escape(on)}: each pair's headline metric; these figures are shown whichever "
+             f"metric is selected above). Per pair and site kind, the top K sites by the ranking score and a random "
+             f"sample of the others were also patched exactly.</p>"]
+    parts += [figure(h) for h in atp["figures"]]
+    if atp["scatters"]:
+        parts.append("<h3>Estimate against exact patching</h3>")
+        parts += [figure(s) for s in atp["scatters"]]
+    if atp["neurons"]:
+        parts.append(f"<h3>Top neurons per layer by |mean AtP estimate|</h3><p class='note'>The "
+                     f"{ATP_TOP_NEURONS} neurons of each layer with the largest mean AtP estimate in magnitude, "
+                     f"each as neuron: mean estimate of its effect (patched − corrupt) on the metric named, "
+                     f"over its pairs (atp_summary).</p>")
+        parts.append("<table class='atp-neurons'><tr><th>metric</th><th>layer</th><th>position role</th>"
+                     + "".join(f"<th>#{k + 1}</th>" for k in range(ATP_TOP_NEURONS)) + "</tr>")
+        for row in atp["neurons"]:
+            cells = "".join(f"<td title='{html.escape(_atp_note(r), quote=True)}'>n{r['neuron']}: "
+                            f"{r['mean_estimate']:+.3f}</td>" for r in row["top"])
+            cells += "<td></td>" * (ATP_TOP_NEURONS - len(row["top"]))
+            parts.append(f"<tr><td>{row['metric']}</td><td>{row['layer']}</td>"
+                         f"<td>{html.escape(row['position_role'].replace('_', ' '))}</td>{cells}</tr>")
+        parts.append("</table>")
+    parts.append("<h3>Agreement with exact patching</h3><p class='note'>Per site kind and metric (atp_agreement): "
+                 "the sites screened and patched exactly; the Pearson correlation of estimate and exact effect over "
+                 "the verified sites (top and random pooled; the top sites have the largest estimates, so it is "
+                 "not the correlation over every site); the missed share, the estimated share of the sites with "
+                 "|recovery| ≥ the threshold on that metric that the estimates ranked outside the top K (from the "
+                 "random sample); and where the run also holds the exhaustive exact sweep, the recall of the exact "
+                 "top K and top 10 sites by |effect| among the estimates' top K, averaged over pairs (the top-10 "
+                 "recall is at most K / 10). —: not available.</p>")
+    parts.append("<table class='atp-agreement'><tr><th>site</th><th>metric</th><th>pairs</th><th>sites screened</th>"
+                 "<th>top</th><th>random</th><th>ranked by</th><th>correlation</th><th>threshold (|recovery|)</th>"
+                 "<th>missed share</th><th>pairs with the exact sweep</th><th>recall of the exact top K</th>"
+                 "<th>recall of the exact top 10</th></tr>")
+    for a in atp["agreement"]:
+        ranked = "GradDrop score" if a["ranked_by"] == "graddrop" else "|estimate|"
+        parts.append(f"<tr><td>{a['site']}</td><td>{a['metric']}</td><td>{a['n_pairs']}</td><td>{a['n_sites']}</td>"
+                     f"<td>{a['n_top']}</td><td>{a['n_random']}</td><td>{ranked}</td>"
+                     f"<td>{_number(a['correlation'])}</td><td>{a['threshold']:g} ({a['metric']})</td>"
+                     f"<td>{_number(a['missed_share'])}</td><td>{a['n_pairs_exact']}</td>"
+                     f"<td>{_number(a['recall_top_k'])}</td><td>{_number(a['recall_top_10'])}</td></tr>")
+    parts.append("</table>")
+    return parts
 
 
 def write_report(warehouse: str | Path, out: str | Path, run_id: str | None = None) -> Path:
@@ -386,13 +674,14 @@ def write_report(warehouse: str | Path, out: str | Path, run_id: str | None = No
                          f"title='{html.escape(METRICS[m].meaning, quote=True)}'>{m}</label>")
     n = 0
 
-    def figure(h: Heatmap):
+    def figure(h: Heatmap | Scatter):
         nonlocal n
         n += 1
-        png_heatmap(h, out / f"{h.key}.png")
+        scatter = isinstance(h, Scatter)
+        (png_scatter if scatter else png_heatmap)(h, out / f"{h.key}.png")
         switched = f" class='by-metric m-{index[h.metric]}' data-metric='{h.metric}'" if h.metric in index else ""
-        return (f"<figure id='fig-{n}'{switched} data-png='{h.key}.png'>{svg_heatmap(h)}<figcaption>"
-                f"<b>{html.escape(h.title)}</b>{html.escape(h.caption)}</figcaption></figure>")
+        return (f"<figure id='fig-{n}'{switched} data-png='{h.key}.png'>{svg_scatter(h) if scatter else svg_heatmap(h)}"
+                f"<figcaption><b>{html.escape(h.title)}</b>{html.escape(h.caption)}</figcaption></figure>")
 
     sections = [("Layer × position patching", [h for h in data["figures"] if not h.key.startswith(("heads",
                                                                                                    "trace"))]),
@@ -402,6 +691,8 @@ def write_report(warehouse: str | Path, out: str | Path, run_id: str | None = No
         if figs:
             parts.append(f"<h2>{name}</h2>")
             parts += [figure(h) for h in figs]
+    if data["atp"]:
+        parts += _atp_section(data["atp"], figure)
     if data["multiples"]:
         parts.append("<h2>By relation: resid patching, clean into corrupt</h2><div class='multiples'>")
         parts += [figure(h) for h in data["multiples"]]

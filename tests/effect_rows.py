@@ -3,6 +3,7 @@
 row (which metrics it carries, which run an effect is measured from)."""
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import fields
 
 import pyarrow.parquet as pq
@@ -39,11 +40,40 @@ def make_pair(pair_id: str, roles, relation: str | None = "r", subject=(0, 1)) -
 
 def row(pair: Pair, r: float, *, sweep="resid", site="resid", direction="denoise", layer=0, position=None,
         head=None, window=None, metric="logit_diff", clean: Reading = CLEAN, corrupt: Reading = CORRUPT,
-        patched: Reading | None = None) -> dict:
+        patched: Reading | None = None, neuron=None) -> dict:
     """One effect row of `pair` at a cell, patched `r` of the way from corrupt to clean (or as
     `patched`); position None with position_role `all` as the sweeps write it."""
-    cell = Cell(sweep, site, direction, layer, position, head, window)
+    cell = Cell(sweep, site, direction, layer, position, head, window, neuron=neuron)
     return effect_row(pair, cell, patched or between(r, clean, corrupt), clean, corrupt, metric)
+
+
+def atp_row(pair: Pair, estimate: float, *, site="resid", layer=0, position=None, head=None, neuron=None,
+            verify=None, r: float | None = None, graddrop: float | None = None, metric="logit_diff",
+            clean: Reading = CLEAN, corrupt: Reading = CORRUPT) -> dict:
+    """One atp row of `pair` (sweep atp, direction denoise): the estimate and GradDrop score; with
+    `verify` ('top' or 'random'), also patched exactly `r` of the way from corrupt to clean."""
+    if (verify is None) != (r is None):
+        raise ValueError("a verified atp row, and only one, has its exact recovery r")
+    cell = Cell("atp", site, "denoise", layer, position, head, neuron=neuron)
+    patched = None if verify is None else between(r, clean, corrupt)
+    out = effect_row(pair, cell, patched, clean, corrupt, metric)
+    return out | {"estimate": estimate, "estimate_graddrop": graddrop, "verify": verify}
+
+
+@contextmanager
+def atp_rows_allowed():
+    """Effect rows of sweep `atp` pass rows.EFFECT's check of the sweep column (the sweep kinds'
+    registry) while written and loaded, in a branch whose registry does not have the atp kind yet."""
+    from patchgrid.sweeps.kinds import SWEEP_KINDS
+
+    if "atp" in SWEEP_KINDS:
+        yield
+        return
+    SWEEP_KINDS["atp"] = None
+    try:
+        yield
+    finally:
+        del SWEEP_KINDS["atp"]
 
 
 def baseline(pair_id: str, clean: Reading = CLEAN, corrupt: Reading = CORRUPT) -> dict:

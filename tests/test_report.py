@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import html
+import random
 import shutil
 
 import pytest
@@ -9,8 +10,19 @@ import pytest
 from patchgrid.metrics import METRICS
 from patchgrid.pairs import to_table
 from patchgrid.report import write_report
-from patchgrid.warehouse.loader import load_run, start_run
-from tests.effect_rows import CLEAN, CORRUPT, baseline, between, make_pair, row, shifted, write_and_read_back
+from patchgrid.warehouse.loader import load_run, query, start_run
+from tests.effect_rows import (
+    CLEAN,
+    CORRUPT,
+    atp_row,
+    atp_rows_allowed,
+    baseline,
+    between,
+    make_pair,
+    row,
+    shifted,
+    write_and_read_back,
+)
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 ROLES = ("before_subject", "subject_first", "subject_last", "after_subject", "further", "last")
@@ -27,11 +39,13 @@ def importance(layer: int, role: str) -> float:
     return 0.05
 
 
-@pytest.fixture(scope="module")
-def warehouse(tmp_path_factory):
+def head_importance(layer: int, head: int) -> float:
+    return 0.02 * head * (layer + 1) / N_LAYERS
+
+
+def build(tmp, atp=False):
     """A synthetic study with every sweep kind (rows made by patchgrid.effects.effect_row), loaded
-    into a real warehouse through the loader."""
-    tmp = tmp_path_factory.mktemp("report")
+    into a real warehouse through the loader; `atp`: with attribution-patching rows beside them."""
     pairs, baselines, rows = [], [], []
     for i in range(6):
         pid, relation = f"p{i}", ("capital", "currency")[i % 2]
@@ -60,15 +74,67 @@ def warehouse(tmp_path_factory):
                                     patched=restored))
             for head in range(N_HEADS):
                 for position in (None, len(ROLES) - 1):
-                    rows.append(row(pair, 0.02 * head * (layer + 1) / N_LAYERS + jitter / 10, sweep="heads",
+                    rows.append(row(pair, head_importance(layer, head) + jitter / 10, sweep="heads",
                                     site="head", layer=layer, position=position, head=head, clean=clean,
                                     corrupt=corrupt))
+        if atp:
+            rows += atp_rows(pair, i, clean, corrupt, jitter)
     pairs.append({"pair_id": "bad", "relation": "capital", "status": "rejected", "reason": "no_partner"})
-    effects, _ = write_and_read_back(rows, tmp / "effects.parquet")
-    wh = tmp / "w.duckdb"
-    start_run(wh, {"run_id": "run-report", "model": "synthetic-model", "params": {"sweeps": ["resid", "heads"]}})
-    load_run(wh, "run-report", to_table(pairs), baselines, [effects])
+    with atp_rows_allowed():
+        effects, _ = write_and_read_back(rows, tmp / "effects.parquet")
+        wh = tmp / "w.duckdb"
+        start_run(wh, {"run_id": "run-report", "model": "synthetic-model", "params": {"sweeps": ["resid", "heads"]}})
+        load_run(wh, "run-report", to_table(pairs), baselines, [effects])
     return wh
+
+
+ATP_K, ATP_R, N_NEURONS = 4, 6, 12
+
+
+def atp_rows(pair, i, clean, corrupt, jitter):
+    """The pair's atp rows: every resid, attn_out and mlp_out site at each position, every head at
+    every position at once and at the last, every neuron at every position at once; estimates near
+    the exact effects the other sweeps hold (neurons: none exhaustive, ranked by GradDrop); per site
+    kind the top ATP_K by the ranking score and ATP_R others at random verified."""
+    rng = random.Random(i)
+    sites = {site: [(layer, pos, None, None) for layer in range(N_LAYERS) for pos in range(len(ROLES))]
+             for site in ("resid", "attn_out", "mlp_out")}
+    sites["head"] = [(layer, pos, head, None) for layer in range(N_LAYERS) for pos in (None, len(ROLES) - 1)
+                     for head in range(N_HEADS)]
+    sites["neuron"] = [(layer, None, None, n) for layer in range(N_LAYERS) for n in range(N_NEURONS)]
+    out = []
+    for site, coords in sites.items():
+        truth = {}
+        for layer, pos, head, neuron in coords:
+            if site == "head":
+                truth[(layer, pos, head, neuron)] = head_importance(layer, head) + jitter / 10
+            elif site == "neuron":
+                truth[(layer, pos, head, neuron)] = rng.choice((0.3, -0.2, 0.01, 0.0, 0.02)) * (layer + 1) / N_LAYERS
+            else:
+                truth[(layer, pos, head, neuron)] = importance(layer, ROLES[pos]) + jitter
+        span = clean.logit_diff - corrupt.logit_diff
+        estimate = {c: r * span * rng.uniform(0.6, 1.3) + rng.gauss(0, 0.2) for c, r in truth.items()}
+        graddrop = {c: abs(e) + rng.uniform(0, 0.3) if site == "neuron" else None for c, e in estimate.items()}
+        score = {c: graddrop[c] if site == "neuron" else abs(e) for c, e in estimate.items()}
+        top = sorted(coords, key=lambda c: -score[c])[:ATP_K]
+        sample = rng.sample([c for c in coords if c not in top], ATP_R)
+        for c in coords:
+            verify = "top" if c in top else "random" if c in sample else None
+            layer, pos, head, neuron = c
+            out.append(atp_row(pair, estimate[c], site=site, layer=layer, position=pos, head=head, neuron=neuron,
+                               verify=verify, r=truth[c] if verify else None, graddrop=graddrop[c], clean=clean,
+                               corrupt=corrupt))
+    return out
+
+
+@pytest.fixture(scope="module")
+def warehouse(tmp_path_factory):
+    return build(tmp_path_factory.mktemp("report"))
+
+
+@pytest.fixture(scope="module")
+def atp_warehouse(tmp_path_factory):
+    return build(tmp_path_factory.mktemp("report-atp"), atp=True)
 
 
 def _figures(warehouse):
@@ -80,6 +146,11 @@ def _figures(warehouse):
         return collect(con, "run-report")
     finally:
         con.close()
+
+
+def _rows(warehouse, sql):
+    cols, rows = query(warehouse, sql)
+    return [dict(zip(cols, r)) for r in rows]
 
 
 def test_report_files(warehouse, tmp_path):
@@ -139,10 +210,12 @@ def test_unknown_run(warehouse, tmp_path):
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (make test installs Debian's chromium)")
-def test_page_renders_in_headless_chromium(warehouse, tmp_path):
+@pytest.mark.parametrize("study", ["warehouse", "atp_warehouse"])
+def test_page_renders_in_headless_chromium(study, tmp_path, request):
     from PIL import Image, ImageStat
     from playwright.sync_api import sync_playwright
 
+    warehouse = request.getfixturevalue(study)
     page_path = write_report(warehouse, tmp_path / "out")
     errors, requests = [], []
     with sync_playwright() as p:
@@ -206,3 +279,99 @@ def test_head_panels_scale_to_their_own_largest_effect(warehouse):
     for fig in heads:
         largest = max(abs(v) for row in fig.values for v in row if v is not None)
         assert fig.limit == pytest.approx(largest)
+
+
+def test_a_run_without_atp_rows_has_no_atp_section(warehouse, tmp_path):
+    data = _figures(warehouse)
+    assert data["atp"] is None
+    text = write_report(warehouse, tmp_path / "out").read_text()
+    assert "AtP" not in text and "atp" not in text and not list((tmp_path / "out").glob("atp-*.png"))
+
+
+def test_atp_figures_draw_the_estimates_labelled_by_their_metric(atp_warehouse):
+    data = _figures(atp_warehouse)
+    atp = data["atp"]
+    assert atp["metrics"] == ["logit_diff"]
+    figures = {f.key: f for f in atp["figures"]}
+    assert set(figures) == {"atp-resid-logit_diff", "atp-attn_out-logit_diff", "atp-mlp_out-logit_diff",
+                            "atp-heads-all-logit_diff", "atp-heads-last-logit_diff"}
+    summary = {(r["site"], r["layer"], r["position_role"], r["head"], r["neuron"]): r for r in _rows(
+        atp_warehouse, "SELECT * FROM atp_summary WHERE run_id = 'run-report'")}
+    for key, f in figures.items():
+        assert f.title.startswith("AtP estimates") and f.title.endswith("on logit_diff")
+        assert f.units == "AtP estimate (logit_diff)" and f.metric is None  # shown whichever metric is selected
+        assert "AtP estimate" in f.caption and "logit_diff" in f.caption
+        assert f.limit == pytest.approx(max(abs(v) for r in f.values for v in r if v is not None))
+        notes = [n for r in f.notes for n in r if n is not None]
+        assert notes and all("AtP estimate (logit_diff)" in n and "pairs" in n for n in notes), key
+        for i, a in enumerate(f.rows):
+            for j, b in enumerate(f.cols):
+                if key.startswith("atp-heads-"):
+                    role = key.split("-")[2]
+                    cell = summary[("head", a, role, b, None)]
+                else:
+                    cell = summary[(key.split("-")[1], a, b, None, None)]
+                assert f.values[i][j] == cell["mean_estimate"]
+    # the exact effect over the verified pairs is in the hover text where there is one
+    assert any("exact effect (logit_diff)" in n for r in figures["atp-resid-logit_diff"].notes for n in r)
+    # the importance pattern the estimates follow: the last subject token low, the last token high
+    resid = figures["atp-resid-logit_diff"]
+    assert resid.values[0][resid.cols.index("subject_last")] > 2 and resid.values[-1][resid.cols.index("last")] > 2
+    # the exact patching figures are as they were, atp rows left out of them
+    assert not any(f.key.startswith("atp") for f in data["figures"])
+
+
+def test_atp_scatter_plots_and_tables(atp_warehouse):
+    atp = _figures(atp_warehouse)["atp"]
+    verified = _rows(atp_warehouse, "SELECT site, verify, estimate, effect FROM effects WHERE sweep = 'atp' "
+                                    "AND verify IS NOT NULL")
+    agreement = {a["site"]: a for a in atp["agreement"]}
+    assert list(agreement) == ["resid", "attn_out", "mlp_out", "head", "neuron"]
+    assert [s.key for s in atp["scatters"]] == [f"atp-scatter-{site}-logit_diff" for site in agreement]
+    for s in atp["scatters"]:
+        site = s.key.split("-")[2]
+        want = sorted((r["estimate"], r["effect"], r["verify"]) for r in verified if r["site"] == site)
+        assert sorted(s.points) == [(pytest.approx(x), pytest.approx(y), v) for x, y, v in want]
+        assert {v for *_, v in s.points} == {"top", "random"} and len(s.points) == 6 * (ATP_K + ATP_R)
+        assert f"r = {agreement[site]['correlation']:.3f}" in s.caption and "y = x" in s.caption
+        assert s.x_label == "AtP estimate (logit_diff)" and s.y_label == "exact effect (logit_diff)"
+        assert ("GradDrop" in s.caption) == (site == "neuron")
+    # the neuron view: per layer, the five largest |mean estimates| of that layer, largest first
+    neurons = [r for r in _rows(atp_warehouse, "SELECT * FROM atp_summary WHERE site = 'neuron'")]
+    assert [(n["layer"], n["position_role"]) for n in atp["neurons"]] == [(layer, "all") for layer in range(N_LAYERS)]
+    for n in atp["neurons"]:
+        layer = sorted((r for r in neurons if r["layer"] == n["layer"]), key=lambda r: -abs(r["mean_estimate"]))
+        assert [r["neuron"] for r in n["top"]] == [r["neuron"] for r in layer[:5]] and n["metric"] == "logit_diff"
+
+
+def test_atp_section_on_the_page(atp_warehouse, tmp_path):
+    text = write_report(atp_warehouse, tmp_path / "out").read_text()
+    pngs = sorted(p.name for p in (tmp_path / "out").glob("*.png"))
+    assert text.count("<figure") == len(pngs)
+    for key in ("atp-resid-logit_diff", "atp-heads-all-logit_diff", "atp-scatter-neuron-logit_diff"):
+        assert f"{key}.png" in pngs
+    section = text[text.index("<h2>Attribution patching"):text.index("<h2>By relation")]
+    assert "Estimate against exact patching" in section and "Top neurons per layer" in section
+    agreement = {a["site"]: a for a in _figures(atp_warehouse)["atp"]["agreement"]}
+    table = section[section.index("<table class='atp-agreement'>"):]
+    for site, a in agreement.items():
+        cells = f"<tr><td>{site}</td><td>logit_diff</td><td>{a['n_pairs']}</td><td>{a['n_sites']}</td>"
+        assert cells in table, site
+        assert f"<td>{a['correlation']:.3f}</td><td>0.1 (logit_diff)</td>" in table
+    assert f"<td>{agreement['resid']['recall_top_k']:.3f}</td>" in table
+    assert "<td>neuron</td><td>logit_diff</td>" in table and "<td>—</td>" in table  # no exhaustive neuron sweep
+    # the neuron table names its metric on every row, and each estimate's hover text its pairs
+    neurons = section[section.index("<table class='atp-neurons'>"):section.index("<h3>Agreement")]
+    assert neurons.count("<tr><td>logit_diff</td>") == N_LAYERS and "AtP estimate (logit_diff)" in neurons
+    # the exact patching figures are all still there, as many as without the atp rows
+    assert text.count("data-metric=") == sum(1 for p in pngs if not p.startswith(("atp-", "trace-", "relation-")))
+
+
+def test_atp_scatter_shows_a_fixed_sample_of_many_points(atp_warehouse, monkeypatch):
+    import patchgrid.report as report
+
+    monkeypatch.setattr(report, "ATP_SCATTER_POINTS", 10)
+    first, again = (_figures(atp_warehouse)["atp"]["scatters"] for _ in range(2))
+    for s, t in zip(first, again):
+        assert len(s.points) == 10 and s.points == t.points
+        assert f"10 of the {6 * (ATP_K + ATP_R)} verified sites are shown" in s.caption

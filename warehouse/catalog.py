@@ -72,6 +72,10 @@ IDENTITY = tuple(EFFECT.columns[:EFFECT.columns.index("metric")])
 # A pair's cell: its rows at the positions of one role are averaged into one (a pair may have
 # several `further` positions).
 PAIR_CELL = tuple(c for c in IDENTITY if c != "position")
+# The sweep whose rows are estimates (attribution patching): only the sites its estimates ranked
+# highest, and a random sample, were patched exactly, so its exact effects are a selected subset.
+# The effect views leave its rows out; atp_summary and atp_agreement (views.sql) read them.
+ESTIMATED_SWEEP = "atp"
 
 
 def _measures(name: str, metric) -> dict[str, str]:
@@ -95,18 +99,20 @@ def metric_statements() -> list[str]:
 
     A row that has no value on a metric (logit_diff of a multi-token answer; every metric but
     logit_diff and p in a load written before they existed, read as NULL) is no row of that metric.
+    The estimated sweep's rows (`ESTIMATED_SWEEP`, atp) are in none of these views.
     """
     def span(m):
         return "NULL::DOUBLE" if m.min_span is None else repr(float(m.min_span))
 
     rows = ", ".join(f"({_lit(name)}, {_lit(m.meaning)}, {int(m.better)}, {span(m)})" for name, m in METRICS.items())
     ident = ", ".join(_q(c) for c in IDENTITY)
+    exact = f"sweep <> {_lit(ESTIMATED_SWEEP)}"
     measures = {name: _measures(name, m) for name, m in METRICS.items()}
     # One branch per metric: a filter on `metric` prunes the other branches' Parquet columns unread.
     long = " UNION ALL ".join(
         f"SELECT run_id, {ident}, {_lit(name)} AS metric, "
         + ", ".join(f"{sql} AS {col}" for col, sql in ms.items())
-        + f" FROM effects WHERE patched_{name} IS NOT NULL" for name, ms in measures.items())
+        + f" FROM effects WHERE patched_{name} IS NOT NULL AND {exact}" for name, ms in measures.items())
     # pair_effects averages the wide rows first, every metric in one pass over the effect rows,
     # and only then makes one row per metric: a run's millions of effect rows are read once, not
     # once per metric.
@@ -119,7 +125,8 @@ def metric_statements() -> list[str]:
         f"SELECT run_id, {cell}, {_lit(name)} AS metric, n_{name} AS n_positions, "
         + ", ".join(f"{col}_{name} AS {col}" for col in ("effect", "recovery", "moved", "span"))
         + f" FROM wide WHERE n_{name} > 0" for name in METRICS)
-    pair_effects = (f"WITH wide AS MATERIALIZED (SELECT run_id, {cell}, {aggregates} FROM effects GROUP BY ALL) "
+    pair_effects = (f"WITH wide AS MATERIALIZED (SELECT run_id, {cell}, {aggregates} FROM effects WHERE {exact} "
+                    f"GROUP BY ALL) "
                     f"{per_metric}")
     return [f"CREATE OR REPLACE VIEW metrics AS SELECT * FROM (VALUES {rows}) t(metric, meaning, better, min_span)",
             f"CREATE OR REPLACE VIEW effect_metrics AS {long}",

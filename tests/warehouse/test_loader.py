@@ -128,13 +128,16 @@ def test_views_unique_and_not_null(tmp_path):
     _, effects = load(tmp_path, wh)
     for view, key, required in (
             ("metrics", "metric", "metric, meaning, better"),
-            ("effect_metrics", "run_id, pair_id, sweep, site, direction, layer, position, head, \"window\", metric",
+            ("effect_metrics", "run_id, pair_id, sweep, site, direction, layer, position, head, neuron, \"window\", "
+             "metric",
              "metric, patched, clean, corrupt, effect, moved, span"),
-            ("pair_effects", "run_id, pair_id, sweep, site, direction, metric, layer, position_role, head, \"window\"",
+            ("pair_effects", "run_id, pair_id, sweep, site, direction, metric, layer, position_role, head, neuron, "
+             "\"window\"",
              "metric, effect"),
-            ("effect_summary", "run_id, sweep, site, direction, metric, layer, position_role, head",
+            ("effect_summary", "run_id, sweep, site, direction, metric, layer, position_role, head, neuron",
              "n_pairs, metric, mean_effect"),
-            ("relation_summary", "run_id, relation, sweep, site, direction, metric, layer, position_role, head",
+            ("relation_summary", "run_id, relation, sweep, site, direction, metric, layer, position_role, head, "
+             "neuron",
              "n_pairs, metric, mean_effect")):
         dup = query(wh, f"SELECT count(*) FROM (SELECT {key}, count(*) c FROM {view} GROUP BY ALL HAVING c > 1)")[1]
         assert dup == [(0,)], view
