@@ -56,7 +56,7 @@ def recall(screen_rows, exact_rows, top=10):
             exact[(r["pair_id"], r["site"])].append(r)
     picked = {key(r) for r in screen_rows if r["verify"] == "top"}
     out = defaultdict(list)
-    for (pair, site), rows in exact.items():
+    for (_pair, site), rows in exact.items():
         best = sorted(rows, key=lambda r: -abs(r["effect"]))[:top]
         out[site].append(sum(key(r) in picked for r in best) / len(best))
     return {site: statistics.mean(v) for site, v in out.items()}

@@ -3,7 +3,6 @@
 row (which metrics it carries, which run an effect is measured from)."""
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import fields
 
 import pyarrow.parquet as pq
@@ -58,22 +57,6 @@ def atp_row(pair: Pair, estimate: float, *, site="resid", layer=0, position=None
     patched = None if verify is None else between(r, clean, corrupt)
     out = effect_row(pair, cell, patched, clean, corrupt, metric)
     return out | {"estimate": estimate, "estimate_graddrop": graddrop, "verify": verify}
-
-
-@contextmanager
-def atp_rows_allowed():
-    """Effect rows of sweep `atp` pass rows.EFFECT's check of the sweep column (the sweep kinds'
-    registry) while written and loaded, in a branch whose registry does not have the atp kind yet."""
-    from patchgrid.sweeps.kinds import SWEEP_KINDS
-
-    if "atp" in SWEEP_KINDS:
-        yield
-        return
-    SWEEP_KINDS["atp"] = None
-    try:
-        yield
-    finally:
-        del SWEEP_KINDS["atp"]
 
 
 def baseline(pair_id: str, clean: Reading = CLEAN, corrupt: Reading = CORRUPT) -> dict:

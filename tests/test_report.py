@@ -15,7 +15,6 @@ from tests.effect_rows import (
     CLEAN,
     CORRUPT,
     atp_row,
-    atp_rows_allowed,
     baseline,
     between,
     make_pair,
@@ -80,11 +79,10 @@ def build(tmp, atp=False):
         if atp:
             rows += atp_rows(pair, i, clean, corrupt, jitter)
     pairs.append({"pair_id": "bad", "relation": "capital", "status": "rejected", "reason": "no_partner"})
-    with atp_rows_allowed():
-        effects, _ = write_and_read_back(rows, tmp / "effects.parquet")
-        wh = tmp / "w.duckdb"
-        start_run(wh, {"run_id": "run-report", "model": "synthetic-model", "params": {"sweeps": ["resid", "heads"]}})
-        load_run(wh, "run-report", to_table(pairs), baselines, [effects])
+    effects, _ = write_and_read_back(rows, tmp / "effects.parquet")
+    wh = tmp / "w.duckdb"
+    start_run(wh, {"run_id": "run-report", "model": "synthetic-model", "params": {"sweeps": ["resid", "heads"]}})
+    load_run(wh, "run-report", to_table(pairs), baselines, [effects])
     return wh
 
 

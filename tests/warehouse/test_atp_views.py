@@ -10,7 +10,7 @@ import pytest
 
 from patchgrid.pairs import to_table as pairs_table
 from patchgrid.warehouse.loader import load_run, query, start_run
-from tests.effect_rows import CLEAN, CORRUPT, atp_row, atp_rows_allowed, make_pair, row, shifted, write_and_read_back
+from tests.effect_rows import CLEAN, CORRUPT, atp_row, make_pair, row, shifted, write_and_read_back
 
 ROLES = ("subject_first", "subject_last", "further", "further", "last")
 N_LAYERS, N_HEADS, N_NEURONS = 3, 4, 8
@@ -80,10 +80,9 @@ def synthetic(seed=3):
 
 def load(tmp_path, rows, run_id="r", name="w"):
     wh = tmp_path / f"{name}.duckdb"
-    with atp_rows_allowed():
-        f, stored = write_and_read_back(rows, tmp_path / f"{name}-{run_id}.parquet")
-        start_run(wh, {"run_id": run_id, "model": "m"})
-        load_run(wh, run_id, pairs_table([pair_record(f"p{i}") for i in range(6)]), [], [f])
+    f, stored = write_and_read_back(rows, tmp_path / f"{name}-{run_id}.parquet")
+    start_run(wh, {"run_id": run_id, "model": "m"})
+    load_run(wh, run_id, pairs_table([pair_record(f"p{i}") for i in range(6)]), [], [f])
     return wh, stored
 
 
