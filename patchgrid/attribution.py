@@ -192,16 +192,18 @@ class Attributor:
             handles += self._gates(self._gate_state)
         try:
             ids = torch.tensor([list(f.tokens) for _, f in items], device=self.device)
+            # the batch's prompts are of one length: the logits from its last position on are read
+            length, n = ids.shape[1], len(reqs[items[0][0]].tokens)
+            keep = length - n + 1
             with torch.enable_grad():
-                logits = self.model(input_ids=ids).logits[..., : self.shape.vocab_size].to(self.acc)
-                logprobs = torch.log_softmax(logits, dim=-1)
-                objective = logits.new_zeros(())
+                logits = self.model(input_ids=ids, logits_to_keep=keep).logits[..., : self.shape.vocab_size]
+                logprobs = torch.log_softmax(logits.to(self.acc), dim=-1)
+                objective = logprobs.new_zeros(())
                 for j, (b, f) in enumerate(items):
-                    n = len(reqs[b].tokens)
                     for c in f.scores:  # continuation 0 is the clean answer, 1 the corrupt one
                         tokens = reqs[b].continuations[c]
                         sign = 1.0 if c == 0 else -1.0
-                        pos = torch.arange(n - 1, n - 1 + len(tokens), device=self.device)
+                        pos = torch.arange(len(tokens), device=self.device)  # from position n - 1 on
                         objective = objective + sign * logprobs[j, pos, torch.tensor(tokens, device=self.device)].sum()
         finally:
             for h in handles:
