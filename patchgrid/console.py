@@ -88,18 +88,25 @@ def format_patch_table(out: dict, token_strs) -> str:
     positions = sorted({e["position"] for e in effects})
     lines = [f"baseline {what} ({metric}): clean {base['clean']:+.3f}, corrupt {base['corrupt']:+.3f}",
              f"patched {what} by layer (rows) and position (columns); every metric with --json:"]
-    head_site = effects and effects[0]["head"] is not None
-    label = "layer.head" if head_site else "layer"
+    unit = next((u for u in ("head", "neuron") if effects and effects[0].get(u) is not None), None)
+    label = f"layer.{unit}" if unit else "layer"
     cols = [f"{p}:{token_strs[p]!r}" if p < len(token_strs) else str(p) for p in positions]
     width = max(10, *(len(c) for c in cols))
     lines.append(f"{label:>10} " + " ".join(f"{c:>{width}}" for c in cols))
     rows = {}
     for e in effects:
-        rows.setdefault((e["layer"], e["head"]), {})[e["position"]] = e[metric]
-    for (layer, head), vals in rows.items():
-        name = "embed" if layer is None else (f"{layer}.{head}" if head is not None else str(layer))
-        lines.append(f"{name:>10} " + " ".join(f"{vals[p]:>{width}.3f}" for p in positions))
+        rows.setdefault((e["layer"], e[unit] if unit else None), {})[e["position"]] = e[metric]
+    shown = list(rows)
+    if unit == "neuron":  # thousands of neurons a layer: the ones that move the metric most
+        shown = sorted(shown, key=lambda k: -max(abs(v - base["corrupt"]) for v in rows[k].values()))[:NEURON_ROWS]
+        lines.insert(2, f"(the {len(shown)} of {len(rows)} neurons that move it most)")
+    for layer, index in shown:
+        name = "embed" if layer is None else (f"{layer}.{index}" if index is not None else str(layer))
+        lines.append(f"{name:>10} " + " ".join(f"{rows[layer, index][p]:>{width}.3f}" for p in positions))
     return "\n".join(lines)
+
+
+NEURON_ROWS = 20
 
 
 def fixed(value: float | None, spec: str) -> str:

@@ -84,7 +84,7 @@ def test_patch_scores_answers_of_several_tokens(engines, tokenizers):
 
 
 @pytest.mark.parametrize("site, sweep", [("resid", "resid"), ("head", "heads"), ("embed", "embed"),
-                                         ("mlp_out", "mlp_out")])
+                                         ("mlp_out", "mlp_out"), ("neuron", "neurons")])
 def test_patch_runs_the_study_sweep(tmp_path, engines, tokenizers, site, sweep):
     """`patchgrid patch` and a study's sweep of the same pair give the same numbers: one code path."""
     from patchgrid.cache import load_or_build
@@ -98,8 +98,25 @@ def test_patch_runs_the_study_sweep(tmp_path, engines, tokenizers, site, sweep):
     config = SweepConfig(sweeps=(sweep,), resid_directions=("denoise",), positions=tuple(positions))
     cache, _ = load_or_build(engine, [as_pair(tokens)], cache_spec(config, 4), tmp_path, log=lambda *_: None)
     rows = run_sweeps(engine, [as_pair(tokens)], cache, config)
-    assert len(out["effects"]) == len(rows) == (1 if site == "embed" else 4) * (4 if site == "head" else 1) * 2
+    units = {"head": 4, "neuron": engine.shape.d_mlp}.get(site, 1)
+    assert len(out["effects"]) == len(rows) == (1 if site == "embed" else 4) * units * 2
     for e, r in zip(out["effects"], rows):
-        assert (e["site"], e["layer"], e["head"], e["position"]) == (r["site"], r["layer"], r["head"], r["position"])
+        assert (e["site"], e["layer"], e["head"], e["neuron"], e["position"]) == \
+            (r["site"], r["layer"], r["head"], r["neuron"], r["position"])
         assert e["logit_diff"] == pytest.approx(r["patched_logit_diff"], abs=1e-6)
         assert recovery(e["logit_diff"], out["baseline"]) == pytest.approx(r["recovery"], abs=1e-4)
+
+
+def test_the_patch_table_of_neurons_shows_those_that_move_the_metric_most(engines, tokenizers):
+    from patchgrid.console import NEURON_ROWS, format_patch_table
+
+    engine = engines.get("tiny-llama", "hf", dtype="float32")
+    tokens = tokenize_pair(tokenizers("tiny-llama"), CLEAN, CORRUPT, " Paris", " Berlin")
+    out = sweep_pair(engine, tokens, "neuron", [len(tokens.clean) - 1])
+    table = format_patch_table(out, ["t"] * len(tokens.clean)).splitlines()
+    rows = table[4:]
+    assert table[1] == f"(the {NEURON_ROWS} of {4 * engine.shape.d_mlp} neurons that move it most)"
+    assert len(rows) == NEURON_ROWS and rows[0].split()[0].count(".") == 1
+    moved = sorted((abs(e["logit_diff"] - out["baseline"]["corrupt"]) for e in out["effects"]), reverse=True)
+    assert abs(float(rows[0].split()[1]) - out["baseline"]["corrupt"]) == pytest.approx(moved[0], abs=2e-3)
+    assert moved[0] > 1e-3

@@ -69,7 +69,8 @@ class SweepContext:
     n_heads: int
     noise_std: float = 0.0  # trace
     d_mlp: int = 0  # neurons per layer
-    # atp: per pair index, per screened sweep kind, {cell: (estimate, graddrop score or None)}
+    # atp: per pair id, {cell: (estimate, GradDrop score or None, `top`/`random`/None)} in grid
+    # order (AtpSweep.estimates)
     estimates: dict | None = None
 
 
@@ -287,7 +288,7 @@ class TraceSweep(SweepKind):
 class AtpSweep(SweepKind):
     """Attribution patching over the cells of the screened kinds (config.atp_kinds, denoise only),
     the top `verify_top` per pair and kind by the ranking score and `verify_random` sampled from the
-    rest patched exactly. `ctx.estimates` holds the estimates (`estimates()` makes them)."""
+    rest patched exactly. `ctx.estimates` holds the estimates and the choice (`estimates()` makes them)."""
 
     name = "atp"
 
@@ -303,52 +304,57 @@ class AtpSweep(SweepKind):
             spec = spec.merge(kind.needs(inner))
         return spec
 
-    def grid(self, pair, ctx) -> list[tuple[SweepKind, Cell]]:
-        """Every screened cell, as an atp cell, with the kind that patches it."""
+    def grid(self, pair, ctx) -> list[Cell]:
+        """Every screened cell, as an atp cell, in grid order."""
+        if ctx.estimates is not None:
+            return list(ctx.estimates[pair.pair_id])
         kinds, inner = self.screened(ctx)
-        return [(kind, dataclasses.replace(cell, sweep=self.name)) for kind in kinds for cell in kind.cells(pair, inner)]
+        return [Cell(self.name, c.site, c.direction, c.layer, c.position, c.head, c.window, c.sample, c.neuron)
+                for kind in kinds for c in kind.cells(pair, inner)]
 
-    def estimates(self, attributor, pairs, ctx) -> dict[str, dict[Cell, tuple[float, float | None]]]:
-        """Per pair id, every screened cell's (estimate, GradDrop score or None)."""
+    def estimates(self, attributor, pairs, ctx) -> dict[str, dict[Cell, tuple[float, float | None, str | None]]]:
+        """Per pair id, every screened cell's (estimate, GradDrop score or None, why it is patched
+        exactly: `top`, `random` or None), in grid order."""
         kinds, _ = self.screened(ctx)
         correction = ctx.config.atp_correction
         got = attributor.estimate(pairs, tuple(kind.site for kind in kinds), correction)
         out = {}
         for pair, est in zip(pairs, got):
             n = len(pair.corrupt_ids)
+            values = {site: {k: v.tolist() for k, v in e.items()} for site, e in est.items()}
             cells = {}
-            for _, cell in self.grid(pair, ctx):
-                at = (cell.layer, n if cell.position is None else cell.position,
-                      cell.head if cell.head is not None else cell.neuron or 0)
-                e = est[cell.site]
-                cells[cell] = (float(e["estimate"][at]), float(e["graddrop"][at]) if "graddrop" in e else None)
-            out[pair.pair_id] = cells
+            for cell in self.grid(pair, ctx):
+                e = values[cell.site]
+                pos = n if cell.position is None else cell.position
+                unit = cell.head if cell.head is not None else cell.neuron or 0
+                gd = e["graddrop"][cell.layer][pos][unit] if "graddrop" in e else None
+                cells[cell] = (e["estimate"][cell.layer][pos][unit], gd)
+            chosen = self._verify(pair, cells, ctx.config)
+            out[pair.pair_id] = {cell: (est_, gd, chosen.get(cell)) for cell, (est_, gd) in cells.items()}
         return out
 
-    def verified(self, pair, ctx) -> dict[Cell, str]:
+    @staticmethod
+    def _verify(pair, cells: dict, config) -> dict[Cell, str]:
         """The cells patched exactly: per screened kind, the top K by the ranking score (|estimate|,
         or the GradDrop score), then R sampled (seeded by the study seed, the pair and the site) from
         the rest; cell -> `top` or `random`."""
-        if ctx.estimates is None:
-            raise ValueError("the atp sweep's cells depend on its estimates: compute them first (AtpSweep.estimates)")
-        est, config = ctx.estimates[pair.pair_id], ctx.config
         by_site = defaultdict(list)
-        for _, cell in self.grid(pair, ctx):
+        for cell in cells:
             by_site[cell.site].append(cell)
+        graddrop = config.atp_correction == "graddrop"
         out = {}
-        for site, cells in by_site.items():
-            score = (lambda c: est[c][1]) if config.atp_correction == "graddrop" else (lambda c: abs(est[c][0]))
-            ranked = sorted(cells, key=lambda c: -score(c))  # stable: ties keep grid order
+        for site, group in by_site.items():
+            ranked = sorted(group, key=lambda c: -(cells[c][1] if graddrop else abs(cells[c][0])))  # stable
             top, rest = ranked[:config.verify_top], ranked[config.verify_top:]
             rng = random.Random(zlib.crc32(f"{config.seed}:{pair.pair_id}:{site}".encode()))
-            sample = rng.sample(rest, min(config.verify_random, len(rest)))
             out.update({c: "top" for c in top})
-            out.update({c: "random" for c in sample})
+            out.update({c: "random" for c in rng.sample(rest, min(config.verify_random, len(rest)))})
         return out
 
     def cells(self, pair, ctx):
-        chosen = self.verified(pair, ctx)
-        return [cell for _, cell in self.grid(pair, ctx) if cell in chosen]
+        if ctx.estimates is None:
+            raise ValueError("the atp sweep's cells depend on its estimates: compute them first (AtpSweep.estimates)")
+        return [cell for cell, (_, _, verify) in ctx.estimates[pair.pair_id].items() if verify is not None]
 
     def count(self, pair, ctx):
         kinds, inner = self.screened(ctx)
@@ -364,12 +370,10 @@ class AtpSweep(SweepKind):
         clean, corrupt = baselines(baseline)
         metric = self.headline(pair)
         exact = dict(readings)
-        chosen = self.verified(pair, ctx)
-        est = ctx.estimates[pair.pair_id]
         out = []
-        for _, cell in self.grid(pair, ctx):
+        for cell, (estimate, graddrop, verify) in ctx.estimates[pair.pair_id].items():
             row = effect_row(pair, cell, exact.get(cell), clean, corrupt, metric)
-            row.update(estimate=est[cell][0], estimate_graddrop=est[cell][1], verify=chosen.get(cell))
+            row.update(estimate=estimate, estimate_graddrop=graddrop, verify=verify)
             out.append(row)
         return out
 
