@@ -115,7 +115,7 @@ def test_the_patch_table_of_neurons_shows_those_that_move_the_metric_most(engine
     out = sweep_pair(engine, tokens, "neuron", [len(tokens.clean) - 1])
     table = format_patch_table(out, ["t"] * len(tokens.clean)).splitlines()
     rows = table[4:]
-    assert table[1] == f"(the {NEURON_ROWS} of {4 * engine.shape.d_mlp} neurons that move it most)"
+    assert table[2] == f"(the {NEURON_ROWS} of {4 * engine.shape.d_mlp} neurons that move it most)"
     assert len(rows) == NEURON_ROWS and rows[0].split()[0].count(".") == 1
     moved = sorted((abs(e["logit_diff"] - out["baseline"]["corrupt"]) for e in out["effects"]), reverse=True)
     assert abs(float(rows[0].split()[1]) - out["baseline"]["corrupt"]) == pytest.approx(moved[0], abs=2e-3)
