@@ -24,6 +24,16 @@ def reading_from(row: dict, prefix: str) -> Reading:
     return Reading(**{f.name: row[f"{prefix}_{f.name}"] for f in fields(Reading)})
 
 
+def cell_columns(pair, cell) -> dict:
+    """The columns of an effect row that say which pair and cell it is."""
+    return {
+        "pair_id": pair.pair_id, "relation": pair.relation, "sweep": cell.sweep, "site": cell.site,
+        "direction": cell.direction, "layer": cell.layer, "position": cell.position,
+        "position_role": "all" if cell.position is None else pair.roles[cell.position],
+        "head": cell.head, "neuron": cell.neuron, "window": cell.window,
+    }
+
+
 def effect_row(pair, cell, patched: Reading | None, clean: Reading, corrupt: Reading, metric: str) -> dict:
     """One effect row: the patched run's reading beside the pair's baselines, on every metric, and
     the effect and recovery on the headline `metric`. Denoising is measured from the corrupt run,
@@ -31,10 +41,7 @@ def effect_row(pair, cell, patched: Reading | None, clean: Reading, corrupt: Rea
     reference = clean if cell.direction == "noise" else corrupt
     value, ref = None if patched is None else patched.value(metric), reference.value(metric)
     return {
-        "pair_id": pair.pair_id, "relation": pair.relation, "sweep": cell.sweep, "site": cell.site,
-        "direction": cell.direction, "layer": cell.layer, "position": cell.position,
-        "position_role": "all" if cell.position is None else pair.roles[cell.position],
-        "head": cell.head, "neuron": cell.neuron, "window": cell.window, "metric": metric,
+        **cell_columns(pair, cell), "metric": metric,
         "effect": None if value is None or ref is None else value - ref,
         "recovery": recovery(value, clean.value(metric), corrupt.value(metric)),
         **reading_columns("patched", patched), **reading_columns("clean", clean), **reading_columns("corrupt", corrupt),

@@ -26,7 +26,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from ..cache import NOISED, CacheSpec, layer_keys, stream_keys
-from ..effects import effect_row, reading_from
+from ..effects import cell_columns, effect_row, reading_from
 from ..metrics import Reading
 from ..plan import Noise, Patch, Request, trace_seed
 from ..sites import SITES
@@ -370,9 +370,14 @@ class AtpSweep(SweepKind):
         clean, corrupt = baselines(baseline)
         metric = self.headline(pair)
         exact = dict(readings)
-        out = []
+        out, unpatched = [], None  # the columns every site not patched shares: baselines, NULL patched run
         for cell, (estimate, graddrop, verify) in ctx.estimates[pair.pair_id].items():
-            row = effect_row(pair, cell, exact.get(cell), clean, corrupt, metric)
+            if cell in exact:
+                row = effect_row(pair, cell, exact[cell], clean, corrupt, metric)
+            else:
+                if unpatched is None:
+                    unpatched = effect_row(pair, cell, None, clean, corrupt, metric)
+                row = {**unpatched, **cell_columns(pair, cell)}
             row.update(estimate=estimate, estimate_graddrop=graddrop, verify=verify)
             out.append(row)
         return out
