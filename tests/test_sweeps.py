@@ -206,3 +206,16 @@ def test_trace_noise_is_meng_et_al_s_over_the_data_set(tokenizers):
         many = measure_trace_noise.fn(StudySpec(model="tiny-llama", pairs=str(DATA), limit=50, require_known=False),
                                       "sha")
     assert few == many and few.std == pytest.approx(expected, rel=1e-5)
+
+
+@pytest.mark.parametrize("head_positions", ["roles", "every"])
+def test_each_kind_counts_its_cells(head_positions):
+    from patchgrid.sweeps import SWEEP_KINDS, SweepContext
+    from tests.effect_rows import make_pair
+
+    pair = make_pair("p", ["before_subject", "subject_first", "subject_last", "further", "last"], subject=(1, 3))
+    config = SweepConfig(sweeps=("resid",), head_positions=head_positions, trace_samples=2)
+    ctx = SweepContext(config, n_layers=3, n_heads=2, d_mlp=5)
+    for name, kind in SWEEP_KINDS.items():
+        if name != "atp":  # its cells are chosen by its estimates; tests/test_attribution.py counts them
+            assert kind.count(pair, ctx) == len(kind.cells(pair, ctx)), name

@@ -207,6 +207,9 @@ class UnitSweep(SweepKind):
         return [Cell(self.name, self.site, "denoise", layer, pos, **{self.unit: unit})
                 for pos in self.positions(pair, ctx.config) for layer in range(ctx.n_layers) for unit in range(units)]
 
+    def count(self, pair, ctx):
+        return len(self.positions(pair, ctx.config)) * ctx.n_layers * self.units(ctx)
+
     def request(self, pair, cell, ctx, source):
         positions = None if cell.position is None else (cell.position,)
         unit = {self.unit: getattr(cell, self.unit)}
