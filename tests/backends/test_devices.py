@@ -52,25 +52,26 @@ def test_every_write_of_a_step_is_on_the_activations_device():
     model.model.start_layer = 0  # vLLM's decoder attribute
     d, z = shape.d_model, shape.n_heads * shape.head_dim
     source = {"resid.1": torch.randn(8, d), "attn_out.2": torch.randn(8, d), "head.2": torch.randn(8, z),
-              "embed": torch.randn(8, d)}
+              "embed": torch.randn(8, d), "neuron.3": torch.randn(8, shape.d_mlp)}
     wire = {"clean": {k: encode_tensor(v) for k, v in source.items()}, "corrupt": {"resid.1": encode_tensor(source["resid.1"])}}
-    dims = {"vocab_size": shape.vocab_size, "d_model": d, "n_heads": shape.n_heads, "head_dim": shape.head_dim}
+    dims = {"vocab_size": shape.vocab_size, "d_model": d, "n_heads": shape.n_heads, "head_dim": shape.head_dim,
+            "d_mlp": shape.d_mlp}
     requests = [
         Request(tokens=CORRUPT, answers=ANSWERS, start=Start(2, "corrupt"),
                 patches=(Patch("resid", 1, "clean", (3,)), Patch("attn_out", 2, "clean", (1, 4)),
                          Patch("head", 2, "clean", (5,), 1))),
         Request(tokens=CORRUPT, answers=ANSWERS, noise=(Noise((2, 3), 0.5, 1),), start=Start(2, "corrupt"),
-                patches=(Patch("head", 2, "clean", None, 3),)),
+                patches=(Patch("head", 2, "clean", None, 3), Patch("neuron", 3, "clean", (2,), neuron=7))),
     ]
     runner, n_rows = _runner(model, requests)
-    session = _Session(runner, wire, ["resid.1", "attn_out.2", "head.2"], LLAMA, dims, start_layer=2)
+    session = _Session(runner, wire, ["resid.1", "attn_out.2", "head.2", "neuron.3"], LLAMA, dims, start_layer=2)
     try:
         assert session.device == torch.device("meta")
         session._begin_step(None, ())
         step = session.step
-        written = [t for v in step.writes.values() for t in v] + [t for v in step.heads.values() for t in v]
+        written = [t for v in step.writes.values() for t in v] + [t for v in step.units.values() for t in v]
         written += list(step.noise) + list(step.start)
-        assert len(written) == 11 and all(t.device.type == "meta" for t in written)
+        assert len(written) == 14 and all(t.device.type == "meta" for t in written)
         # every hook, on activations on the meta device: put() refuses a tensor from elsewhere
         def meta(*shape, dtype=torch.float32):
             return torch.zeros(*shape, device="meta", dtype=dtype)
@@ -80,6 +81,7 @@ def test_every_write_of_a_step_is_on_the_activations_device():
         assert args[1].device.type == "meta" and args[2] is None
         session._make_out_hook("attn_out.2")(None, (), meta(n_rows, d))
         session._make_input_hook("head.2")(None, (meta(n_rows, z),))
+        session._make_input_hook("neuron.3")(None, (meta(n_rows, shape.d_mlp),))
         session._make_split_stream_hook("resid.1")(None, (), (meta(n_rows, d), meta(n_rows, d)))
         assert model.model.start_layer == 2
     finally:
