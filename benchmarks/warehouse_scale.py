@@ -57,10 +57,14 @@ def synthetic_run(n_rows: int, seed: int) -> pa.Table:
         "position": pa.array(pos.astype(np.int32)),
         "position_role": pa.array(ROLES[pos]),
         "head": pa.nulls(n_rows, pa.int32()),
+        "neuron": pa.nulls(n_rows, pa.int32()),
         "window": pa.nulls(n_rows, pa.int32()),
         "metric": pa.array(np.full(n_rows, "logit_diff")),
         "effect": pa.array(recovery * np.float32(CLEAN["logit_diff"] - CORRUPT["logit_diff"])),
         "recovery": pa.array(recovery),
+        "estimate": pa.nulls(n_rows, pa.float32()),  # exact patching only: no atp rows
+        "estimate_graddrop": pa.nulls(n_rows, pa.float32()),
+        "verify": pa.nulls(n_rows, pa.string()),
     }
     # every metric of a study's rows: each recovers its own share, around the headline's
     for name in CLEAN:
