@@ -32,8 +32,8 @@ def test_patch_json_on_vllm_matches_hf():
     n_tokens = len({e["position"] for e in v["effects"]})
     assert len(v["effects"]) == 4 * n_tokens  # every layer x every position
     e = v["effects"][0]
-    assert set(e) == {"site", "layer", "position", "head", "recovery", *METRICS}
-    assert e["head"] is None and e["site"] == "resid"
+    assert set(e) == {"site", "layer", "position", "head", "neuron", "recovery", *METRICS}
+    assert e["head"] is None and e["neuron"] is None and e["site"] == "resid"
     for a, b in zip(v["effects"], h["effects"]):
         assert (a["layer"], a["position"]) == (b["layer"], b["position"])
         for m in METRICS:
