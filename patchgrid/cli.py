@@ -222,8 +222,29 @@ def _run_study(spec: StudySpec, verbose: bool = False) -> str:
 
     if not verbose:
         one_line_failures()
+    _migrate_prefect_database()
     with reporting_to(ProgressBar()):
         return study(**spec.flow_parameters())
+
+
+def _migrate_prefect_database() -> None:
+    """Bring the ephemeral Prefect server's database up to date, one process at a time. Two studies
+    started at once with one PREFECT_HOME would otherwise both migrate a fresh database as their
+    servers start, and alembic fails one of them; an up-to-date database migrates no further."""
+    import fcntl
+
+    from prefect.settings import PREFECT_API_URL, PREFECT_HOME
+
+    if PREFECT_API_URL.value():  # a server of its own keeps its database
+        return
+    home = Path(PREFECT_HOME.value())
+    home.mkdir(parents=True, exist_ok=True)
+    with open(home / ".patchgrid-migrate.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        from prefect.server.database import provide_database_interface
+        from prefect.utilities.asyncutils import run_coro_as_sync
+
+        run_coro_as_sync(provide_database_interface().create_db())
 
 
 def cmd_study(args) -> int:

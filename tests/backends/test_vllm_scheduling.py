@@ -29,19 +29,21 @@ def _mixed_requests(shape, rng, corrupts, n):
     for i in range(n):
         corrupt = corrupts[i % len(corrupts)]
         T = len(corrupt)
-        site = rng.choice(["resid", "attn_out", "mlp_out", "head", "embed"])
+        site = rng.choice(["resid", "attn_out", "mlp_out", "head", "embed", "neuron"])
         layer = None if site == "embed" else rng.randrange(shape.n_layers)
         head = rng.randrange(shape.n_heads) if site == "head" else None
+        neuron = rng.randrange(shape.d_mlp) if site == "neuron" else None
         positions = tuple(sorted(rng.sample(range(T), k=min(3, T))))
         noise = (Noise((0, 1), 0.5, i),) if i % 7 == 0 else ()
         source = f"clean{i % len(corrupts)}"
-        patches = (Patch(site, layer, source, positions, head),)
+        patches = (Patch(site, layer, source, positions, head, neuron),)
         start = latest_start(patches, shape.n_layers)
         start = Start(start, f"corrupt{i % len(corrupts)}") if start and not noise and i % 2 == 0 else None
         scored = dict(continuations=CONTINUATIONS, reference="ref") if i % 3 == 0 else {}
         reqs.append(Request(tokens=corrupt, answers=ANSWERS, noise=noise, patches=patches, start=start, **scored))
     assert any(r.start for r in reqs) and not all(r.start for r in reqs)
     assert any(r.start and r.continuations for r in reqs)
+    assert any(p.site == "neuron" for r in reqs for p in r.patches)
     return reqs
 
 
