@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 from .plan import Request, forwards
-from .sites import SITES, ModelShape, get_module, site_key, site_module
+from .sites import SITES, ModelShape, get_module, parse_key, site_key, site_module
 
 ATP_SITES = ("resid", "attn_out", "mlp_out", "head", "neuron")
 CORRECTIONS = ("none", "graddrop")
@@ -143,7 +143,7 @@ class Attributor:
             keys = list(acts)
             grads = torch.autograd.grad(objective, [acts[k] for k in keys], retain_graph=True, allow_unused=True)
             for key, g in zip(keys, grads):
-                site, layer = key.split(".")[0], int(key.split(".")[1])
+                site, layer = parse_key(key)
                 if site not in out:
                     out[site] = torch.zeros(len(delta[key]), L, n + 1, self.shape.units(site) or 1,
                                             device=self.device, dtype=self.acc)
@@ -215,7 +215,7 @@ class Attributor:
 
     def _hook(self, key: str, record):
         """A hook handing `record(key, tensor)` the site's activation [batch, tokens, width]."""
-        site, layer = key.split(".")[0], int(key.split(".")[1])
+        site, layer = parse_key(key)
         module = site_module(self.model, self.shape.family, site, layer)
         if SITES[site].at == "input":
             return module.register_forward_pre_hook(lambda mod, args: record(key, args[0]))
