@@ -41,7 +41,7 @@ class Patch:
     layer: int | None  # None only for embed
     source: str  # name of a capture in the call's `sources`
     positions: tuple[int, ...] | None = None  # None: every position
-    head: int | None = None  # only for site == "head"
+    head: int | None = None  # for the sites patched by head: head, q (query heads), k and v (key/value heads)
     neuron: int | None = None  # only for site == "neuron"
 
     @property
@@ -261,8 +261,9 @@ def _check_start(where, req: Request, sources, shape: ModelShape):
 
 def latest_start(patches, n_layers: int) -> int:
     """The latest layer a forward with these patches can start at (0: it must run them all): the
-    stream entering layer L+1 already holds a patch on layer L's output; other sites at L need
-    layer L to run; the last layer always runs."""
+    stream entering layer L+1 already holds a patch on layer L's output; other sites at L (the
+    stream entering L among them: it is written after the start) need layer L to run; the last
+    layer always runs."""
     starts = [0 if p.site == "embed" else p.layer + 1 if p.site == "resid" else p.layer for p in patches]
     return min(starts + [n_layers - 1])
 
@@ -293,14 +294,18 @@ def _check_patch(where, p: Patch, n: int, sources, shape: ModelShape):
         if p.layer is None:
             raise PlanError(f"{where}: patch layer is missing for site {p.site}")
         _check_layer(where, "patch", p.layer, shape)
-    for unit in ("head", "neuron"):
-        index = getattr(p, unit)
-        if SITES[p.site].unit == unit:
+    site = SITES[p.site]
+    if not site.patchable:
+        raise PlanError(f"{where}: site {p.site} can be captured, not patched")
+    for field_name in ("head", "neuron"):
+        index = getattr(p, field_name)
+        if site.unit_field == field_name:
+            what = "key/value head" if site.unit == "kv_head" else site.unit
             if index is None or not 0 <= index < shape.units(p.site):
-                raise PlanError(f"{where}: patch {unit} {index} is out of range (model has {shape.units(p.site)} "
-                                f"{unit}s per layer)")
+                raise PlanError(f"{where}: patch {field_name} {index} is out of range (model has {shape.units(p.site)} "
+                                f"{what}s per layer)")
         elif index is not None:
-            raise PlanError(f"{where}: patch {unit} is set for site {p.site}, which has no {unit}s")
+            raise PlanError(f"{where}: patch {field_name} is set for site {p.site}, which has no {field_name}s")
     if p.positions is not None:
         _check_positions(where, "patch.positions", p.positions, n)
     if p.source not in sources:

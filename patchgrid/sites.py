@@ -3,12 +3,21 @@
 A site is a place in the forward pass whose activation can be read or overwritten:
 
     embed      token embedding output              [tokens, d_model]
-    resid      a layer's output, the whole stream  [tokens, d_model]
+    resid_pre  a layer's input, the whole stream   [tokens, d_model]  (layer 0: what the first
+               layer reads: the token embedding; gpt2: token + position embeddings)
+    resid_mid  the whole stream after the layer's attention, before its MLP [tokens, d_model]
+    resid      a layer's output, the whole stream  [tokens, d_model]  (= resid_pre of the next)
     attn_out   a layer's attention output          [tokens, d_model]
     mlp_out    a layer's MLP output                [tokens, d_model]
+    q, k, v    one head's query, key or value as attention reads it: after the projections (and
+               qwen3's q/k norms), after the rotary embedding for q and k in the llama family
+               (gpt2 has none) [tokens, head_dim] of [tokens, heads*head_dim]; with grouped-query
+               attention k and v have one head per key/value head, and their head index is that
     head       one head's slice of z (o_proj input) [tokens, head_dim] of z [tokens, n_heads*head_dim]
     neuron     one MLP neuron: a column of the down projection's input [tokens, 1] of [tokens, d_mlp]
                (llama: act(gate) * up; gpt2: act(c_fc))
+    pattern    the attention pattern [query tokens, n_heads * key tokens]: read (captured) by the
+               hf backend only; vLLM computes it inside fused attention kernels and never holds it
 
 `SITES` says, per site kind, which module of a family it lives on, whether it is read at that
 module's input or output, and how wide it is; both backends install their hooks from it. Adding a
@@ -23,23 +32,43 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Site:
     name: str
-    module: str  # the Family field naming its module: embed (model-level), layer, attn, mlp, o_proj, down_proj
-    at: str  # "output": the module's output; "input": its first positional input
-    # "d_model"; "z": every head's output side by side (n_heads * head_dim); "mlp": the MLP's hidden
-    # width (d_mlp). z and mlp are split over tensor-parallel ranks, by heads and by neurons.
+    module: str  # the Family field naming its module: embed (model-level), layer, attn, mlp, o_proj, down_proj,
+    # mlp_norm
+    # "output": the module's output; "input": the stream or tensor it reads (its first positional
+    # input, or for a layer of a split-residual family the sum of its two stream inputs); "attention":
+    # q, k or v as the attention computation reads them (see the backends)
+    at: str
+    # "d_model"; "z": every head's output side by side (n_heads * head_dim); "q": every query head;
+    # "kv": every key/value head (n_kv_heads * head_dim); "mlp": the MLP's hidden width (d_mlp);
+    # "pattern": per query token, every head's weights over the key tokens. z, q, kv and mlp are split
+    # over tensor-parallel ranks, by heads and by neurons.
     width: str
-    # A site patched one unit at a time: "head" (head_dim columns of z each) or "neuron" (one column).
+    # A site patched one unit at a time: "head" (head_dim columns each), "kv_head" (a key/value head's
+    # head_dim columns) or "neuron" (one column).
     unit: str | None = None
+    patchable: bool = True  # False: read only (pattern)
+
+    @property
+    def unit_field(self) -> str | None:
+        """The Patch / Cell / effect-row field holding the unit's index (a key/value head is a head)."""
+        return None if self.unit is None else "neuron" if self.unit == "neuron" else "head"
 
 
 SITES = {site.name: site for site in (
     Site("embed", "embed", "output", "d_model"),
+    Site("resid_pre", "layer", "input", "d_model"),
+    Site("resid_mid", "mlp_norm", "input", "d_model"),
     Site("resid", "layer", "output", "d_model"),
     Site("attn_out", "attn", "output", "d_model"),
     Site("mlp_out", "mlp", "output", "d_model"),
+    Site("q", "attn", "attention", "q", "head"),
+    Site("k", "attn", "attention", "kv", "kv_head"),
+    Site("v", "attn", "attention", "kv", "kv_head"),
     Site("head", "o_proj", "input", "z", "head"),
     Site("neuron", "down_proj", "input", "mlp", "neuron"),
+    Site("pattern", "attn", "attention", "pattern", "head", patchable=False),
 )}
+QKV = ("q", "k", "v")  # the sites read where attention is computed (Site.at == "attention")
 SITE_KINDS = tuple(SITES)
 LAYER_SITES = tuple(name for name, site in SITES.items() if site.module != "embed")
 
@@ -60,6 +89,11 @@ class Family:
     stream_arg: int | None
     final_norm: str  # dotted path from the causal-LM module to the norm before the unembedding
     down_proj: str  # relative to a layer: the MLP's output projection; its input is the neurons
+    mlp_norm: str  # relative to a layer: the norm before the MLP; its input is the stream after attention
+    # relative to the attention module: vLLM's attention-kernel module, called with (q, k, v) after
+    # the rotary embedding (transformers has no module there: its hf backend reads q, k and v through
+    # the attention function, patchgrid.backends.hf)
+    attn_kernel: str = "attn"
 
     @property
     def decoder(self) -> str:
@@ -69,9 +103,9 @@ class Family:
 
 # vLLM: LlamaDecoderLayer(positions, hidden_states, residual); GPT2Block(hidden_states)
 LLAMA = Family("llama", "model.layers", "model.embed_tokens", "self_attn", "mlp", "self_attn.o_proj", True, 1,
-               "model.norm", "mlp.down_proj")
+               "model.norm", "mlp.down_proj", "post_attention_layernorm")
 GPT2 = Family("gpt2", "transformer.h", "transformer.wte", "attn", "mlp", "attn.c_proj", False, 0, "transformer.ln_f",
-              "mlp.c_proj")
+              "mlp.c_proj", "ln_2")
 
 FAMILIES = {
     "llama": LLAMA,
@@ -94,17 +128,24 @@ class ModelShape:
     vocab_size: int
     max_len: int
     d_mlp: int = 0  # the MLP's hidden width (neurons per layer)
+    n_kv_heads: int = 0  # key/value heads (grouped-query attention); 0: as many as query heads
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_heads or self.n_heads
 
     def width(self, site: str) -> int:
-        return {"z": self.n_heads * self.head_dim, "mlp": self.d_mlp}.get(SITES[site].width, self.d_model)
+        return {"z": self.n_heads * self.head_dim, "q": self.n_heads * self.head_dim,
+                "kv": self.kv_heads * self.head_dim, "mlp": self.d_mlp}.get(SITES[site].width, self.d_model)
 
     def units(self, site: str) -> int:
-        """How many units (heads, neurons) a site of this kind has per layer; 0: not patched by unit."""
-        return {"head": self.n_heads, "neuron": self.d_mlp}.get(SITES[site].unit, 0)
+        """How many units (heads, key/value heads, neurons) a site of this kind has per layer; 0: not
+        patched by unit."""
+        return {"head": self.n_heads, "kv_head": self.kv_heads, "neuron": self.d_mlp}.get(SITES[site].unit, 0)
 
     def unit_width(self, site: str) -> int:
         """The columns of the site's tensor one unit spans."""
-        return self.head_dim if SITES[site].unit == "head" else 1
+        return 1 if SITES[site].unit == "neuron" else self.head_dim
 
 
 def family_of(model_type: str) -> Family:
@@ -125,19 +166,21 @@ def shape_of(config) -> ModelShape:
     max_len = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", 2048)
     # gpt2 names it n_inner, None meaning 4 x d_model
     d_mlp = getattr(config, "intermediate_size", None) or getattr(config, "n_inner", None) or 4 * d_model
-    return ModelShape(family, config.num_hidden_layers, n_heads, head_dim, d_model, config.vocab_size, max_len, d_mlp)
+    n_kv = getattr(config, "num_key_value_heads", None) or n_heads
+    return ModelShape(family, config.num_hidden_layers, n_heads, head_dim, d_model, config.vocab_size, max_len, d_mlp,
+                      n_kv)
 
 
 def site_key(site: str, layer: int | None) -> str:
-    """Name of a captured tensor: `embed`, `resid.3`, `attn_out.3`, `mlp_out.3`, `head.3` (z), `neuron.3`
-    (the down projection's input)."""
+    """Name of a captured tensor: `embed`, `resid_pre.3`, `resid.3`, `attn_out.3`, `q.3`, `head.3` (z),
+    `neuron.3` (the down projection's input), ..."""
     return "embed" if site == "embed" else f"{site}.{layer}"
 
 
 def parse_key(key: str) -> tuple[str, int | None]:
     if key == "embed":
         return "embed", None
-    site, _, layer = key.partition(".")
+    site, _, layer = key.rpartition(".")
     if site not in LAYER_SITES or not layer.isdigit():
         raise ValueError(f"bad site key {key!r}: expected embed or one of {LAYER_SITES} with a layer, e.g. resid.3")
     return site, int(layer)

@@ -4,7 +4,9 @@ reads back together.
 With tensor_parallel_size > 1, vLLM splits attention by heads: rank r holds heads
 [r * n/tp, (r+1) * n/tp) and its o_proj (row-parallel) input is only that slice of z. It splits
 the MLP the same way by neurons: rank r's down projection (row-parallel) reads neurons
-[r * d_mlp/tp, (r+1) * d_mlp/tp). The other sites (embed, resid, attn_out, mlp_out) come after an
+[r * d_mlp/tp, (r+1) * d_mlp/tp). Queries split with the heads, keys and values with the key/value
+heads (a model with fewer key/value heads than ranks replicates them, and its k and v sites are
+refused here). The other sites (embed, resid, attn_out, mlp_out) come after an
 all-reduce and are whole on every rank, so a write there is the same on every rank and a read is
 taken from rank 0.
 """
@@ -13,6 +15,9 @@ from __future__ import annotations
 import torch
 
 from .sites import SITES, parse_key
+
+
+SPLIT_WIDTHS = ("z", "q", "kv", "mlp")  # Site.width values split over ranks by unit
 
 
 def units_per_rank(units: int, tp_size: int, what: str = "attention heads") -> int:
@@ -42,10 +47,10 @@ def rank_z_columns(rank: int, n_heads: int, head_dim: int, tp_size: int) -> slic
 
 
 def merge_rank_captures(per_rank: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """Whole tensors from each rank's reads: z and neuron slices side by side in rank order, the rest
-    from rank 0."""
+    """Whole tensors from each rank's reads: z, q, k, v and neuron slices side by side in rank order,
+    the rest from rank 0."""
     out = dict(per_rank[0])
     for key in out:
-        if SITES[parse_key(key)[0]].width in ("z", "mlp") and len(per_rank) > 1:
+        if SITES[parse_key(key)[0]].width in SPLIT_WIDTHS and len(per_rank) > 1:
             out[key] = torch.cat([caps[key] for caps in per_rank], dim=1)
     return out

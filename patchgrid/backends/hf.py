@@ -16,7 +16,39 @@ import torch
 
 from ..metrics import answer_ranks, kl_divergence
 from ..plan import LOGPROBS, Result, forwards, gaussian_noise, join_forwards, resolve_positions, validate
-from ..sites import SITES, get_module, parse_key, site_module
+from ..sites import QKV, SITES, get_module, parse_key, site_module
+
+ATTENTION = "patchgrid"  # the attention implementation the engine's models run under
+HOOK = "_patchgrid_attention"  # the attribute of an attention module holding this forward's hook
+
+
+def _attention(module, query, key, value, *args, **kwargs):
+    """transformers' sdpa attention, with the hook the engine set on `module` for this forward
+    (None outside its forwards) given q, k and v first: [batch, heads, tokens, head_dim]."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    hook = getattr(module, HOOK, None)
+    if hook is not None:
+        query, key, value = hook(query, key, value, kwargs.get("scaling"))
+    return sdpa_attention_forward(module, query, key, value, *args, **kwargs)
+
+
+def _register_attention() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(ATTENTION, _attention)
+    AttentionMaskInterface.register(ATTENTION, sdpa_mask)
+
+
+def causal_pattern(query, key, scaling) -> torch.Tensor:
+    """Attention weights [batch, heads, query tokens, key tokens] of a causal softmax over scaled
+    query-key products; grouped key heads are shared by consecutive query heads."""
+    key = key.repeat_interleave(query.shape[1] // key.shape[1], dim=1)
+    scores = (query.float() @ key.float().transpose(-1, -2)) * scaling
+    n = scores.shape[-1]
+    mask = torch.ones(n, n, dtype=torch.bool, device=scores.device).triu(1)
+    return torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
 
 
 class HFEngine:
@@ -29,7 +61,9 @@ class HFEngine:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
         torch_dtype = "auto" if dtype == "auto" else getattr(torch, dtype)
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype, trust_remote_code=False)
+        _register_attention()
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype, trust_remote_code=False,
+                                                          attn_implementation=ATTENTION)
         self.model.to(self.device)
         self.model.eval()
         self.shape = shape
@@ -106,16 +140,41 @@ class HFEngine:
                 capture(key, args[0])
             return hook
 
+        def on_attention(layer):
+            keys = {site: f"{site}.{layer}" for site in QKV}
+
+            def hook(query, key, value, scaling):  # [batch, heads, tokens, head_dim]
+                out = []
+                for site, t in zip(QKV, (query, key, value)):
+                    k = keys[site]
+                    if k in writes:
+                        t = t.clone()
+                        write(k, t.transpose(1, 2))
+                    capture(k, t.transpose(1, 2).flatten(2))
+                    out.append(t)
+                pattern = f"pattern.{layer}"
+                if any(pattern in r.capture for r, _ in batch):
+                    w = causal_pattern(out[0], out[1], scaling)  # [batch, heads, q, k]
+                    capture(pattern, w.transpose(1, 2).flatten(2).to(self.dtype))
+                return tuple(out)
+            return hook
+
         keys = set(writes) | {k for r, _ in batch for k in r.capture}
         # the embedding's hook also adds noise, so it is installed whatever the keys
         handles = [get_module(m, fam.embed).register_forward_hook(on_embed)]
+        attention = set()  # the layers whose q, k, v or pattern are read or written
         for key in keys - {"embed"}:
             site, layer = parse_key(key)
             module = site_module(m, fam, site, layer)
-            if SITES[site].at == "input":
+            if SITES[site].at == "attention":
+                attention.add(layer)
+            elif SITES[site].at == "input":
                 handles.append(module.register_forward_pre_hook(on_input(key)))
             else:
                 handles.append(module.register_forward_hook(on_output(key)))
+        attention_modules = [site_module(m, fam, "q", layer) for layer in attention]
+        for layer, module in zip(attention, attention_modules):
+            setattr(module, HOOK, on_attention(layer))
         n_prompt = [len(r.tokens) for r, _ in batch]
         length = len(batch[0][1].tokens)
         try:
@@ -126,6 +185,8 @@ class HFEngine:
         finally:
             for h in handles:
                 h.remove()
+            for module in attention_modules:
+                setattr(module, HOOK, None)
         out = []
         for b, (r, f) in enumerate(batch):
             n = n_prompt[b]
@@ -147,7 +208,8 @@ class HFEngine:
         return out
 
     def hook_count(self) -> int:
-        return sum(len(mod._forward_hooks) + len(mod._forward_pre_hooks) for mod in self.model.modules())
+        return sum(len(mod._forward_hooks) + len(mod._forward_pre_hooks) + (getattr(mod, HOOK, None) is not None)
+                   for mod in self.model.modules())
 
     def close(self):
         self.model = None

@@ -29,6 +29,7 @@ from ..plan import (
     to_wire,
     validate,
 )
+from ..sites import SITES, parse_key
 from ..tp import merge_rank_captures
 from .vllm_worker import PLAN_KEY
 
@@ -126,6 +127,7 @@ class VllmEngine:
             kwargs["max_num_batched_tokens"] = max_num_batched_tokens
         if enable_chunked_prefill is not None:
             kwargs["enable_chunked_prefill"] = enable_chunked_prefill
+        self.tensor_parallel_size = tensor_parallel_size
         self.llm = LLM(**kwargs)
         self.dtype = self.llm.llm_engine.model_config.dtype  # what vLLM resolved "auto" to
         self._calls = itertools.count()
@@ -156,6 +158,7 @@ class VllmEngine:
         sources = sources or {}
         requests = list(requests)
         validate(requests, sources, self.shape)
+        self._refuse_unreadable(requests)
         fwds = [forwards(r) for r in requests]  # a start does not change them: computed once per call
         for i, (r, fs) in enumerate(zip(requests, fwds)):
             longest = max(len(f.tokens) for f in fs)
@@ -183,6 +186,20 @@ class VllmEngine:
                 results[i] = res
         return results
 
+    def _refuse_unreadable(self, requests) -> None:
+        """Sites this engine cannot read or write, named with the reason."""
+        tp = self.tensor_parallel_size
+        for i, r in enumerate(requests):
+            for key in list(r.capture) + [p.key for p in r.patches]:
+                site = parse_key(key)[0]
+                if SITES[site].width == "pattern":
+                    raise PlanError(f"request {i}: {key}: the attention pattern is computed inside vLLM's fused "
+                                    "attention kernels and is never held where a hook can read it; capture it with "
+                                    "the hf backend")
+                if SITES[site].width == "kv" and tp > 1 and self.shape.kv_heads % tp:
+                    raise PlanError(f"request {i}: {key}: the model's {self.shape.kv_heads} key/value heads do not "
+                                    f"split over tensor_parallel_size {tp} (vLLM replicates them)")
+
     def _generate(self, requests, sources, start_layer: int, fwds=None) -> list[Result]:
         """One generate call; every request starts at `start_layer` (0: at the embedding) and runs
         as its forwards `fwds` (plan.forwards; computed here when not given)."""
@@ -203,7 +220,8 @@ class VllmEngine:
         # only what the patches, starts and references read crosses to the worker
         wire_sources = {name: {k: encode_tensor(sources[name][k]) for k in ks} for name, ks in used.items()}
         shape = {"vocab_size": self.shape.vocab_size, "d_model": self.shape.d_model,
-                 "n_heads": self.shape.n_heads, "head_dim": self.shape.head_dim, "d_mlp": self.shape.d_mlp}
+                 "n_heads": self.shape.n_heads, "head_dim": self.shape.head_dim, "d_mlp": self.shape.d_mlp,
+                 "n_kv_heads": self.shape.kv_heads}
         self.llm.collective_rpc("pg_begin", args=(wire_sources, keys, self.shape.family.name, shape, start_layer))
         prompts, params = [], []
         for r, fs, ts in zip(requests, fwds, tags):

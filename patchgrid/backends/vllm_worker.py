@@ -43,7 +43,7 @@ from ..plan import (
     stream_key,
     tree_rows,
 )
-from ..sites import FAMILIES, SITES, Family, get_module, parse_key, site_module
+from ..sites import FAMILIES, QKV, SITES, Family, get_module, parse_key, site_key, site_module
 from ..tp import unit_owner, units_per_rank
 
 PLAN_KEY = "patchgrid"
@@ -161,12 +161,15 @@ class _Session:
         tp_size = self.tp[1]
         # this rank's width of each site: z is split over tensor-parallel ranks by heads, the MLP's
         # hidden layer by neurons
-        local = {"z": units_per_rank(shape["n_heads"], tp_size) * shape["head_dim"],
-                 "mlp": units_per_rank(shape["d_mlp"], tp_size, "MLP neurons"), "d_model": shape["d_model"]}
+        n_kv = shape.get("n_kv_heads") or shape["n_heads"]
+        z = units_per_rank(shape["n_heads"], tp_size) * shape["head_dim"]
+        kv = units_per_rank(n_kv, tp_size, "key/value heads") * shape["head_dim"] if n_kv % tp_size == 0 else 0
+        local = {"z": z, "q": z, "kv": kv, "mlp": units_per_rank(shape["d_mlp"], tp_size, "MLP neurons"),
+                 "d_model": shape["d_model"], "pattern": 0}
         self.widths = {name: local[site.width] for name, site in SITES.items()}
         self.widths.update(d_model=shape["d_model"],
-                           units={"head": shape["n_heads"], "neuron": shape["d_mlp"]},
-                           unit_width={"head": shape["head_dim"], "neuron": 1})
+                           units={"head": shape["n_heads"], "kv_head": n_kv, "neuron": shape["d_mlp"]},
+                           unit_width={"head": shape["head_dim"], "kv_head": shape["head_dim"], "neuron": 1})
         self.requests: dict[str, _Request | None] = {}
         self.results: dict[str, list] = {}
         self.step = _Step()
@@ -186,7 +189,10 @@ class _Session:
         decoder = get_module(self.model, self.family.decoder)
         if self.family.stream_arg is None or getattr(decoder, "start_layer", None) != 0:
             raise RuntimeError(f"patchgrid worker: the {self.family.name} decoder cannot start at layer {layer} here")
-        self.handles.append(get_module(self.model, self.family.layers)[layer].register_forward_pre_hook(self._on_start))
+        # first among the layer's pre-hooks: a patch or capture of the stream entering it (resid_pre)
+        # sees the cached stream
+        block = get_module(self.model, self.family.layers)[layer]
+        self.handles.append(block.register_forward_pre_hook(self._on_start, prepend=True))
         self._decoder = decoder
         decoder.start_layer = layer
 
@@ -202,15 +208,26 @@ class _Session:
         # and over the continuations are unembedded here (vLLM itself unembeds each request's last row only).
         self.handles.append(get_module(m, fam.final_norm).register_forward_hook(self._on_final))
         self.handles.append(m.logits_processor.register_forward_hook(self._on_logits))
+        attention = set()  # layers whose q, k or v are read or written
         for key in keys - {"embed"}:  # the embedding's hooks above handle embed
             site, layer = parse_key(key)
             module = site_module(m, fam, site, layer)
-            if SITES[site].at == "input":
+            if SITES[site].at == "attention":
+                attention.add(layer)
+            elif SITES[site].at == "input" and SITES[site].unit is None:
+                # the stream a layer or its MLP's norm reads: (hidden, residual) in a split family
+                index = fam.stream_arg if SITES[site].module == "layer" else 0
+                self.handles.append(module.register_forward_pre_hook(
+                    self._make_stream_input_hook(key, index, fam.split_residual)))
+            elif SITES[site].at == "input":
                 self.handles.append(module.register_forward_pre_hook(self._make_input_hook(key)))
             elif site == "resid" and fam.split_residual:
                 self.handles.append(module.register_forward_hook(self._make_split_stream_hook(key)))
             else:
                 self.handles.append(module.register_forward_hook(self._make_out_hook(key)))
+        for layer in attention:
+            kernel = get_module(site_module(m, fam, "q", layer), fam.attn_kernel)
+            self.handles.append(kernel.register_forward_pre_hook(self._make_attention_hook(layer)))
 
     def remove(self):
         if self._decoder is not None:
@@ -359,6 +376,55 @@ class _Session:
                 put(t, w[0], w[1], key)
             self._capture(key, lambda a, b: t[a:b])
             return None
+
+        return hook
+
+    def _make_stream_input_hook(self, key, index: int, split: bool):
+        """The whole stream a module reads: resid_pre (a layer's input) or resid_mid (the MLP norm's).
+        In a split family it reads (hidden, residual) at `index`, `index + 1`, the stream being their
+        sum (residual is None where layer 0 reads the embedding alone): a write puts the whole stream
+        into copies of hidden and a zeroed residual. Elsewhere the module's own input is written in
+        place, since the layer keeps that very tensor as its residual."""
+
+        def hook(module, args):
+            hidden = args[index]
+            residual = args[index + 1] if split else None
+            w = self.step.writes.get(key)
+            if w is not None and residual is not None:
+                hidden, residual = hidden.clone(), residual.clone()
+                put(hidden, w[0], w[1], key)
+                put(residual, w[0], torch.zeros_like(w[1]), key)
+            elif w is not None:
+                put(hidden, w[0], w[1], key)
+            if residual is None:
+                self._capture(key, lambda a, b: hidden[a:b])
+            else:
+                self._capture(key, lambda a, b: hidden[a:b] + residual[a:b])
+            if w is not None and residual is not None:
+                return args[:index] + (hidden, residual) + args[index + 2:]
+            return None
+
+        return hook
+
+    def _make_attention_hook(self, layer: int):
+        """q, k and v as vLLM's attention kernel receives them ([tokens, heads * head_dim], after the
+        rotary embedding): a patch writes one head's columns of a copy."""
+        keys = [site_key(site, layer) for site in QKV]
+        hd = self.widths["unit_width"]["head"]
+
+        def hook(module, args):
+            out = list(args[:3])
+            for i, key in enumerate(keys):
+                w = self.step.units.get(key)
+                if w is not None:
+                    rows, units, vals = w
+                    out[i] = out[i].clone()
+                    put(out[i].view(out[i].shape[0], -1, hd), (rows, units), vals, key)
+                t = out[i]
+                self._capture(key, lambda a, b: t[a:b])
+            if all(a is b for a, b in zip(out, args)):
+                return None
+            return tuple(out) + tuple(args[3:])
 
         return hook
 

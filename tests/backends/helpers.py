@@ -11,7 +11,8 @@ TOL = 1e-4
 
 
 def all_keys(shape):
-    return ["embed"] + [site_key(s, layer) for s in ("resid", "attn_out", "mlp_out", "head", "neuron")
+    return ["embed"] + [site_key(s, layer) for s in ("resid_pre", "resid_mid", "resid", "attn_out", "mlp_out", "q", "k",
+                                                     "v", "head", "neuron")
                         for layer in range(shape.n_layers)]
 
 
@@ -22,11 +23,18 @@ def every_site_requests(shape, corrupt, answers, source="clean"):
     reqs = [Request(tokens=corrupt, answers=answers, top_k=5)]
     reqs.append(Request(tokens=corrupt, answers=answers, patches=(Patch("embed", None, source, pos),)))
     for layer in range(shape.n_layers):
-        for site in ("resid", "attn_out", "mlp_out"):
+        for site in ("resid_pre", "resid_mid", "resid", "attn_out", "mlp_out"):
             reqs.append(Request(tokens=corrupt, answers=answers, patches=(Patch(site, layer, source, pos),)))
             reqs.append(Request(tokens=corrupt, answers=answers, patches=(Patch(site, layer, source, None),)))
         for head in range(shape.n_heads):
             reqs.append(Request(tokens=corrupt, answers=answers, patches=(Patch("head", layer, source, pos, head),)))
+            reqs.append(Request(tokens=corrupt, answers=answers, patches=(Patch("q", layer, source, pos, head),)))
+        for head in range(shape.kv_heads):  # key/value heads
+            for site in ("k", "v"):
+                reqs.append(Request(tokens=corrupt, answers=answers, patches=(Patch(site, layer, source, pos, head),)))
+        reqs.append(Request(tokens=corrupt, answers=answers, patches=(Patch("q", layer, source, None, 1),
+                                                                      Patch("k", layer, source, None, 0),
+                                                                      Patch("v", layer, source, (n - 1,), 1))))
         # neurons at both ends of each tensor-parallel rank's half, and inside
         for neuron in (0, shape.d_mlp // 2 - 1, shape.d_mlp // 2, shape.d_mlp - 1, 37):
             reqs.append(Request(tokens=corrupt, answers=answers, patches=(Patch("neuron", layer, source, pos, neuron=neuron),)))
