@@ -20,7 +20,7 @@ from .engine import BACKENDS, DEFAULT_BACKEND, DTYPES
 from .models import BUILTIN, DEFAULT_MODEL
 from .pairs.sources import FORMATS
 from .rows import ANSWER_POLICIES
-from .sites import SITE_KINDS
+from .sites import PATCHABLE
 from .spec import RUNNERS, SpecError, StudySpec, sweep_names
 from .sweeps import DEFAULT_SWEEPS, SWEEPS
 from .sweeps.config import ATP_CORRECTIONS, ATP_KINDS, HEAD_POSITIONS
@@ -344,7 +344,7 @@ def build_parser() -> argparse.ArgumentParser:
     patch.add_argument("--corrupt", required=True)
     patch.add_argument("--clean-answer", required=True)
     patch.add_argument("--corrupt-answer", required=True)
-    patch.add_argument("--site", required=True, choices=SITE_KINDS)
+    patch.add_argument("--site", required=True, choices=PATCHABLE)
     patch.add_argument("--position", default="all", help="a position, a comma list, or all (each separately)")
     patch.add_argument("--backend", default=DEFAULT_BACKEND, choices=BACKENDS)
     patch.add_argument("--dtype", default="auto", choices=DTYPES)

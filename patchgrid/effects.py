@@ -8,6 +8,7 @@ import pyarrow as pa
 
 from .metrics import Reading, recovery
 from .rows import EFFECT
+from .sites import unit_name
 from .staging import write_parquet
 
 SCHEMA = EFFECT.schema
@@ -31,6 +32,8 @@ def cell_columns(pair, cell) -> dict:
         "direction": cell.direction, "layer": cell.layer, "position": cell.position,
         "position_role": "all" if cell.position is None else pair.roles[cell.position],
         "head": cell.head, "neuron": cell.neuron, "window": cell.window,
+        "sender": None if cell.receiver is None else unit_name(cell.site, cell.layer, cell.head),
+        "receiver": cell.receiver,
     }
 
 

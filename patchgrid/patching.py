@@ -12,7 +12,7 @@ from .cache import MemoryStore
 from .metrics import METRICS
 from .pairs.align import position_roles
 from .pairs.pair import Pair
-from .sites import SITE_KINDS
+from .sites import PATCHABLE
 from .sweeps import SweepConfig, cache_spec, kind_for_site, run_sweeps
 
 
@@ -74,8 +74,8 @@ def as_pair(tokens: PairTokens, pair_id: str = "pair") -> Pair:
 def sweep_pair(engine, tokens: PairTokens, site: str, positions: list[int] | None = None) -> dict:
     """Denoise: patch clean into corrupt at each (layer[, head], position) separately, through the
     same sweep code as a study (the sweep kind that patches `site` alone)."""
-    if site not in SITE_KINDS:
-        raise PairError(f"--site {site!r} is unknown; use one of {', '.join(SITE_KINDS)}")
+    if site not in PATCHABLE:
+        raise PairError(f"--site {site!r} is unknown or cannot be patched; use one of {', '.join(PATCHABLE)}")
     n = len(tokens.clean)
     for p in positions or ():
         if not 0 <= p < n:
@@ -84,7 +84,7 @@ def sweep_pair(engine, tokens: PairTokens, site: str, positions: list[int] | Non
     config = SweepConfig(sweeps=(kind_for_site(site).name,), resid_directions=("denoise",),
                          positions=tuple(range(n)) if positions is None else tuple(positions))
     store = MemoryStore(engine, [pair], cache_spec(config, engine.shape.n_layers))
-    rows = run_sweeps(engine, [pair], store, config)
+    rows = [r for r in run_sweeps(engine, [pair], store, config) if r["site"] == site]  # qkv: q, k and v
     base = store.baselines[pair.pair_id]
     metric = rows[0]["metric"] if rows else "logit_diff"  # logprob_diff when an answer has several tokens
     return {

@@ -68,6 +68,7 @@ SITES = {site.name: site for site in (
     Site("neuron", "down_proj", "input", "mlp", "neuron"),
     Site("pattern", "attn", "attention", "pattern", "head", patchable=False),
 )}
+PATCHABLE = tuple(name for name, site in SITES.items() if site.patchable)
 QKV = ("q", "k", "v")  # the sites read where attention is computed (Site.at == "attention")
 SITE_KINDS = tuple(SITES)
 LAYER_SITES = tuple(name for name, site in SITES.items() if site.module != "embed")
@@ -175,6 +176,27 @@ def site_key(site: str, layer: int | None) -> str:
     """Name of a captured tensor: `embed`, `resid_pre.3`, `resid.3`, `attn_out.3`, `q.3`, `head.3` (z),
     `neuron.3` (the down projection's input), ..."""
     return "embed" if site == "embed" else f"{site}.{layer}"
+
+
+LOGITS = "logits"  # the receiver of a path straight to the unembedding
+
+
+def unit_name(site: str, layer: int | None, unit: int | None = None) -> str:
+    """A site at a layer, or one unit of it, as text: `head.3.2`, `q.5.1`, `attn_out.3`, `embed`
+    (what names a path's sender and receiver)."""
+    key = site_key(site, layer)
+    return key if unit is None else f"{key}.{unit}"
+
+
+def parse_unit_name(text: str) -> tuple[str, int | None, int | None]:
+    """(site, layer, unit) from `unit_name`'s text; a unit is required exactly for sites patched by unit."""
+    parts = text.split(".")
+    site = parts[0]
+    want = 1 + (site in LAYER_SITES) + (site in SITES and SITES[site].unit is not None)
+    if site not in SITES or len(parts) != want or not all(x.isdigit() for x in parts[1:]):
+        raise ValueError(f"bad site name {text!r}: expected e.g. head.3.2 (site.layer.head), attn_out.3 or q.5.1")
+    nums = [int(x) for x in parts[1:]] + [None, None]
+    return (site, None, None) if site == "embed" else (site, nums[0], nums[1])
 
 
 def parse_key(key: str) -> tuple[str, int | None]:

@@ -16,7 +16,6 @@ import torch
 
 from .sites import SITES, parse_key
 
-
 SPLIT_WIDTHS = ("z", "q", "kv", "mlp")  # Site.width values split over ranks by unit
 
 

@@ -420,8 +420,7 @@ class _Session:
                     rows, units, vals = w
                     out[i] = out[i].clone()
                     put(out[i].view(out[i].shape[0], -1, hd), (rows, units), vals, key)
-                t = out[i]
-                self._capture(key, lambda a, b: t[a:b])
+                self._capture(key, lambda a, b, t=out[i]: t[a:b])
             if all(a is b for a, b in zip(out, args)):
                 return None
             return tuple(out) + tuple(args[3:])

@@ -4,7 +4,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..rows import DIRECTIONS
+from ..sites import QKV
 from .kinds import SWEEP_KINDS
+from .paths import PATH_MLPS, check_ends
 
 SWEEPS = tuple(SWEEP_KINDS)
 DEFAULT_SWEEPS = ("resid", "attn_out", "mlp_out", "heads")
@@ -17,6 +19,7 @@ TRACE_NOISE_SCALE = 3.0  # times the std of the subjects' embeddings over the da
 ATP_KINDS = ("resid", "attn_out", "mlp_out", "heads", "neurons")  # what the atp sweep can screen
 DEFAULT_ATP_KINDS = ("resid", "attn_out", "mlp_out", "heads")
 ATP_CORRECTIONS = ("none", "graddrop")
+PATH_MLP_MODES = PATH_MLPS
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,14 @@ class SweepConfig:
     verify_top: int = 20
     verify_random: int = 20
     atp_correction: str = "none"
+    # paths: the senders (heads, attn_out, mlp_out: every one of that site; or head.L.H, attn_out.L,
+    # mlp_out.L), the receivers (logits; heads: every head of a later layer; or head.L.H), the
+    # receiver inputs patched (q, k, v), and whether MLPs after the sender are frozen (direct paths
+    # only) or recompute (Wang et al.'s freeze-and-patch): sweeps.paths
+    path_senders: tuple[str, ...] = ("heads",)
+    path_receivers: tuple[str, ...] = ("logits",)
+    path_inputs: tuple[str, ...] = QKV
+    path_mlps: str = "frozen"
 
     def __post_init__(self):
         bad = [s for s in self.sweeps if s not in SWEEPS]
@@ -66,5 +77,6 @@ class SweepConfig:
             raise ValueError(f"verify_top {self.verify_top} and verify_random {self.verify_random} must not be negative")
         if self.atp_correction not in ATP_CORRECTIONS:
             raise ValueError(f"unknown atp correction {self.atp_correction!r}; use one of {', '.join(ATP_CORRECTIONS)}")
+        check_ends(self.path_senders, self.path_receivers, self.path_inputs, self.path_mlps)
         if not self.trace_noise_scale >= 0:
             raise ValueError(f"trace_noise_scale {self.trace_noise_scale} must be >= 0")

@@ -2,12 +2,18 @@
 cache must hold for it, and how its runs become effect rows.
 
     resid     layer x position; denoise (clean into corrupt) and noise (corrupt into clean)
+    resid_pre layer x position, denoise: the stream entering each layer (layer 0: the embedding)
+    resid_mid layer x position, denoise: the stream between each layer's attention and MLP
     attn_out  layer x position, denoise
     mlp_out   layer x position, denoise
     embed     position, denoise (the token embedding: a patch is a token swap)
     heads     layer x head: every position at once, and at chosen positions (by role)
     neurons   layer x MLP neuron, at the same positions as heads (exhaustive only on small models;
               the atp sweep screens them)
+    qkv       layer x head x position for each of q, k and v (k and v by key/value head), at the
+              same positions as heads
+    paths     path patching (patchgrid.sweeps.paths): senders x receivers (the logits, or later
+              heads' q, k, v inputs) at the positions heads are patched at
     trace     causal tracing: Gaussian noise on the subject's embeddings, restore the clean hidden
               state at one (layer, position), or the clean MLP / attention output over a window of
               layers at one position; metric: the clean answer's probability, averaged over samples
@@ -45,6 +51,7 @@ class Cell:
     window: int | None = None
     sample: int | None = None  # trace: the noise sample
     neuron: int | None = None
+    receiver: str | None = None  # paths: `logits` or a later head's input (sites.unit_name); site etc.: the sender
 
     @property
     def source(self) -> str:
@@ -69,9 +76,14 @@ class SweepContext:
     n_heads: int
     noise_std: float = 0.0  # trace
     d_mlp: int = 0  # neurons per layer
+    n_kv_heads: int = 0  # key/value heads per layer; 0: as many as heads
     # atp: per pair id, {cell: (estimate, GradDrop score or None, `top`/`random`/None)} in grid
     # order (AtpSweep.estimates)
     estimates: dict | None = None
+    # paths: per pair id, {first-pass cell: Reading}, and the first passes' captures by
+    # (pair id, run name): the sources pass 2 patches from (sweeps.paths)
+    first_pass: dict | None = None
+    derived: dict | None = None
 
 
 class SweepKind:
@@ -100,6 +112,14 @@ class SweepKind:
     def request(self, pair, cell: Cell, ctx: SweepContext, source: str) -> Request:
         """The engine request for `cell`; `source` names the cached run it patches from."""
         raise NotImplementedError
+
+    def source_run(self, cell: Cell) -> str:
+        """The run whose activations `cell`'s patch writes (a cached run, or one ctx.derived holds)."""
+        return cell.source
+
+    def known(self, cell: Cell, ctx: SweepContext, pair) -> Reading | None:
+        """A reading `cell` already has without a run of its own (None: run it)."""
+        return None
 
     def first_change(self, pair) -> int:
         """The first position where the run a patch reads from and the run it goes into differ
@@ -133,6 +153,18 @@ def baselines(row: dict) -> tuple[Reading, Reading]:
 
 def _positions(pair, config) -> list[int]:
     return list(range(len(pair.clean_ids))) if config.positions is None else list(config.positions)
+
+
+def unit_positions(pair, config) -> list[int | None]:
+    """Where heads, neurons and paths are patched: the given positions one by one; or every position
+    one by one (head_positions `every`); or every position at once (None) and the positions of the
+    head_position_roles."""
+    if config.positions is not None:
+        return list(config.positions)
+    if config.head_positions == "every":
+        return list(range(len(pair.corrupt_ids)))
+    chosen = [None] + [pair.roles.index(role) for role in config.head_position_roles if role in pair.roles]
+    return list(dict.fromkeys(chosen))
 
 
 def _tokens(pair, direction: str):
@@ -178,42 +210,43 @@ class PositionSweep(SweepKind):
 
 
 class UnitSweep(SweepKind):
-    """One unit (an attention head's slice of z, or one MLP neuron) per run: at every position at
-    once and at the positions of chosen roles, or at every (or given) position one by one."""
+    """One unit (an attention head's slice of z or of q, k or v, or one MLP neuron) per run: at every
+    position at once and at the positions of chosen roles, or at every (or given) position one by
+    one. A kind may patch several sites (qkv: q, k and v), each unit by unit."""
 
-    def __init__(self, name: str, site: str):
-        self.name, self.site = name, site
-        self.unit = SITES[site].unit  # the Cell and Patch field naming the unit
+    def __init__(self, name: str, *sites: str):
+        self.name, self.sites = name, sites
+        self.site = sites[0]  # the site a single-site kind patches (atp screens by it)
 
     def needs(self, ctx):
         streams = (("corrupt", stream_keys(ctx.n_layers)),) if ctx.config.skip else ()
-        return CacheSpec(layer_keys(self.site, ctx.n_layers), ("clean",), streams)
+        keys = tuple(k for site in self.sites for k in layer_keys(site, ctx.n_layers))
+        return CacheSpec(keys, ("clean",), streams)
 
     def positions(self, pair, config) -> list[int | None]:
-        if config.positions is not None:
-            return list(config.positions)
-        if config.head_positions == "every":
-            return list(range(len(pair.corrupt_ids)))
-        chosen = [None] + [pair.roles.index(role) for role in config.head_position_roles if role in pair.roles]
-        return list(dict.fromkeys(chosen))
+        return unit_positions(pair, config)
 
-    def units(self, ctx) -> int:
-        return ctx.n_heads if self.unit == "head" else ctx.d_mlp
+    @staticmethod
+    def units(site: str, ctx) -> int:
+        unit = SITES[site].unit
+        n = {"head": ctx.n_heads, "kv_head": ctx.n_kv_heads or ctx.n_heads, "neuron": ctx.d_mlp}[unit]
+        if not n:
+            raise ValueError(f"a sweep over {site} needs the model's number of {unit}s")
+        return n
 
     def cells(self, pair, ctx):
-        units = self.units(ctx)
-        if not units:
-            raise ValueError(f"the {self.name} sweep needs the model's number of {self.unit}s")
-        return [Cell(self.name, self.site, "denoise", layer, pos, **{self.unit: unit})
-                for pos in self.positions(pair, ctx.config) for layer in range(ctx.n_layers) for unit in range(units)]
+        return [Cell(self.name, site, "denoise", layer, pos, **{SITES[site].unit_field: unit})
+                for site in self.sites for pos in self.positions(pair, ctx.config) for layer in range(ctx.n_layers)
+                for unit in range(self.units(site, ctx))]
 
     def count(self, pair, ctx):
-        return len(self.positions(pair, ctx.config)) * ctx.n_layers * self.units(ctx)
+        return len(self.positions(pair, ctx.config)) * ctx.n_layers * sum(self.units(s, ctx) for s in self.sites)
 
     def request(self, pair, cell, ctx, source):
         positions = None if cell.position is None else (cell.position,)
-        unit = {self.unit: getattr(cell, self.unit)}
-        return Request(tokens=pair.corrupt_ids, patches=(Patch(self.site, cell.layer, source, positions, **unit),),
+        field = SITES[cell.site].unit_field
+        return Request(tokens=pair.corrupt_ids,
+                       patches=(Patch(cell.site, cell.layer, source, positions, **{field: getattr(cell, field)}),),
                        **_scored(pair))
 
 
@@ -388,19 +421,28 @@ class AtpSweep(SweepKind):
 
 SWEEP_KINDS: dict[str, SweepKind] = {kind.name: kind for kind in (
     PositionSweep("resid", both_directions=True),
+    PositionSweep("resid_pre"),
+    PositionSweep("resid_mid"),
     PositionSweep("attn_out"),
     PositionSweep("mlp_out"),
     PositionSweep("embed", layered=False),
     UnitSweep("heads", "head"),
     UnitSweep("neurons", "neuron"),
+    UnitSweep("qkv", "q", "k", "v"),
     TraceSweep(),
     AtpSweep(),
 )}
 
 
+from .paths import PathSweep  # noqa: E402  (it builds on the classes above)
+
+SWEEP_KINDS[PathSweep.name] = PathSweep()
+
+
 def kind_for_site(site: str) -> SweepKind:
-    """The sweep that patches `site` alone, one run per coordinate (what `patchgrid patch` runs)."""
+    """The sweep that patches `site` one run per coordinate (what `patchgrid patch` runs; qkv patches
+    k and v beside q)."""
     for kind in SWEEP_KINDS.values():
-        if getattr(kind, "site", None) == site:
+        if site in getattr(kind, "sites", (getattr(kind, "site", None),)):
             return kind
     raise ValueError(f"no sweep patches site {site!r}")

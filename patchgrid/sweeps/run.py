@@ -28,8 +28,8 @@ def cache_spec(config: SweepConfig, n_layers: int, noise_std: float = 0.0) -> Ca
     return spec
 
 
-def count_runs(pairs, config: SweepConfig, n_layers: int, n_heads: int, d_mlp: int = 0) -> int:
-    ctx = SweepContext(config, n_layers, n_heads, d_mlp=d_mlp)
+def count_runs(pairs, config: SweepConfig, n_layers: int, n_heads: int, d_mlp: int = 0, n_kv_heads: int = 0) -> int:
+    ctx = SweepContext(config, n_layers, n_heads, d_mlp=d_mlp, n_kv_heads=n_kv_heads)
     return sum(SWEEP_KINDS[name].count(p, ctx) for p in pairs for name in config.sweeps)
 
 
@@ -42,7 +42,7 @@ def patched_runs(pairs, ctx: SweepContext) -> Iterator[tuple[int, SweepKind, Cel
         for name in ctx.config.sweeps:
             kind = SWEEP_KINDS[name]
             for cell in kind.cells(p, ctx):
-                req = kind.request(p, cell, ctx, f"{i}:{cell.source}")
+                req = kind.request(p, cell, ctx, f"{i}:{kind.source_run(cell)}")
                 layer = latest_start(req.patches, ctx.n_layers) if ctx.config.skip else 0
                 start = Start(layer, f"{i}:{cell.stream}") if layer > 0 else None
                 yield i, kind, cell, dataclasses.replace(req, start=start, reference=f"{i}:clean")
@@ -78,32 +78,37 @@ def run_sweeps(engine, pairs, store, config: SweepConfig, progress: Progress | N
     if not need.covered_by(store.spec):
         raise CacheError(f"the activation store holds {_described(store.spec)}; these sweeps need "
                          f"{_described(need)}: build it with cache_spec() of the same sweep settings")
-    ctx = SweepContext(config, shape.n_layers, shape.n_heads, std, shape.d_mlp)
+    ctx = SweepContext(config, shape.n_layers, shape.n_heads, std, shape.d_mlp, shape.kv_heads)
     if "atp" in config.sweeps:
         from ..attribution import attributor_for
 
         estimates = SWEEP_KINDS["atp"].estimates(attributor or attributor_for(engine), pairs, ctx)
         ctx = dataclasses.replace(ctx, estimates=estimates)
-    total = count_runs(pairs, config, shape.n_layers, shape.n_heads, shape.d_mlp)
+    total = count_runs(pairs, config, shape.n_layers, shape.n_heads, shape.d_mlp, shape.kv_heads)
     readings: dict[tuple[int, str], list] = defaultdict(list)
     done = 0
 
-    def flush(buffer):
+    def run_all(runs, read):
+        """Engine calls over `runs` [(pair index, kind, cell, request)], each result handed to `read`.
+        Sorted by the layer they start at, so that an engine call holds few start layers (a call
+        computes from one layer up; plan.Start); a shard's requests are small, its results are not."""
         nonlocal done
-        sources = {}
-        for i, _, cell, req in buffer:
-            for run in ("clean", cell.source, cell.stream) if req.start else ("clean", cell.source):
-                name = f"{i}:{run}"
-                if name not in sources:
-                    sources[name] = store.captures(pairs[i].pair_id, run)
-                    if run == "clean":
-                        sources[name][LOGPROBS] = store.logprobs(pairs[i].pair_id)
-        results = engine.run([req for *_, req in buffer], sources)
-        for (i, kind, cell, _), res in zip(buffer, results):
-            readings[(i, kind.name)].append((cell, Reading.of(res)))
-        done += len(buffer)
-        if progress:
-            progress(done, total)
+        runs = sorted(runs, key=lambda run: run[-1].start.layer if run[-1].start else 0)
+        for k in range(0, len(runs), config.max_requests):
+            buffer = runs[k:k + config.max_requests]
+            sources = {}
+            for *_, req in buffer:
+                names = {p.source for p in req.patches} | {req.reference} | ({req.start.source} if req.start else set())
+                for name in names - set(sources):
+                    sources[name] = _source(store, ctx, pairs, name)
+            for run, res in zip(buffer, engine.run([req for *_, req in buffer], sources)):
+                read(run, res)
+            done += len(buffer)
+            if progress:
+                progress(done, total)
+
+    if "paths" in config.sweeps:
+        ctx = _first_pass(SWEEP_KINDS["paths"], pairs, ctx, run_all)
 
     runs, unchanged = [], []
     first_change = {}  # (pair index, kind) -> the pair's first position where the kind's runs differ
@@ -111,12 +116,14 @@ def run_sweeps(engine, pairs, store, config: SweepConfig, progress: Progress | N
         i, kind, cell, _ = run
         if (i, kind.name) not in first_change:
             first_change[i, kind.name] = kind.first_change(pairs[i])
-        (unchanged if config.skip and kind.unchanged(cell, first_change[i, kind.name]) else runs).append(run)
-    # Sorted by the layer they start at, so that an engine call holds few start layers (a call
-    # computes from one layer up; plan.Start); a shard's requests are small, its results are not.
-    runs.sort(key=lambda run: run[-1].start.layer if run[-1].start else 0)
-    for k in range(0, len(runs), config.max_requests):
-        flush(runs[k:k + config.max_requests])
+        if config.skip and kind.unchanged(cell, first_change[i, kind.name]):
+            unchanged.append(run)
+        elif (got := kind.known(cell, ctx, pairs[i])) is not None:
+            readings[(i, kind.name)].append((cell, got))
+            done += 1
+        else:
+            runs.append(run)
+    run_all(runs, lambda run, res: readings[(run[0], run[1].name)].append((run[2], Reading.of(res))))
     if unchanged:
         _fill_unchanged(unchanged, readings, pairs, store)
         done += len(unchanged)
@@ -131,6 +138,42 @@ def run_sweeps(engine, pairs, store, config: SweepConfig, progress: Progress | N
             got = sorted(readings[(i, name)], key=lambda cr, order=order: order[cr[0]])
             rows += kind.rows(p, got, store.baselines[p.pair_id], ctx)
     return rows
+
+
+def _source(store, ctx: SweepContext, pairs, name: str) -> dict:
+    """The activations a request names `{pair index}:{run}`: a cached run's (the clean run's with
+    its log-probabilities, which KL divergences are measured from), or a first pass's (ctx.derived)."""
+    i, _, run = name.partition(":")
+    pair_id = pairs[int(i)].pair_id
+    if ctx.derived and (pair_id, run) in ctx.derived:
+        return ctx.derived[(pair_id, run)]
+    caps = store.captures(pair_id, run)
+    if run == "clean":
+        caps[LOGPROBS] = store.logprobs(pair_id)
+    return caps
+
+
+def _first_pass(kind, pairs, ctx: SweepContext, run_all) -> SweepContext:
+    """Path patching's first pass (sweeps.paths): per pair, sender and position, the sender patched
+    and what follows it frozen; its readings and captures go into the context."""
+    first, derived, runs = {p.pair_id: {} for p in pairs}, {}, []
+    for i, p in enumerate(pairs):
+        change = kind.first_change(p)
+        for cell in kind.first_cells(p, ctx):
+            if ctx.config.skip and kind.unchanged(cell, change):
+                continue  # every path of it equals the corrupt run: its cells are unchanged too
+            req = kind.first_request(p, cell, ctx, f"{i}:clean", f"{i}:corrupt")
+            layer = latest_start(req.patches, ctx.n_layers) if ctx.config.skip else 0
+            start = Start(layer, f"{i}:{cell.stream}") if layer > 0 else None
+            runs.append((i, kind, cell, dataclasses.replace(req, start=start, reference=f"{i}:clean")))
+
+    def read(run, res):
+        i, _, cell, _ = run
+        first[pairs[i].pair_id][cell] = Reading.of(res)
+        derived[(pairs[i].pair_id, kind.first_run(cell))] = res.captures
+
+    run_all(runs, read)
+    return dataclasses.replace(ctx, first_pass=first, derived=derived)
 
 
 def _fill_unchanged(unchanged, readings, pairs, store) -> None:

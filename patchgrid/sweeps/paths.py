@@ -1,0 +1,171 @@
+"""Path patching: does a sender matter through one route?
+
+A sender is a head (its slice of z), or a layer's attn_out or mlp_out. Its contribution to the
+stream is what it writes there; denoising, its clean contribution replaces its corrupt one on one
+path only, and every other path sees the corrupt run.
+
+- Sender -> logits (the direct effect): the final stream gets the difference of the sender's clean
+  and corrupt contributions, nothing else changes. One run: the corrupt prompt with the sender
+  patched clean and every attention output and MLP output after it frozen at its corrupt value, so
+  that no later component passes the change on.
+- Sender -> receiver (a later head's query, key or value input): the receiver computes its q, k or v
+  from the corrupt stream plus the sender's difference, through its own norm and projection (and
+  rotary embedding); no other reader of the stream sees it. Two passes:
+  1. the same frozen run as above, capturing q, k and v of the receivers' layers: with everything
+     after the sender frozen, the stream entering any later layer is exactly the corrupt stream
+     plus the sender's difference, so these are the receivers' own projections of it;
+  2. the corrupt prompt with one receiver head's q, k or v (at the same positions) patched from
+     pass 1.
+  This is TransformerLens's direct path patching, and Wang et al.'s (2022) path patching restricted
+  to direct paths. Their full freeze-and-patch procedure freezes the attention heads only and lets
+  the MLPs recompute, so paths through MLPs count too: `path_mlps="recomputed"` runs exactly that,
+  in the same two passes.
+
+The sender is patched at one position (or every position at once) and the receiver's input is
+patched at the same positions: the stream carries a position's change only at that position.
+Senders and receivers come from the study's settings (`path_senders`, `path_receivers`,
+`path_inputs`); positions are those heads are patched at.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from ..cache import CacheSpec, layer_keys, stream_keys
+from ..plan import Patch, Request
+from ..sites import LOGITS, QKV, parse_unit_name, site_key, unit_name
+from .kinds import Cell, SweepKind, _scored, unit_positions
+
+SENDER_SITES = ("head", "attn_out", "mlp_out")
+SENDER_KINDS = {"heads": "head", "attn_out": "attn_out", "mlp_out": "mlp_out"}  # every one of a site
+PATH_MLPS = ("frozen", "recomputed")  # frozen: direct paths only; recomputed: Wang et al.'s full procedure
+FIRST = "path:"  # the run name prefix of a sender's first pass (its captures are pass 2's sources)
+
+
+def check_ends(senders, receivers, inputs, mlps) -> None:
+    """Refuse a malformed path setting, naming it (layer and head ranges are checked against the
+    model when the grid is built)."""
+    for s in senders:
+        if s not in SENDER_KINDS:
+            site = _parsed(s, "path sender")[0]
+            if site not in SENDER_SITES:
+                raise ValueError(f"path sender {s!r}: a sender is a head (head.L.H), attn_out.L or mlp_out.L, "
+                                 f"or every one of them: {', '.join(SENDER_KINDS)}")
+    for r in receivers:
+        if r not in (LOGITS, "heads") and _parsed(r, "path receiver")[0] != "head":
+            raise ValueError(f"path receiver {r!r}: use logits, heads (every head of a later layer) or head.L.H")
+    bad = [x for x in inputs if x not in QKV]
+    if bad or not inputs:
+        raise ValueError(f"path input {bad[0] if bad else '(none)'!r}: use some of {', '.join(QKV)}")
+    if not senders or not receivers:
+        raise ValueError("path patching needs at least one sender and one receiver")
+    if mlps not in PATH_MLPS:
+        raise ValueError(f"path_mlps {mlps!r}: use one of {', '.join(PATH_MLPS)}")
+
+
+def _parsed(text, what):
+    try:
+        return parse_unit_name(text)
+    except ValueError as exc:
+        raise ValueError(f"{what}: {exc}") from None
+
+
+class PathSweep(SweepKind):
+    name = "paths"
+
+    # ---- the grid ----
+    def senders(self, ctx) -> list[tuple[str, int, int | None]]:
+        """(site, layer, head or None) of every sender, in the order given."""
+        out = []
+        for s in ctx.config.path_senders:
+            if s in SENDER_KINDS:
+                site = SENDER_KINDS[s]
+                heads = range(ctx.n_heads) if site == "head" else [None]
+                out += [(site, layer, h) for layer in range(ctx.n_layers) for h in heads]
+            else:
+                site, layer, head = parse_unit_name(s)
+                self._check(s, layer, head, ctx)
+                out.append((site, layer, head))
+        return list(dict.fromkeys(out))
+
+    def receivers(self, layer: int, ctx) -> list[str]:
+        """The receivers of a sender at `layer`: the logits, and each later receiver head's inputs
+        (k and v by the key/value head the head reads)."""
+        config, out = ctx.config, []
+        group = ctx.n_heads // (ctx.n_kv_heads or ctx.n_heads)
+        for r in config.path_receivers:
+            if r == LOGITS:
+                out.append(LOGITS)
+                continue
+            heads = ([(L, h) for L in range(ctx.n_layers) for h in range(ctx.n_heads)] if r == "heads"
+                     else [parse_unit_name(r)[1:]])
+            for L, h in heads:
+                self._check(r, L, h, ctx)
+                if L > layer:
+                    out += [unit_name(x, L, h if x == "q" else h // group) for x in config.path_inputs]
+        return list(dict.fromkeys(out))
+
+    @staticmethod
+    def _check(text, layer, head, ctx):
+        if not 0 <= layer < ctx.n_layers or head is not None and not 0 <= head < ctx.n_heads:
+            raise ValueError(f"path end {text!r} is outside the model ({ctx.n_layers} layers of {ctx.n_heads} heads)")
+
+    def cells(self, pair, ctx):
+        return [Cell(self.name, site, "denoise", layer, pos, head, receiver=r)
+                for pos in unit_positions(pair, ctx.config) for site, layer, head in self.senders(ctx)
+                for r in self.receivers(layer, ctx)]
+
+    def count(self, pair, ctx):
+        return len(self.cells(pair, ctx)) + len(self.first_cells(pair, ctx))
+
+    def needs(self, ctx):
+        n = ctx.n_layers
+        sites = {SENDER_KINDS[s] if s in SENDER_KINDS else parse_unit_name(s)[0] for s in ctx.config.path_senders}
+        clean = tuple(k for site in sorted(sites) for k in layer_keys(site, n))
+        frozen = layer_keys("attn_out", n) + (layer_keys("mlp_out", n) if ctx.config.path_mlps == "frozen" else ())
+        streams = stream_keys(n) if ctx.config.skip else ()
+        return CacheSpec(clean, ("clean",), (("corrupt", frozen + streams),))
+
+    # ---- pass 1: the sender patched, everything after it frozen ----
+    def first_cells(self, pair, ctx) -> list[Cell]:
+        """One first-pass run per (sender, position) with any receiver (its reading is the
+        sender -> logits path)."""
+        return list(dict.fromkeys(dataclasses.replace(c, receiver=None) for c in self.cells(pair, ctx)))
+
+    def first_request(self, pair, cell: Cell, ctx, clean: str, corrupt: str) -> Request:
+        site, layer = cell.site, cell.layer
+        positions = None if cell.position is None else (cell.position,)
+        patches = [Patch(site, layer, clean, positions, cell.head)]
+        n = ctx.n_layers
+        patches += [Patch("attn_out", L, corrupt) for L in range(layer + 1, n)]
+        if ctx.config.path_mlps == "frozen":
+            first_mlp = layer + 1 if site == "mlp_out" else layer
+            patches += [Patch("mlp_out", L, corrupt) for L in range(first_mlp, n)]
+        capture = sorted({site_key(parse_unit_name(r)[0], parse_unit_name(r)[1])
+                          for r in self.receivers(layer, ctx) if r != LOGITS})
+        return Request(tokens=pair.corrupt_ids, patches=tuple(patches), capture=tuple(capture), **_scored(pair))
+
+    @staticmethod
+    def first_run(cell: Cell) -> str:
+        """The name of a sender's first-pass run, whose captures pass 2 patches from."""
+        pos = "all" if cell.position is None else cell.position
+        return f"{FIRST}{unit_name(cell.site, cell.layer, cell.head)}@{pos}"
+
+    # ---- pass 2, and the rows ----
+    def source_run(self, cell: Cell) -> str:
+        return cell.source if cell.receiver == LOGITS else self.first_run(cell)
+
+    def known(self, cell: Cell, ctx, pair):
+        """A sender -> logits cell's reading is its first pass's."""
+        if cell.receiver == LOGITS:
+            return ctx.first_pass[pair.pair_id][dataclasses.replace(cell, receiver=None)]
+        return None
+
+    def request(self, pair, cell, ctx, source):
+        if cell.receiver == LOGITS:  # the first pass (known() holds its reading)
+            pair_index = source.partition(":")[0]  # sources are named `{pair index}:{run}` (sweeps.run)
+            return self.first_request(pair, dataclasses.replace(cell, receiver=None), ctx, source,
+                                      f"{pair_index}:corrupt")
+        site, layer, unit = parse_unit_name(cell.receiver)
+        positions = None if cell.position is None else (cell.position,)
+        return Request(tokens=pair.corrupt_ids, patches=(Patch(site, layer, source, positions, unit),), **_scored(pair))
+
