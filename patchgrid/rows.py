@@ -109,6 +109,11 @@ EFFECT = RowShape("effect", pa.schema([
     ("head", pa.int32()),
     ("neuron", pa.int32()),
     ("window", pa.int32()),
+    # paths: the path's two ends (sites.unit_name): the sender, whose clean output is patched in
+    # (also given by site, layer and head), and the receiver: `logits`, or a later head's input
+    # (`q.5.1`, `k.5.0`, `v.5.0`; k and v by key/value head); NULL for every other sweep
+    ("sender", pa.string()),
+    ("receiver", pa.string()),
     ("metric", pa.string()),  # the sweep's headline metric, which `effect` and `recovery` are on
     ("effect", pa.float32()),  # NULL for an atp row whose site was not verified (patched) exactly
     ("recovery", pa.float32()),
@@ -118,11 +123,6 @@ EFFECT = RowShape("effect", pa.schema([
     ("estimate", pa.float32()),
     ("estimate_graddrop", pa.float32()),
     ("verify", pa.string()),
-    # paths: the path's two ends (sites.unit_name): the sender, whose clean output is patched in
-    # (also given by site, layer and head), and the receiver: `logits`, or a later head's input
-    # (`q.5.1`, `k.5.0`, `v.5.0`; k and v by key/value head); NULL for every other sweep
-    ("sender", pa.string()),
-    ("receiver", pa.string()),
     # every metric of the patched run and the pair's baselines (trace: corrupt is the noised run's)
     *_metric_columns(("patched", "clean", "corrupt")),
 ]), {"sweep": _sweep_names, "site": SITE_KINDS, "direction": DIRECTIONS,
