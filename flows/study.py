@@ -61,14 +61,18 @@ def study(model: str = DEFAULT.model, pairs: str = DEFAULT.pairs, sweeps: str = 
           tensor_parallel_size: int = DEFAULT.tensor_parallel_size,
           atp_kinds: str = ",".join(DEFAULT.atp_kinds), verify_top: int = DEFAULT.verify_top,
           verify_random: int = DEFAULT.verify_random, atp_correction: str = DEFAULT.atp_correction,
-          head_positions: str = DEFAULT.head_positions) -> str:
+          head_positions: str = DEFAULT.head_positions, path_senders: str = ",".join(DEFAULT.path_senders),
+          path_receivers: str = ",".join(DEFAULT.path_receivers), path_inputs: str = ",".join(DEFAULT.path_inputs),
+          path_mlps: str = DEFAULT.path_mlps) -> str:
     """Run a whole activation-patching study and load it into the warehouse; returns the run id."""
     spec = StudySpec(model=model, pairs=pairs, sweeps=sweeps, limit=limit, warehouse=warehouse, workdir=workdir,
                      pairs_format=pairs_format, require_known=require_known, answer_policy=answer_policy, seed=seed, trace_samples=trace_samples,
                      trace_noise=trace_noise, shard_size=shard_size, backend=backend, max_requests=max_requests,
                      skip=skip, run_id=run_id, runner=runner, ray_address=ray_address, ray_workers=ray_workers, gpus_per_engine=gpus_per_engine,
                      tensor_parallel_size=tensor_parallel_size, atp_kinds=atp_kinds, verify_top=verify_top,
-                     verify_random=verify_random, atp_correction=atp_correction, head_positions=head_positions)
+                     verify_random=verify_random, atp_correction=atp_correction, head_positions=head_positions,
+                     path_senders=path_senders, path_receivers=path_receivers, path_inputs=path_inputs,
+                     path_mlps=path_mlps)
     # SIGTERM and SIGINT stop the study through every clean-up on the way out (engines first)
     with cancel_on_signals(), EnginePool() as engines:
         return run_study(spec, engines)

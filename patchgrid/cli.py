@@ -24,6 +24,7 @@ from .sites import PATCHABLE
 from .spec import RUNNERS, SpecError, StudySpec, sweep_names
 from .sweeps import DEFAULT_SWEEPS, SWEEPS
 from .sweeps.config import ATP_CORRECTIONS, ATP_KINDS, HEAD_POSITIONS
+from .sweeps.config import PATH_MLP_MODES as PATH_MLPS
 
 DEFAULT_STUDY = StudySpec()
 ANSWER_POLICY_HELP = ("full: score a multi-token answer whole (teacher-forced); single: reject multi-token answers; "
@@ -144,7 +145,7 @@ def cmd_sweep(args) -> int:
                              max_requests=args.max_requests, skip=not args.no_skip,
                              atp_kinds=sweep_names(args.atp_kinds), verify_top=args.verify_top,
                              verify_random=args.verify_random, atp_correction=args.atp_correction,
-                             head_positions=args.head_positions)
+                             head_positions=args.head_positions, **path_settings(args))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     if args.limit is not None and args.limit < 1:
@@ -191,6 +192,24 @@ def atp_options(p) -> None:
                    help="atp sweep: rank sites by |estimate| (none) or by AtP*'s GradDrop score (graddrop)")
 
 
+def path_options(p) -> None:
+    p.add_argument("--path-senders", default=",".join(DEFAULT_STUDY.path_senders),
+                   help="paths sweep: comma list of senders: heads, attn_out, mlp_out (every one) or head.L.H, "
+                        "attn_out.L, mlp_out.L")
+    p.add_argument("--path-receivers", default=",".join(DEFAULT_STUDY.path_receivers),
+                   help="paths sweep: comma list of receivers: logits, heads (every head of a later layer) or head.L.H")
+    p.add_argument("--path-inputs", default=",".join(DEFAULT_STUDY.path_inputs),
+                   help="paths sweep: the receiver heads' inputs patched, comma list of q, k, v")
+    p.add_argument("--path-mlps", default=DEFAULT_STUDY.path_mlps, choices=PATH_MLPS,
+                   help="paths sweep: MLPs after the sender frozen (direct paths only) or recomputed (Wang et al.'s "
+                        "freeze-and-patch: paths through MLPs count)")
+
+
+def path_settings(args) -> dict:
+    return dict(path_senders=sweep_names(args.path_senders), path_receivers=sweep_names(args.path_receivers),
+                path_inputs=sweep_names(args.path_inputs), path_mlps=args.path_mlps)
+
+
 def study_spec(args, **overrides) -> StudySpec:
     """The study the command line asks for, checked before anything runs."""
     source = Path(args.pairs)
@@ -203,7 +222,7 @@ def study_spec(args, **overrides) -> StudySpec:
                   runner=args.runner, ray_address=args.ray_address, ray_workers=args.ray_workers,
                   gpus_per_engine=args.gpus_per_engine, tensor_parallel_size=args.tensor_parallel_size,
                   atp_kinds=args.atp_kinds, verify_top=args.verify_top, verify_random=args.verify_random,
-                  atp_correction=args.atp_correction, head_positions=args.head_positions)
+                  atp_correction=args.atp_correction, head_positions=args.head_positions, **path_settings(args))
     params.update(overrides)
     try:
         spec = StudySpec(**params)
@@ -378,6 +397,7 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--backend", default=DEFAULT_BACKEND, choices=BACKENDS)
     sweep.add_argument("--no-skip", action="store_true", help=NO_SKIP_HELP)
     atp_options(sweep)
+    path_options(sweep)
     sweep.add_argument("--out", default="effects.parquet")
     sweep.set_defaults(func=cmd_sweep)
 
@@ -408,6 +428,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--tensor-parallel-size", type=int, default=DEFAULT_STUDY.tensor_parallel_size,
                        help="ranks per engine (Ray runner)")
         atp_options(p)
+        path_options(p)
         p.add_argument("--verbose", action="store_true", help="Prefect's run log on the console")
 
     st = sub.add_parser("study", help="a whole study: data set -> pairs -> cache -> sweeps -> warehouse")

@@ -13,7 +13,9 @@ from .pairs.pair import Pair
 from .rows import ANSWER_POLICIES
 from .shipped import SHIPPED_PAIRS
 from .sweeps import DEFAULT_SWEEPS, SWEEPS, SweepConfig
-from .sweeps.config import DEFAULT_ATP_KINDS
+from .sweeps.config import DEFAULT_ATP_KINDS, DEFAULT_PATHS
+
+PATH_LISTS = ("path_senders", "path_receivers", "path_inputs")  # comma lists on the command line and in flows
 
 RUNNERS = ("local", "ray")
 RUN_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -76,10 +78,18 @@ class StudySpec:
     verify_random: int = 20
     atp_correction: str = "none"
     head_positions: str = "roles"  # heads and neurons: all at once + roles, or every position one by one
+    # the paths sweep: senders, receivers, the receivers' inputs patched, and the MLPs after the
+    # sender frozen (direct paths) or recomputed (Wang et al.): patchgrid.sweeps.paths
+    path_senders: tuple[str, ...] = DEFAULT_PATHS.path_senders
+    path_receivers: tuple[str, ...] = DEFAULT_PATHS.path_receivers
+    path_inputs: tuple[str, ...] = DEFAULT_PATHS.path_inputs
+    path_mlps: str = DEFAULT_PATHS.path_mlps
 
     def __post_init__(self):
         object.__setattr__(self, "sweeps", sweep_names(self.sweeps))
         object.__setattr__(self, "atp_kinds", sweep_names(self.atp_kinds))
+        for name in PATH_LISTS:
+            object.__setattr__(self, name, sweep_names(getattr(self, name)))
         if not self.sweeps:
             raise SpecError("sweeps", f"is empty; use some of {', '.join(SWEEPS)}")
         for name in ("limit", "shard_size", "trace_samples", "max_requests", "ray_workers", "tensor_parallel_size"):
@@ -114,7 +124,11 @@ class StudySpec:
         return SweepConfig(sweeps=self.sweeps, trace_samples=self.trace_samples, seed=self.seed,
                            max_requests=self.max_requests, skip=self.skip, atp_kinds=self.atp_kinds,
                            verify_top=self.verify_top, verify_random=self.verify_random,
-                           atp_correction=self.atp_correction, head_positions=self.head_positions)
+                           atp_correction=self.atp_correction, head_positions=self.head_positions,
+                           **self.path_settings())
+
+    def path_settings(self) -> dict:
+        return {name: getattr(self, name) for name in PATH_LISTS + ("path_mlps",)}
 
     def recorded_params(self) -> dict:
         """What a run records as its parameters, and what its default run id is derived from."""
@@ -128,6 +142,8 @@ class StudySpec:
         if "atp" in self.sweeps:  # only then: the run ids of studies without it stay as they were
             params.update(atp_kinds=list(self.atp_kinds), verify_top=self.verify_top,
                           verify_random=self.verify_random, atp_correction=self.atp_correction)
+        if "paths" in self.sweeps:  # likewise
+            params.update({k: list(v) if isinstance(v, tuple) else v for k, v in self.path_settings().items()})
         return params
 
     def flow_parameters(self) -> dict:
@@ -135,6 +151,8 @@ class StudySpec:
         params = asdict(self)
         params["sweeps"] = ",".join(self.sweeps)
         params["atp_kinds"] = ",".join(self.atp_kinds)
+        for name in PATH_LISTS:
+            params[name] = ",".join(getattr(self, name))
         return params
 
     def engine_options(self) -> dict:

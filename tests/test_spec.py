@@ -17,13 +17,18 @@ def test_the_flow_takes_exactly_the_spec_fields_with_its_defaults():
     default = StudySpec()
     assert list(params) == list(StudySpec.__dataclass_fields__)
     for name, p in params.items():
-        want = ",".join(getattr(default, name)) if name in ("sweeps", "atp_kinds") else getattr(default, name)
+        want = getattr(default, name)
+        want = ",".join(want) if isinstance(want, tuple) else want
         assert p.default == want, name
     assert StudySpec(**StudySpec(limit=3).flow_parameters()) == StudySpec(limit=3)
 
 
 @pytest.mark.parametrize("change, flow_message, flag_message", [
     ({"limit": 0}, "limit 0 must be at least 1", "--limit 0 must be at least 1"),
+    ({"path_senders": "head.1"}, "path sender 'head.1'", "path sender 'head.1'"),
+    ({"path_receivers": "attn_out.2"}, "path receiver 'attn_out.2'", "path receiver 'attn_out.2'"),
+    ({"path_inputs": "q,z"}, "path input 'z'", "path input 'z'"),
+    ({"path_mlps": "half"}, "path_mlps 'half'", "path_mlps 'half'"),
     ({"trace_samples": 0}, "trace_samples 0 must be at least 1", "--trace-samples 0 must be at least 1"),
     ({"sweeps": "resid,bogus"}, "unknown sweep 'bogus'", "unknown sweep 'bogus'"),
     ({"backend": "tpu"}, "backend 'tpu' is not one of", "--backend 'tpu' is not one of"),

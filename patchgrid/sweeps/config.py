@@ -80,3 +80,6 @@ class SweepConfig:
         check_ends(self.path_senders, self.path_receivers, self.path_inputs, self.path_mlps)
         if not self.trace_noise_scale >= 0:
             raise ValueError(f"trace_noise_scale {self.trace_noise_scale} must be >= 0")
+
+
+DEFAULT_PATHS = SweepConfig()  # the paths sweep's defaults (path_*)

@@ -65,8 +65,9 @@ def check_ends(senders, receivers, inputs, mlps) -> None:
 def _parsed(text, what):
     try:
         return parse_unit_name(text)
-    except ValueError as exc:
-        raise ValueError(f"{what}: {exc}") from None
+    except ValueError:
+        raise ValueError(f"{what} {text!r}: expected a site's layer and head, e.g. head.3.2, or attn_out.3, "
+                         "mlp_out.3") from None
 
 
 class PathSweep(SweepKind):
@@ -114,8 +115,6 @@ class PathSweep(SweepKind):
                 for pos in unit_positions(pair, ctx.config) for site, layer, head in self.senders(ctx)
                 for r in self.receivers(layer, ctx)]
 
-    def count(self, pair, ctx):
-        return len(self.cells(pair, ctx)) + len(self.first_cells(pair, ctx))
 
     def needs(self, ctx):
         n = ctx.n_layers

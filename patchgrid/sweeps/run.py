@@ -88,8 +88,9 @@ def run_sweeps(engine, pairs, store, config: SweepConfig, progress: Progress | N
     readings: dict[tuple[int, str], list] = defaultdict(list)
     done = 0
 
-    def run_all(runs, read):
+    def run_all(runs, read, counted=True):
         """Engine calls over `runs` [(pair index, kind, cell, request)], each result handed to `read`.
+        `counted`: runs that are cells of the grid (progress counts cells; a first pass is not one).
         Sorted by the layer they start at, so that an engine call holds few start layers (a call
         computes from one layer up; plan.Start); a shard's requests are small, its results are not."""
         nonlocal done
@@ -103,9 +104,10 @@ def run_sweeps(engine, pairs, store, config: SweepConfig, progress: Progress | N
                     sources[name] = _source(store, ctx, pairs, name)
             for run, res in zip(buffer, engine.run([req for *_, req in buffer], sources)):
                 read(run, res)
-            done += len(buffer)
-            if progress:
-                progress(done, total)
+            if counted:
+                done += len(buffer)
+                if progress:
+                    progress(done, total)
 
     if "paths" in config.sweeps:
         ctx = _first_pass(SWEEP_KINDS["paths"], pairs, ctx, run_all)
@@ -118,7 +120,7 @@ def run_sweeps(engine, pairs, store, config: SweepConfig, progress: Progress | N
             first_change[i, kind.name] = kind.first_change(pairs[i])
         if config.skip and kind.unchanged(cell, first_change[i, kind.name]):
             unchanged.append(run)
-        elif (got := kind.known(cell, ctx, pairs[i])) is not None:
+        elif (got := kind.known(cell, ctx, pairs[i])) is not None:  # read by a first pass
             readings[(i, kind.name)].append((cell, got))
             done += 1
         else:
@@ -172,7 +174,7 @@ def _first_pass(kind, pairs, ctx: SweepContext, run_all) -> SweepContext:
         first[pairs[i].pair_id][cell] = Reading.of(res)
         derived[(pairs[i].pair_id, kind.first_run(cell))] = res.captures
 
-    run_all(runs, read)
+    run_all(runs, read, counted=False)
     return dataclasses.replace(ctx, first_pass=first, derived=derived)
 
 
