@@ -29,9 +29,10 @@ def _mixed_requests(shape, rng, corrupts, n):
     for i in range(n):
         corrupt = corrupts[i % len(corrupts)]
         T = len(corrupt)
-        site = rng.choice(["resid", "attn_out", "mlp_out", "head", "embed", "neuron"])
+        site = rng.choice(["resid", "attn_out", "mlp_out", "head", "embed", "neuron", "resid_pre", "resid_mid", "q", "k",
+                           "v"])
         layer = None if site == "embed" else rng.randrange(shape.n_layers)
-        head = rng.randrange(shape.n_heads) if site == "head" else None
+        head = rng.randrange(shape.units(site)) if site in ("head", "q", "k", "v") else None
         neuron = rng.randrange(shape.d_mlp) if site == "neuron" else None
         positions = tuple(sorted(rng.sample(range(T), k=min(3, T))))
         noise = (Noise((0, 1), 0.5, i),) if i % 7 == 0 else ()
@@ -44,6 +45,7 @@ def _mixed_requests(shape, rng, corrupts, n):
     assert any(r.start for r in reqs) and not all(r.start for r in reqs)
     assert any(r.start and r.continuations for r in reqs)
     assert any(p.site == "neuron" for r in reqs for p in r.patches)
+    assert {"resid_pre", "resid_mid", "q", "k", "v"} & {p.site for r in reqs for p in r.patches}
     return reqs
 
 
@@ -132,3 +134,25 @@ def test_multiprocess_executor_matches_hf(hf, engines):
     # captures cross the process boundary too
     cap = Request(tokens=cleans[0], answers=ANSWERS, capture=("resid.1", "head.2"))
     assert_results_close(hf.run([cap]), vl.run([cap]))
+
+
+@pytest.mark.parametrize("options", [dict(max_num_seqs=8, max_num_batched_tokens=32, enable_chunked_prefill=True,
+                                          max_model_len=512), dict(multiprocess=True)],
+                         ids=["chunked_prefill", "multiprocess"])
+def test_path_patching_matches_hf(hf, engines, options):
+    """Both passes of path patching (the frozen first pass's captures become the second's
+    sources), with prompts split across steps, or crossing to the engine core's process."""
+    from patchgrid.pairs.align import position_roles
+    from patchgrid.pairs.pair import Pair
+    from tests.test_paths import EVERY, assert_rows_close, paths_rows
+
+    vl = engines.get(MODEL, "vllm", dtype="float32", **options)
+    rng = random.Random(5)
+    clean = _prompt(rng, 45)
+    corrupt = tuple(clean[:30]) + _prompt(rng, 2) + tuple(clean[32:])
+    pair = Pair("long", None, clean, corrupt, (5,), (77,), 30, 32, tuple(position_roles(45, 30, 32)))
+    config = EVERY.__class__(sweeps=("paths",), path_senders=("heads", "mlp_out"), path_receivers=("logits", "heads"))
+    a, _ = paths_rows(hf, config, pair)
+    b, _ = paths_rows(vl, config, pair)
+    assert_rows_close(a, b)
+    assert max(abs(r["effect"]) for r in b) > 0.01
