@@ -11,6 +11,7 @@ from .console import (
     ProgressBar,
     fixed,
     format_patch_table,
+    format_paths_table,
     format_rows,
     one_line_failures,
     quiet_engine_logs,
@@ -80,6 +81,34 @@ def cmd_patch(args) -> int:
     finally:
         engine.close()
     print(json.dumps(out) if args.json else format_patch_table(out, pair.clean_strs))
+    return 0
+
+
+def cmd_paths(args) -> int:
+    from .engine import load_engine
+    from .patching import paths_pair, tokenize_pair
+
+    pair = tokenize_pair(_tokenizer(args.model), args.clean, args.corrupt, args.clean_answer, args.corrupt_answer)
+    positions = None if args.position == "roles" else _positions(args.position)
+    if positions is None and args.position != "roles":  # all: every position one by one
+        positions = list(range(len(pair.clean)))
+    for p in positions or ():
+        if not 0 <= p < len(pair.clean):
+            raise UsageError(f"--position {p} is out of range (the prompts have {len(pair.clean)} tokens)")
+    from .sweeps import SweepConfig
+
+    settings = path_settings(args)
+    try:  # the settings' own checks, before an engine starts
+        SweepConfig(sweeps=("paths",), **settings)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    engine = load_engine(args.model, args.backend, dtype=args.dtype)
+    try:
+        out = paths_pair(engine, pair, settings["path_senders"], settings["path_receivers"], settings["path_inputs"],
+                         settings["path_mlps"], positions)
+    finally:
+        engine.close()
+    print(json.dumps(out) if args.json else format_paths_table(out, pair.clean_strs, args.top))
     return 0
 
 
@@ -369,6 +398,20 @@ def build_parser() -> argparse.ArgumentParser:
     patch.add_argument("--dtype", default="auto", choices=DTYPES)
     patch.add_argument("--json", action="store_true", help="print the result as JSON")
     patch.set_defaults(func=cmd_patch)
+
+    paths = sub.add_parser("paths", help="path patching on one clean/corrupt pair: senders to receivers")
+    for name in ("--clean", "--corrupt", "--clean-answer", "--corrupt-answer"):
+        paths.add_argument(name, required=True)
+    paths.add_argument("--model", default=DEFAULT_MODEL)
+    path_options(paths)
+    paths.add_argument("--position", default="roles",
+                       help="roles (every position at once, the subject's last token, the last token), a position, "
+                            "a comma list, or all (each separately)")
+    paths.add_argument("--top", type=int, default=20, help="the table shows the paths that move the metric most")
+    paths.add_argument("--backend", default=DEFAULT_BACKEND, choices=BACKENDS)
+    paths.add_argument("--dtype", default="auto", choices=DTYPES)
+    paths.add_argument("--json", action="store_true", help="print every path as JSON")
+    paths.set_defaults(func=cmd_paths)
 
     pairs = sub.add_parser("pairs", help="prompt pairs")
     psub = pairs.add_subparsers(dest="pairs_command", required=True)

@@ -109,6 +109,23 @@ def format_patch_table(out: dict, token_strs) -> str:
 NEURON_ROWS = 20
 
 
+def format_paths_table(out: dict, token_strs, top: int) -> str:
+    """paths_pair's result: the `top` paths by |effect| on the headline metric."""
+    base, effects = out["baseline"], out["effects"]
+    metric = base["metric"]
+    how = "direct paths: MLPs after the sender frozen" if out["mlps"] == "frozen" else \
+        "MLPs after the sender recomputed (Wang et al.)"
+    shown = sorted(effects, key=lambda e: -abs(e["effect"] or 0.0))[:top]
+    lines = [f"baseline {metric}: clean {base['clean']:+.3f}, corrupt {base['corrupt']:+.3f}",
+             f"the {len(shown)} of {len(effects)} paths that move {metric} most ({how}); every path with --json:"]
+    rows = []
+    for e in shown:
+        pos = "all" if e["position"] is None else f"{e['position']}:{token_strs[e['position']]!r}"
+        rows.append((e["sender"], e["receiver"], pos, e[metric], e["effect"], e["recovery"]))
+    lines.append(format_rows(["sender", "receiver", "position", metric, "effect", "recovery"], rows))
+    return "\n".join(lines)
+
+
 def fixed(value: float | None, spec: str) -> str:
     """A number formatted by `spec`, or n/a where it is undefined."""
     return "n/a" if value is None else format(value, spec)

@@ -95,6 +95,38 @@ def sweep_pair(engine, tokens: PairTokens, site: str, positions: list[int] | Non
     }
 
 
+def paths_pair(engine, tokens: PairTokens, senders, receivers, inputs=("q", "k", "v"), mlps: str = "frozen",
+               positions: list[int] | None = None) -> dict:
+    """Path patching on one pair (sweeps.paths), denoising: each sender's clean output on the path to
+    each receiver only. Positions: the given ones one by one, or (None) every position at once and
+    the subject's last token and the last token."""
+    n = len(tokens.clean)
+    for p in positions or ():
+        if not 0 <= p < n:
+            raise PairError(f"--position {p} is out of range (the prompts have {n} tokens)")
+    pair = as_pair(tokens)
+    try:
+        config = SweepConfig(sweeps=("paths",), path_senders=tuple(senders), path_receivers=tuple(receivers),
+                             path_inputs=tuple(inputs), path_mlps=mlps,
+                             positions=None if positions is None else tuple(positions))
+    except ValueError as exc:
+        raise PairError(str(exc)) from None
+    store = MemoryStore(engine, [pair], cache_spec(config, engine.shape.n_layers))
+    try:
+        rows = run_sweeps(engine, [pair], store, config)
+    except ValueError as exc:  # an end outside the model
+        raise PairError(str(exc)) from None
+    base = store.baselines[pair.pair_id]
+    metric = rows[0]["metric"] if rows else "logit_diff"
+    return {
+        "baseline": {"metric": metric, "clean": base[f"clean_{metric}"], "corrupt": base[f"corrupt_{metric}"]},
+        "mlps": mlps,
+        "effects": [{"sender": r["sender"], "receiver": r["receiver"], "position": r["position"],
+                     "effect": r["effect"], "recovery": r["recovery"], **{m: r[f"patched_{m}"] for m in METRICS}}
+                    for r in rows],
+    }
+
+
 def recovery(value: float, baseline: dict) -> float | None:
     """Recovery of a patched value on sweep_pair's headline metric against its baseline
     (metrics.recovery)."""

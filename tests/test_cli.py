@@ -47,6 +47,37 @@ def test_patch_heads_table_on_hf():
     assert "3.2" in out.stdout  # layer 3, head 2 row
 
 
+def test_paths_table_and_json_on_hf():
+    args = ["paths", "--model", "tiny-llama", *PAIR, "--path-senders", "heads,mlp_out.0",
+            "--path-receivers", "logits,head.3.1", "--backend", "hf"]
+    out = run_cli(*args, "--top", "5")
+    assert out.returncode == 0, out.stderr
+    assert "paths that move logit_diff most (direct paths: MLPs after the sender frozen)" in out.stdout
+    assert "(5 rows)" in out.stdout
+    got = run_cli(*args, "--json", "--path-mlps", "recomputed")
+    assert got.returncode == 0, got.stderr
+    data = json.loads(got.stdout)
+    assert data["mlps"] == "recomputed"
+    ends = {(e["sender"], e["receiver"]) for e in data["effects"]}
+    # senders below layer 3 reach head 3.1's q (head 1) and k, v (key/value head 0); all reach the logits
+    assert ("head.2.0", "q.3.1") in ends and ("mlp_out.0", "v.3.0") in ends and ("head.3.1", "logits") in ends
+    assert ("head.3.0", "q.3.1") not in ends
+    assert {e["position"] for e in data["effects"]} == {None, 3, 4}  # all at once, subject's last, last
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--path-senders", "head.1"], "path sender 'head.1'"),
+    (["--path-receivers", "head.9.0"], "path end 'head.9.0' is outside the model"),
+    (["--path-inputs", "q,z"], "path input 'z'"),
+])
+def test_paths_bad_input_is_one_clear_line(args, message):
+    out = run_cli("paths", "--model", "tiny-llama", *PAIR, *args, "--backend", "hf")
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert lines[-1].startswith("patchgrid: error:") and message in lines[-1], out.stderr
+    assert "Traceback" not in out.stderr
+
+
 @pytest.mark.parametrize("args, message", [
     (["--clean-answer", " ", "--corrupt-answer", " Madrid"], "--clean-answer ' ' is empty"),
     (["--clean-answer", " Paris", "--corrupt-answer", " Paris"], "are the same tokens [' Paris']"),

@@ -84,7 +84,8 @@ def test_patch_scores_answers_of_several_tokens(engines, tokenizers):
 
 
 @pytest.mark.parametrize("site, sweep", [("resid", "resid"), ("head", "heads"), ("embed", "embed"),
-                                         ("mlp_out", "mlp_out"), ("neuron", "neurons")])
+                                         ("mlp_out", "mlp_out"), ("neuron", "neurons"), ("resid_pre", "resid_pre"),
+                                         ("resid_mid", "resid_mid"), ("k", "qkv")])
 def test_patch_runs_the_study_sweep(tmp_path, engines, tokenizers, site, sweep):
     """`patchgrid patch` and a study's sweep of the same pair give the same numbers: one code path."""
     from patchgrid.cache import load_or_build
@@ -97,8 +98,8 @@ def test_patch_runs_the_study_sweep(tmp_path, engines, tokenizers, site, sweep):
     out = sweep_pair(engine, tokens, site, positions)
     config = SweepConfig(sweeps=(sweep,), resid_directions=("denoise",), positions=tuple(positions))
     cache, _ = load_or_build(engine, [as_pair(tokens)], cache_spec(config, 4), tmp_path, log=lambda *_: None)
-    rows = run_sweeps(engine, [as_pair(tokens)], cache, config)
-    units = {"head": 4, "neuron": engine.shape.d_mlp}.get(site, 1)
+    rows = [r for r in run_sweeps(engine, [as_pair(tokens)], cache, config) if r["site"] == site]
+    units = {"head": 4, "neuron": engine.shape.d_mlp, "k": engine.shape.kv_heads}.get(site, 1)
     assert len(out["effects"]) == len(rows) == (1 if site == "embed" else 4) * units * 2
     for e, r in zip(out["effects"], rows):
         assert (e["site"], e["layer"], e["head"], e["neuron"], e["position"]) == \
