@@ -80,7 +80,7 @@ def cmd_patch(args) -> int:
         out = sweep_pair(engine, pair, args.site, positions)
     finally:
         engine.close()
-    print(json.dumps(out) if args.json else format_patch_table(out, pair.clean_strs))
+    print(json.dumps(out) if args.json else format_patch_table(out, pair.clean_strs, args.top))
     return 0
 
 
@@ -396,6 +396,8 @@ def build_parser() -> argparse.ArgumentParser:
     patch.add_argument("--position", default="all", help="a position, a comma list, or all (each separately)")
     patch.add_argument("--backend", default=DEFAULT_BACKEND, choices=BACKENDS)
     patch.add_argument("--dtype", default="auto", choices=DTYPES)
+    patch.add_argument("--top", type=int, default=None,
+                       help="show only the N rows that move the metric most (neurons: 20 unless given)")
     patch.add_argument("--json", action="store_true", help="print the result as JSON")
     patch.set_defaults(func=cmd_patch)
 

@@ -78,9 +78,10 @@ def format_rows(cols, rows) -> str:
     return "\n".join(lines)
 
 
-def format_patch_table(out: dict, token_strs) -> str:
+def format_patch_table(out: dict, token_strs, top: int | None = None) -> str:
     """sweep_pair's result: the patched value of its headline metric (the logit difference, or the
-    log-probability difference when an answer has several tokens) by layer (and head) and position."""
+    log-probability difference when an answer has several tokens) by layer (and head) and position;
+    with `top` (and always for neurons), only the rows that move it most."""
     effects = out["effects"]
     base = out["baseline"]
     metric = base["metric"]
@@ -97,9 +98,11 @@ def format_patch_table(out: dict, token_strs) -> str:
     for e in effects:
         rows.setdefault((e["layer"], e[unit] if unit else None), {})[e["position"]] = e[metric]
     shown = list(rows)
-    if unit == "neuron":  # thousands of neurons a layer: the ones that move the metric most
-        shown = sorted(shown, key=lambda k: -max(abs(v - base["corrupt"]) for v in rows[k].values()))[:NEURON_ROWS]
-        lines.insert(2, f"(the {len(shown)} of {len(rows)} neurons that move it most)")
+    if unit == "neuron" and top is None:  # thousands of neurons a layer
+        top = NEURON_ROWS
+    if top is not None:  # the rows that move the metric most, at any of the positions
+        shown = sorted(shown, key=lambda k: -max(abs(v - base["corrupt"]) for v in rows[k].values()))[:top]
+        lines.insert(2, f"(the {len(shown)} of {len(rows)} {unit or 'layer'}s that move it most)")
     for layer, index in shown:
         name = "embed" if layer is None else (f"{layer}.{index}" if index is not None else str(layer))
         lines.append(f"{name:>10} " + " ".join(f"{rows[layer, index][p]:>{width}.3f}" for p in positions))
