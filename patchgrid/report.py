@@ -9,6 +9,14 @@ the page shows one metric at a time: a row of radio buttons selects it with CSS 
 the headline metric (logprob_diff, else logit_diff for older loads) first. Causal tracing is drawn on p(answer), as
 Meng et al. trace, and the small multiples by relation on the headline metric.
 
+The resid, resid_pre, resid_mid, attn_out and mlp_out sweeps are drawn layer x position role;
+heads, and the qkv sweep's q, k and v (one panel each), layer x head per position role.
+
+A run with path-patching rows (sweep `paths`) has a section of its own (they are in no other):
+per metric and position role, a sender x receiver matrix of the mean effect of each path
+(path_summary), its caption saying whether the MLPs were frozen (direct paths) or recomputed (the
+run's path_mlps). A run without paths rows has no such section.
+
 A run with attribution-patching rows (sweep `atp`) has a section of its own, on the metric its
 estimates are on (each pair's headline metric) whichever metric is selected: the estimates' layer
 x role and layer x head heatmaps (atp_summary), estimate-against-exact scatter plots of the sites
@@ -35,6 +43,16 @@ HEADLINE = ("logprob_diff", "logit_diff")
 ATP_POSITION_SITES = ("resid", "attn_out", "mlp_out")
 ATP_SITES = ("resid", "attn_out", "mlp_out", "head", "neuron")
 ATP_TOP_NEURONS = 5  # per layer and position role
+# Sweeps drawn layer x position role, in this order (others after them, by name); the sweeps drawn
+# otherwise: heads and qkv layer x head, neurons not at all (a cell per neuron), trace by bucket,
+# paths in their own section
+POSITION_SWEEPS = ("resid", "resid_pre", "resid_mid", "attn_out", "mlp_out")
+NOT_LAYER_BY_ROLE = ("heads", "neurons", "trace", "qkv", "paths")
+QKV_SITES = {"q": "query (q)", "k": "key (k)", "v": "value (v)"}
+# Path patching: a matrix shows at most this many senders and receivers, those with the largest
+# |mean effect| in any of their cells
+PATH_TOP = 40
+PATH_SENDER_SITES = ("head", "attn_out", "mlp_out")  # a layer's senders in this order
 ATP_SCATTER_POINTS = 2000  # per site kind and metric; a run with more verified rows shows a sample
 
 
@@ -131,12 +149,11 @@ def collect(con, run_id: str) -> dict:
     headline = next((m for m in HEADLINE if m in present), metrics[0] if metrics else None)
     metrics = [headline] + [m for m in metrics if m != headline] if headline else []
     figures: list[Heatmap] = []
-    # heads have their own figures; exhaustive neuron sweeps have a cell per neuron, which a layer x
-    # role heatmap cannot hold
+    # heads and qkv have their own figures; exhaustive neuron sweeps have a cell per neuron, which a
+    # layer x role heatmap cannot hold; paths have a section of their own
     groups = sorted({(r["sweep"], r["site"], r["direction"]) for r in summary
-                     if r["sweep"] not in ("heads", "neurons", "trace")},
-                    key=lambda g: (["resid", "attn_out", "mlp_out"].index(g[0]) if g[0] in ("resid", "attn_out",
-                                                                                             "mlp_out") else 9, g))
+                     if r["sweep"] not in NOT_LAYER_BY_ROLE},
+                    key=lambda g: (POSITION_SWEEPS.index(g[0]) if g[0] in POSITION_SWEEPS else 9, g))
     for metric in metrics:
         for sweep, site, direction in groups:
             rows = [r for r in summary if (r["sweep"], r["site"], r["direction"], r["metric"])
@@ -146,6 +163,12 @@ def collect(con, run_id: str) -> dict:
         heads = [r for r in summary if r["sweep"] == "heads" and r["metric"] == metric]
         for role in _roles_present(heads):
             figures.append(_heads_figure([r for r in heads if r["position_role"] == role], role, metric))
+        qkv = [r for r in summary if r["sweep"] == "qkv" and r["metric"] == metric]
+        for role in _roles_present(qkv):
+            for site in QKV_SITES:
+                rows = [r for r in qkv if r["position_role"] == role and r["site"] == site]
+                if rows:
+                    figures.append(_heads_figure(rows, role, metric, site))
     buckets = _q(con, "SELECT * FROM trace_buckets WHERE run_id = ? AND metric = 'p'", [run_id])
     if buckets:
         limit = max([abs(r["aie"]) for r in buckets if r["aie"] is not None] + [1e-6])
@@ -177,7 +200,105 @@ def collect(con, run_id: str) -> dict:
                                  values, notes, "layer", "position role", f"mean recovery ({headline})", 1.0,
                                  small=True))
     return {"info": info[0], "figures": figures, "multiples": multiples, "rejections": rejections,
-            "metrics": metrics, "headline": headline, "atp": _collect_atp(con, run_id)}
+            "metrics": metrics, "headline": headline, "atp": _collect_atp(con, run_id),
+            "paths": _collect_paths(con, run_id, metrics, _params(info[0]["params"]))}
+
+
+def _params(params) -> dict:
+    """The run's params (runs.params, JSON) as a dict."""
+    try:
+        params = json.loads(params) if isinstance(params, str) else (params or {})
+    except ValueError:
+        params = {"params": params}
+    return params if isinstance(params, dict) else {"params": params}
+
+
+def _sender_order(row):
+    """Senders by layer; within a layer its heads (by head), then attn_out, then mlp_out."""
+    site = row["sender_site"]
+    return (row["sender_layer"], PATH_SENDER_SITES.index(site) if site in PATH_SENDER_SITES else 9,
+            -1 if row["sender_head"] is None else row["sender_head"], row["sender"])
+
+
+def _receiver_order(row):
+    """The logits first, then later heads' inputs by layer, head and input (q, k, v)."""
+    if row["receiver_input"] is None:
+        return (0, 0, 0, 0, row["receiver"])
+    return (1, row["receiver_layer"], row["receiver_head"], "qkv".find(row["receiver_input"]), row["receiver"])
+
+
+def _top(rows, key, order, limit):
+    """The `limit` ends (senders or receivers) with the largest |mean effect| in any of their cells,
+    in `order`; and how many there were."""
+    largest = {}
+    for r in rows:
+        v = abs(r["mean_effect"]) if r["mean_effect"] is not None else -1.0
+        largest[r[key]] = max(largest.get(r[key], -1.0), v)
+    kept = set(sorted(largest, key=lambda e: (-largest[e], e))[:limit])
+    first = {}
+    for r in sorted(rows, key=order):
+        if r[key] in kept:
+            first.setdefault(r[key], r)
+    return list(first), len(largest)
+
+
+def _path_note(row):
+    text = _note(row, "effect")
+    if row["mean_recovery"] is not None:
+        text += f"; recovery ({row['metric']}) {row['mean_recovery']:+.3f} over {row['n_recovery']} pairs"
+    return text
+
+
+_PATH_MLPS = {
+    "frozen": "MLPs frozen at their corrupt values: direct paths only (the sender's change reaches the "
+              "receiver through the residual stream, through no later attention or MLP).",
+    "recomputed": "MLPs recomputed (Wang et al.'s freeze-and-patch: every later attention output frozen at its "
+                  "corrupt value, the MLPs recompute), so paths through MLPs count too.",
+}
+
+
+def _path_mlps(params: dict) -> str:
+    mlps = params.get("path_mlps")
+    return _PATH_MLPS.get(mlps, "How the MLPs were treated (path_mlps) is not recorded in the run's params.")
+
+
+def _collect_paths(con, run_id: str, metrics, params: dict) -> dict | None:
+    """The path-patching section's matrices (path_summary): per metric (the page's order) and position
+    role, senders x receivers; None when the run has no paths rows."""
+    summary = _q(con, "SELECT * FROM path_summary WHERE run_id = ?", [run_id])
+    if not summary:
+        return None
+    figures = []
+    for metric in [m for m in metrics if any(r["metric"] == m for r in summary)]:
+        on = [r for r in summary if r["metric"] == metric]
+        for role in _roles_present(on):
+            figures.append(_path_figure([r for r in on if r["position_role"] == role], role, metric, params))
+    return {"figures": figures, "mlps": _path_mlps(params), "params": params}
+
+
+def _path_figure(rows, role, metric, params) -> Heatmap:
+    """A sender x receiver heatmap of the paths' mean effect at one position role on one metric."""
+    senders, n_senders = _top(rows, "sender", _sender_order, PATH_TOP)
+    receivers, n_receivers = _top(rows, "receiver", _receiver_order, PATH_TOP)
+    values, notes = _grid(rows, "sender", "receiver", senders, receivers, lambda r: r["mean_effect"], _path_note)
+    pairs = sorted({r["n_pairs"] for r in rows})
+    n = f"{pairs[0]}" if len(pairs) == 1 else f"{pairs[0]}–{pairs[-1]}"
+    where = "every position at once" if role == "all" else f"the {role.replace('_', ' ')} position"
+    spec = METRICS[metric]
+    towards = " (towards the clean run's value)" if spec.better > 0 else " (away from the clean run's value)"
+    shown = ""
+    if n_senders > len(senders) or n_receivers > len(receivers):
+        shown = (f" Shown: the {len(senders)} of {n_senders} senders and the {len(receivers)} of {n_receivers} "
+                 f"receivers with the largest |mean effect| in any of their cells.")
+    caption = (f"Each cell: the sender (row: a head's output, or a layer's attn_out or mlp_out) patched clean into "
+               f"corrupt along one path only, to the receiver (column: logits, the direct effect; or a later "
+               f"head's query, key or value input, k and v by key/value head), at {where}: the mean over pairs of "
+               f"patched − corrupt on {metric} ({spec.meaning}); {n} pairs per cell. Red: the path raises "
+               f"{metric}{towards}, blue: lowers it. {_path_mlps(params)} The colour scale reaches this panel's "
+               f"largest magnitude (legend).{shown}")
+    return Heatmap(f"paths-{role}-{metric}", f"path patching, sender → receiver at {where} ({n} pairs), on {metric}",
+                   senders, receivers, values, notes, "sender", "receiver", f"mean effect ({metric})",
+                   _symmetric_limit(values), caption=caption, metric=metric)
 
 
 def _atp_note(row):
@@ -350,8 +471,9 @@ def _patching_figure(rows, sweep, site, direction, metric) -> Heatmap:
                    roles, values, notes, "layer", "position role", units, limit, caption=reading, metric=metric)
 
 
-def _heads_figure(rows, role, metric) -> Heatmap:
-    """A layer x head heatmap at one position role on one metric, scaled to its largest magnitude."""
+def _heads_figure(rows, role, metric, site="head") -> Heatmap:
+    """A layer x head heatmap at one position role on one metric, scaled to its largest magnitude:
+    the heads' outputs (z), or with `site` q, k or v their query, key or value (the qkv sweep)."""
     layers = sorted({r["layer"] for r in rows})
     n_heads = sorted({r["head"] for r in rows})
     if METRICS[metric].min_span is None:
@@ -362,9 +484,17 @@ def _heads_figure(rows, role, metric) -> Heatmap:
         values, notes = _grid(rows, "layer", "head", layers, n_heads, lambda r: r["mean_recovery"], _note)
         units, shown = f"mean recovery ({metric})", f"recovery on {metric}"
     where = "every position at once" if role == "all" else f"the {role.replace('_', ' ')} position"
-    return Heatmap(f"heads-{role}-{metric}", f"attention heads patched at {where}, on {metric}", layers, n_heads,
-                   values, notes, "layer", "head", units, _symmetric_limit(values),
-                   caption=f"Each head's output (z) patched clean into corrupt; {shown} ({METRICS[metric].meaning})."
+    if site == "head":
+        key, title, what, axis = (f"heads-{role}-{metric}", f"attention heads patched at {where}, on {metric}",
+                                  "Each head's output (z)", "head")
+    else:
+        label = QKV_SITES[site]
+        key, title = f"qkv-{site}-{role}-{metric}", f"attention heads' {label} patched at {where}, on {metric}"
+        what = f"Each head's {label}" + (" (k and v: per key/value head)" if site != "q" else "")
+        axis = "head" if site == "q" else "key/value head"
+    return Heatmap(key, title, layers, n_heads,
+                   values, notes, "layer", axis, units, _symmetric_limit(values),
+                   caption=f"{what} patched clean into corrupt; {shown} ({METRICS[metric].meaning})."
                            + _direction_words(metric) + " The colour scale reaches this panel's largest magnitude "
                            "(legend), so small head effects show.", metric=metric)
 
@@ -635,6 +765,22 @@ def _atp_section(atp: dict, figure) -> list[str]:
     return parts
 
 
+def _paths_section(paths: dict, figure) -> list[str]:
+    """The path-patching section: one sender x receiver matrix per metric and position role."""
+    params = paths["params"]
+    ends = "; ".join(f"{k.removeprefix('path_')}: {', '.join(map(str, v)) if isinstance(v, list) else v}"
+                     for k in ("path_senders", "path_receivers", "path_inputs") if (v := params.get(k)) is not None)
+    parts = ["<h2>Path patching</h2>",
+             f"<p class='note'>Sweep paths (path_summary): each sender's clean output patched into the corrupt run "
+             f"along one path only, to the logits or to a later head's query, key or value input; every other "
+             f"reader of the stream sees the corrupt run. {html.escape(paths['mlps'])}"
+             + (f" Run settings: {html.escape(ends)}." if ends else "")
+             + " Rows: senders by layer (heads, then attn_out, then mlp_out); columns: logits first, then "
+             "receivers by layer, head and input. The matrices follow the metric chosen above.</p>"]
+    parts += [figure(h) for h in paths["figures"]]
+    return parts
+
+
 def write_report(warehouse: str | Path, out: str | Path, run_id: str | None = None) -> Path:
     from .warehouse.loader import connect
 
@@ -683,14 +829,16 @@ def write_report(warehouse: str | Path, out: str | Path, run_id: str | None = No
         return (f"<figure id='fig-{n}'{switched} data-png='{h.key}.png'>{svg_scatter(h) if scatter else svg_heatmap(h)}"
                 f"<figcaption><b>{html.escape(h.title)}</b>{html.escape(h.caption)}</figcaption></figure>")
 
-    sections = [("Layer × position patching", [h for h in data["figures"] if not h.key.startswith(("heads",
+    sections = [("Layer × position patching", [h for h in data["figures"] if not h.key.startswith(("heads", "qkv",
                                                                                                    "trace"))]),
-                ("Attention heads", [h for h in data["figures"] if h.key.startswith("heads")]),
+                ("Attention heads", [h for h in data["figures"] if h.key.startswith(("heads", "qkv"))]),
                 ("Causal tracing", [h for h in data["figures"] if h.key.startswith("trace")])]
     for name, figs in sections:
         if figs:
             parts.append(f"<h2>{name}</h2>")
             parts += [figure(h) for h in figs]
+    if data["paths"]:
+        parts += _paths_section(data["paths"], figure)
     if data["atp"]:
         parts += _atp_section(data["atp"], figure)
     if data["multiples"]:
@@ -698,12 +846,7 @@ def write_report(warehouse: str | Path, out: str | Path, run_id: str | None = No
         parts += [figure(h) for h in data["multiples"]]
         parts.append("</div>")
     parts.append("<h2>Run</h2><table>")
-    params = info["params"]
-    try:
-        params = json.loads(params) if isinstance(params, str) else (params or {})
-    except ValueError:
-        params = {"params": params}
-    for k, v in params.items():
+    for k, v in _params(info["params"]).items():
         parts.append(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(json.dumps(v))}</td></tr>")
     parts.append("</table><h2>Metrics</h2><table><tr><th>metric</th><th>what it is</th><th>the clean run's value is"
                  "</th><th>recovery</th></tr>")

@@ -39,10 +39,11 @@ def make_pair(pair_id: str, roles, relation: str | None = "r", subject=(0, 1)) -
 
 def row(pair: Pair, r: float, *, sweep="resid", site="resid", direction="denoise", layer=0, position=None,
         head=None, window=None, metric="logit_diff", clean: Reading = CLEAN, corrupt: Reading = CORRUPT,
-        patched: Reading | None = None, neuron=None) -> dict:
+        patched: Reading | None = None, neuron=None, receiver: str | None = None) -> dict:
     """One effect row of `pair` at a cell, patched `r` of the way from corrupt to clean (or as
-    `patched`); position None with position_role `all` as the sweeps write it."""
-    cell = Cell(sweep, site, direction, layer, position, head, window, neuron=neuron)
+    `patched`); position None with position_role `all` as the sweeps write it; `receiver`: a
+    paths row (its sender named from site, layer and head)."""
+    cell = Cell(sweep, site, direction, layer, position, head, window, neuron=neuron, receiver=receiver)
     return effect_row(pair, cell, patched or between(r, clean, corrupt), clean, corrupt, metric)
 
 

@@ -42,9 +42,44 @@ def head_importance(layer: int, head: int) -> float:
     return 0.02 * head * (layer + 1) / N_LAYERS
 
 
-def build(tmp, atp=False):
+# Path patching: senders (heads, attn_out and mlp_out of the lower layers) and receivers (the logits,
+# and q, k and v of two heads in each upper layer)
+PATH_SENDER_LAYERS, PATH_RECEIVER_LAYERS, PATH_RECEIVER_HEADS = (0, 1, 2), (3, 4), (0, 1)
+PATH_SENDERS = [s for layer in PATH_SENDER_LAYERS
+                for s in [f"head.{layer}.{h}" for h in range(N_HEADS)] + [f"attn_out.{layer}", f"mlp_out.{layer}"]]
+PATH_RECEIVERS = ["logits"] + [f"{x}.{layer}.{h}" for layer in PATH_RECEIVER_LAYERS for h in PATH_RECEIVER_HEADS
+                               for x in "qkv"]
+QKV_SCALE = {"q": 1.0, "k": 0.5, "v": -0.25}
+
+
+def path_importance(sender: str, receiver: str) -> float:
+    """A head of layer 1 matters most, through the query of head 3.0; mlp_out.2 straight to the logits."""
+    if (sender, receiver) == ("head.1.2", "q.3.0"):
+        return 0.6
+    if (sender, receiver) == ("mlp_out.2", "logits"):
+        return -0.3
+    return 0.01 * (PATH_SENDERS.index(sender) % 5) - 0.005 * (PATH_RECEIVERS.index(receiver) % 3)
+
+
+def path_rows(pair, clean, corrupt, jitter):
+    """The pair's paths rows, every sender to every receiver, at every position at once and at the last."""
+    from patchgrid.sites import parse_unit_name
+
+    out = []
+    for sender in PATH_SENDERS:
+        site, layer, head = parse_unit_name(sender)
+        for receiver in PATH_RECEIVERS:
+            for position in (None, len(ROLES) - 1):
+                out.append(row(pair, path_importance(sender, receiver) + jitter / 10, sweep="paths", site=site,
+                               layer=layer, position=position, head=head, receiver=receiver, clean=clean,
+                               corrupt=corrupt))
+    return out
+
+
+def build(tmp, atp=False, paths=False):
     """A synthetic study with every sweep kind (rows made by patchgrid.effects.effect_row), loaded
-    into a real warehouse through the loader; `atp`: with attribution-patching rows beside them."""
+    into a real warehouse through the loader; `atp`: with attribution-patching rows beside them;
+    `paths`: with resid_pre, resid_mid, qkv and path-patching rows beside them (MLPs recomputed)."""
     pairs, baselines, rows = [], [], []
     for i in range(6):
         pid, relation = f"p{i}", ("capital", "currency")[i % 2]
@@ -61,6 +96,10 @@ def build(tmp, atp=False):
                 for sweep in ("resid", "attn_out", "mlp_out"):
                     rows.append(row(pair, r, sweep=sweep, site=sweep, layer=layer, position=pos, clean=clean,
                                     corrupt=corrupt))
+                if paths:  # the stream entering the layer and between attention and MLP
+                    for sweep, shift in (("resid_pre", -0.1), ("resid_mid", 0.1)):
+                        rows.append(row(pair, r + shift, sweep=sweep, site=sweep, layer=layer, position=pos,
+                                        clean=clean, corrupt=corrupt))
                 # noising: patching an important site makes the clean run corrupt (recovery 0 at the last
                 # layer's last position, exactly)
                 rows.append(row(pair, 1 - importance(layer, role), direction="noise", layer=layer, position=pos,
@@ -76,12 +115,24 @@ def build(tmp, atp=False):
                     rows.append(row(pair, head_importance(layer, head) + jitter / 10, sweep="heads",
                                     site="head", layer=layer, position=position, head=head, clean=clean,
                                     corrupt=corrupt))
+                    if paths:
+                        for site, scale in QKV_SCALE.items():
+                            rows.append(row(pair, scale * head_importance(layer, head) + jitter / 10, sweep="qkv",
+                                            site=site, layer=layer, position=position, head=head, clean=clean,
+                                            corrupt=corrupt))
         if atp:
             rows += atp_rows(pair, i, clean, corrupt, jitter)
+        if paths:
+            rows += path_rows(pair, clean, corrupt, jitter)
     pairs.append({"pair_id": "bad", "relation": "capital", "status": "rejected", "reason": "no_partner"})
     effects, _ = write_and_read_back(rows, tmp / "effects.parquet")
     wh = tmp / "w.duckdb"
-    start_run(wh, {"run_id": "run-report", "model": "synthetic-model", "params": {"sweeps": ["resid", "heads"]}})
+    params = {"sweeps": ["resid", "heads"]}
+    if paths:
+        params = {"sweeps": ["resid", "resid_pre", "resid_mid", "heads", "qkv", "paths"],
+                  "path_senders": ["heads", "attn_out", "mlp_out"], "path_receivers": ["logits", "heads"],
+                  "path_inputs": ["q", "k", "v"], "path_mlps": "recomputed"}
+    start_run(wh, {"run_id": "run-report", "model": "synthetic-model", "params": params})
     load_run(wh, "run-report", to_table(pairs), baselines, [effects])
     return wh
 
@@ -133,6 +184,11 @@ def warehouse(tmp_path_factory):
 @pytest.fixture(scope="module")
 def atp_warehouse(tmp_path_factory):
     return build(tmp_path_factory.mktemp("report-atp"), atp=True)
+
+
+@pytest.fixture(scope="module")
+def paths_warehouse(tmp_path_factory):
+    return build(tmp_path_factory.mktemp("report-paths"), paths=True)
 
 
 def _figures(warehouse):
@@ -208,7 +264,7 @@ def test_unknown_run(warehouse, tmp_path):
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (make test installs Debian's chromium)")
-@pytest.mark.parametrize("study", ["warehouse", "atp_warehouse"])
+@pytest.mark.parametrize("study", ["warehouse", "atp_warehouse", "paths_warehouse"])
 def test_page_renders_in_headless_chromium(study, tmp_path, request):
     from PIL import Image, ImageStat
     from playwright.sync_api import sync_playwright
@@ -373,3 +429,114 @@ def test_atp_scatter_shows_a_fixed_sample_of_many_points(atp_warehouse, monkeypa
     for s, t in zip(first, again):
         assert len(s.points) == 10 and s.points == t.points
         assert f"10 of the {6 * (ATP_K + ATP_R)} verified sites are shown" in s.caption
+
+
+def test_a_run_without_paths_rows_has_no_path_section(warehouse, tmp_path):
+    data = _figures(warehouse)
+    assert data["paths"] is None
+    text = write_report(warehouse, tmp_path / "out").read_text()
+    assert "Path patching" not in text and "path_summary" not in text
+    assert not list((tmp_path / "out").glob("paths-*.png")) and not list((tmp_path / "out").glob("qkv-*.png"))
+
+
+def _flat(values):
+    return [float("nan") if v is None else v for r in values for v in r]
+
+
+def test_resid_pre_resid_mid_and_qkv_draw_like_their_kin(paths_warehouse, warehouse):
+    data = _figures(paths_warehouse)
+    figures = {f.key: f for f in data["figures"]}
+    for metric in METRICS:
+        for sweep in ("resid_pre", "resid_mid"):
+            f, kin = figures[f"{sweep}-denoise-{metric}"], figures[f"attn_out-denoise-{metric}"]
+            assert (f.rows, f.cols, f.row_axis, f.col_axis) == (kin.rows, kin.cols, "layer", "position role")
+            assert f.title == f"{sweep} patching, denoise (clean into corrupt), on {metric}"
+        for role in ("all", "last"):
+            heads = figures[f"heads-{role}-{metric}"]
+            for site in ("q", "k", "v"):
+                f = figures[f"qkv-{site}-{role}-{metric}"]
+                assert (f.rows, f.cols) == (heads.rows, heads.cols) and f.metric == metric
+                assert f.col_axis == ("head" if site == "q" else "key/value head") and f.title.endswith(f"on {metric}")
+    # the q panel recovers what the heads panel does, v minus a quarter of it (QKV_SCALE; the pairs'
+    # jitter averages out)
+    heads, q, v = (figures[k] for k in ("heads-all-logit_diff", "qkv-q-all-logit_diff", "qkv-v-all-logit_diff"))
+    assert _flat(q.values) == pytest.approx(_flat(heads.values), abs=1e-5)
+    assert v.values[-1][-1] == pytest.approx(-0.25 * head_importance(N_LAYERS - 1, N_HEADS - 1), abs=1e-4)
+    # the heads, resid and position figures are those of the run without the new sweeps: paths rows
+    # (sites head, attn_out, mlp_out) leak into none of them
+    before = {f.key: f for f in _figures(warehouse)["figures"]}
+    assert set(before) < set(figures)
+    for key, f in before.items():
+        assert (figures[key].rows, figures[key].cols) == (f.rows, f.cols), key
+        assert _flat(figures[key].values) == pytest.approx(_flat(f.values), abs=1e-9, nan_ok=True), key
+    assert set(figures) - set(before) == {f"{k}-{m}" for m in METRICS for k in (
+        "resid_pre-denoise", "resid_mid-denoise", *(f"qkv-{s}-{r}" for s in "qkv" for r in ("all", "last")))}
+    assert not any(k.startswith("paths") for k in figures)
+
+
+def test_path_matrices(paths_warehouse):
+    data = _figures(paths_warehouse)
+    paths = data["paths"]
+    figures = {f.key: f for f in paths["figures"]}
+    # per metric (the page's order, the headline first) and position role
+    assert list(figures) == [f"paths-{role}-{m}" for m in data["metrics"] for role in ("last", "all")]
+    summary = {(r["metric"], r["position_role"], r["sender"], r["receiver"]): r for r in _rows(
+        paths_warehouse, "SELECT * FROM path_summary WHERE run_id = 'run-report'")}
+    for key, f in figures.items():
+        _, role, metric = key.split("-", 2)
+        # senders by layer (heads, attn_out, mlp_out); receivers logits first, then layer, head, input
+        assert f.rows == PATH_SENDERS and f.cols == PATH_RECEIVERS
+        assert (f.row_axis, f.col_axis) == ("sender", "receiver") and f.metric == metric
+        assert f.title.endswith(f"on {metric}") and "(6 pairs)" in f.title and f.units == f"mean effect ({metric})"
+        assert "MLPs recomputed" in f.caption and "6 pairs per cell" in f.caption and metric in f.caption
+        assert "Shown:" not in f.caption  # 18 senders and 13 receivers: every one fits
+        for i, sender in enumerate(f.rows):
+            for j, receiver in enumerate(f.cols):
+                cell = summary[(metric, role, sender, receiver)]
+                assert f.values[i][j] == cell["mean_effect"]
+                assert f"effect ({metric})" in f.notes[i][j] and "6 pairs" in f.notes[i][j]
+        assert f.limit == pytest.approx(max(abs(v) for r in f.values for v in r if v is not None))
+    # the path that matters stands out: head 1.2 through the query of head 3.0
+    f = figures["paths-all-logit_diff"]
+    largest = max(((i, j) for i in range(len(f.rows)) for j in range(len(f.cols))), key=lambda c: f.values[c[0]][c[1]])
+    assert (f.rows[largest[0]], f.cols[largest[1]]) == ("head.1.2", "q.3.0")
+
+
+def test_path_matrices_show_the_largest_senders_and_receivers(paths_warehouse, monkeypatch):
+    import patchgrid.report as report
+
+    monkeypatch.setattr(report, "PATH_TOP", 3)
+    f = next(f for f in _figures(paths_warehouse)["paths"]["figures"] if f.key == "paths-all-logit_diff")
+    assert len(f.rows) == 3 and len(f.cols) == 3
+    assert "the 3 of 18 senders and the 3 of 13 receivers with the largest |mean effect|" in f.caption
+    assert "head.1.2" in f.rows and "mlp_out.2" in f.rows and {"q.3.0", "logits"} <= set(f.cols)
+    # still in matrix order
+    assert f.rows == [s for s in PATH_SENDERS if s in f.rows] and f.cols == [r for r in PATH_RECEIVERS if r in f.cols]
+
+
+def test_path_section_on_the_page(paths_warehouse, tmp_path):
+    text = write_report(paths_warehouse, tmp_path / "out").read_text()
+    pngs = sorted(p.name for p in (tmp_path / "out").glob("*.png"))
+    assert text.count("<figure") == len(pngs)
+    for metric in METRICS:
+        for key in (f"paths-all-{metric}", f"paths-last-{metric}", f"qkv-k-all-{metric}", f"resid_pre-denoise-{metric}"):
+            assert f"{key}.png" in pngs
+    section = text[text.index("<h2>Path patching</h2>"):text.index("<h2>By relation")]
+    assert "MLPs recomputed" in section and "senders: heads, attn_out, mlp_out" in section
+    assert section.count("<figure") == 2 * len(METRICS)
+    assert "head.1.2" in section and "q.3.0" in section and "mean effect (logit_diff)" in section
+    assert "sender head.1.2, receiver q.3.0: effect (logit_diff)" in section
+    # the matrices are switched by the metric buttons like every exact-patching figure
+    assert section.count("data-metric='logit_diff'") == 2
+    heads = text[text.index("<h2>Attention heads</h2>"):text.index("<h2>Causal tracing</h2>")]
+    assert "attention heads&#x27; key (k) patched" in heads and "paths-" not in heads
+    layer = text[text.index("<h2>Layer × position patching</h2>"):text.index("<h2>Attention heads</h2>")]
+    assert "resid_pre patching" in layer and "resid_mid patching" in layer and "qkv-" not in layer
+
+
+def test_path_caption_says_direct_paths_when_mlps_are_frozen(tmp_path):
+    from patchgrid.report import _path_mlps
+
+    assert "direct paths only" in _path_mlps({"path_mlps": "frozen"})
+    assert "MLPs recomputed" in _path_mlps({"path_mlps": "recomputed"})
+    assert "not recorded" in _path_mlps({})

@@ -3,6 +3,7 @@ Each result names the metric its numbers are on (its `metric` column)."""
 from __future__ import annotations
 
 from patchgrid.metrics import METRICS
+from patchgrid.rows import POSITION_ROLES
 from patchgrid.sites import SITE_KINDS
 
 from .loader import query
@@ -119,3 +120,30 @@ def atp_agreement(path, run_id: str):
                round(recall_top_10, 3) AS recall_top_10
         FROM atp_agreement WHERE run_id = ?
         ORDER BY list_position(?, site), metric""", [run_id, list(SITE_KINDS)])
+
+
+# A sender's place in a path matrix: by layer, attention (its heads, then attn_out) before the MLP.
+PATH_SENDER_SITES = ("head", "attn_out", "mlp_out")
+
+
+def path_matrix(path, run_id: str, metric: str | None = None, position_role: str | None = None):
+    """The run's path-patching matrix (path_summary): one row per (sender, receiver) cell at each
+    position role (or only `position_role`; `all`: every position at once), with the mean effect of
+    patching the sender clean into corrupt along that one path (patched − corrupt on `metric`), its
+    t interval, the mean recovery and the pairs behind it, as (columns, rows). Senders in order of
+    layer (heads by head, then attn_out, then mlp_out), receivers `logits` first then by layer,
+    head and input (q, k, v). metric None: logprob_diff where the run has it, else logit_diff."""
+    chosen, params = _metric_sql(metric, run_id)
+    where_role = "" if position_role is None else " AND position_role = ?"
+    return query(path, f"""
+        SELECT position_role, sender, receiver, metric, sender_site, sender_layer, sender_head, receiver_input,
+               receiver_layer, receiver_head, n_pairs, round(mean_effect, 3) AS mean_effect,
+               round(effect_ci95_low, 3) AS effect_ci95_low, round(effect_ci95_high, 3) AS effect_ci95_high,
+               n_recovery, round(mean_recovery, 3) AS mean_recovery, round(ci95_low, 3) AS ci95_low,
+               round(ci95_high, 3) AS ci95_high
+        FROM path_summary WHERE run_id = ? AND metric = {chosen}{where_role}
+        ORDER BY list_position(?, position_role), sender_layer, list_position(?, sender_site),
+                 sender_head NULLS FIRST, receiver <> 'logits', receiver_layer, receiver_head,
+                 list_position(['q', 'k', 'v'], receiver_input)""",
+                 [run_id, *params, *([] if position_role is None else [position_role]), list(POSITION_ROLES),
+                  list(PATH_SENDER_SITES)])
