@@ -32,7 +32,8 @@ def strongest_effects(path, run_id: str, top: int = 20, metric: str | None = Non
     logprob_diff where the run has it, else logit_diff."""
     chosen, params = _metric_sql(metric, run_id)
     return query(path, f"""
-        SELECT s.sweep, s.site, s.direction, s.layer, s.position_role, s.head, s.metric, s.n_pairs, s.n_recovery,
+        SELECT s.sweep, s.site, s.direction, s.layer, s.position_role, s.head, s.sender, s.receiver, s.metric,
+               s.n_pairs, s.n_recovery,
                round(s.mean_effect, 3) AS mean_effect, round(s.mean_recovery, 3) AS mean_recovery,
                round(s.ci95_low, 3) AS ci95_low, round(s.ci95_high, 3) AS ci95_high
         FROM effect_summary s JOIN metrics m USING (metric)
