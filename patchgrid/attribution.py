@@ -19,9 +19,10 @@ carries the gradient past layer l), and the site's score is the mean of |c_l| ov
 It is unsigned and only ranks sites; the plain signed estimate is always computed beside it.
 
 AtP*'s other correction, the QK fix for attention saturation, recomputes a head's attention
-softmax exactly when its queries or keys are patched. It applies to query and key sites, which this
-module does not estimate: every site here lies before a head's projections or after its softmax,
-and its path through later attention patterns is linearised as in AtP and AtP* alike.
+softmax exactly when its queries or keys are patched. It applies to query and key sites, which
+the engine patches exactly (sites q, k) but this module does not estimate: every site here lies
+before a head's projections or after its softmax, and its path through later attention patterns
+is linearised as in AtP and AtP* alike.
 
 Pairs of one prompt length share a batch; gradients are taken only for the site kinds asked for.
 It runs on a GPU when there is one; estimates come back to the CPU.

@@ -18,6 +18,12 @@ on the final norm unembeds the rows before it; there the worker reads the answer
 ranks, the continuations' log-probabilities, and the KL divergence from the reference
 log-probabilities the call's sources hold.
 
+Sites are read and written where vLLM holds them: a layer's output (the (hidden, residual) pair
+of a split family summed, or written whole into one half with the other zeroed), a module's input
+(z at o_proj, the neurons at the down projection, resid_pre at the layer, resid_mid at the norm
+before the MLP), and q, k, v where the attention-kernel module receives them after the rotary
+embedding. The attention pattern never exists outside the fused kernels and cannot be read here.
+
 A call whose requests all start at layer S (plan.Start) sets the decoder's `start_layer` to S for
 the call: vLLM's decoders loop over `layers[start_layer:]`, so nothing below S runs, and a
 pre-hook on layer S hands it, row by row, the cached stream entering S (with any patch on that

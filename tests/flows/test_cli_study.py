@@ -63,7 +63,34 @@ def test_study_with_the_atp_sweep_fills_the_warehouse_and_the_report(tmp_path):
     assert "AtP" in html
 
 
+def test_study_with_the_new_sites_and_paths_fills_the_warehouse_and_the_report(tmp_path):
+    wh = tmp_path / "w.duckdb"
+    res = cli("study", "--model", "tiny-qwen3", "--pairs", str(DATA), "--limit", "3", "--no-require-known",
+              "--sweeps", "resid_pre,resid_mid,qkv,paths", "--path-senders", "heads,mlp_out.0",
+              "--path-receivers", "logits,head.3.1", "--path-inputs", "q,v", "--path-mlps", "recomputed",
+              "--warehouse", str(wh), "--workdir", str(tmp_path / "work"), cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    run_id = res.stdout.strip().splitlines()[-1]
+    q = cli("query", "--warehouse", str(wh),
+            "SELECT sweep, count(DISTINCT pair_id) AS pairs, count(DISTINCT site) AS sites, "
+            "count(DISTINCT receiver) AS receivers, count(*) FILTER (WHERE effect IS NULL) AS missing "
+            f"FROM effects WHERE run_id = '{run_id}' GROUP BY sweep ORDER BY sweep")
+    assert q.returncode == 0, q.stderr
+    lines = [line.split() for line in q.stdout.strip().splitlines()][1:-1]
+    # paths: senders head and mlp_out; receivers logits, q.3.1 and v.3.0 (4 heads, 2 key/value heads)
+    assert lines == [["paths", "3", "2", "3", "0"], ["qkv", "3", "3", "0", "0"], ["resid_mid", "3", "1", "0", "0"],
+                     ["resid_pre", "3", "1", "0", "0"]]
+    params = cli("query", "--warehouse", str(wh), f"SELECT params->>'path_mlps' FROM runs WHERE run_id = '{run_id}'")
+    assert "recomputed" in params.stdout
+    rep = cli("report", "--warehouse", str(wh), "--out", str(tmp_path / "report"))
+    assert rep.returncode == 0, rep.stderr[-3000:]
+    html = (tmp_path / "report" / "report.html").read_text()
+    assert "Path patching" in html and "recomputed" in html
+
+
 @pytest.mark.parametrize("args, message", [
+    (["--path-senders", "q.1.0"], "path sender 'q.1.0'"),
+    (["--path-mlps", "half"], "invalid choice: 'half'"),
     (["--verify-top", "-2"], "--verify-top -2 must not be negative"),
     (["--atp-kinds", "heads,trace"], "unknown atp kind 'trace'"),
     (["--limit", "0"], "--limit 0 must be at least 1"),
