@@ -15,7 +15,7 @@ A request is one forward pass over `tokens`. It may
   run computed, an engine may begin the forward at that layer from the run's stream instead of
   recomputing it. The result is the same either way; the reference backend always runs it all.
 
-Patches and noise address prompt positions only. A request whose continuations have several
+Patches and noise address prompt positions only (a `whole` patch: every row of the request). A request whose continuations have several
 tokens runs as several forwards (`forwards`), which agree on the prompt (attention is causal);
 its captures and start streams cover them all in one "tree" of rows: the prompt's positions, then
 each such continuation's inputs past the prompt in turn (`tree_len`).
@@ -43,6 +43,10 @@ class Patch:
     positions: tuple[int, ...] | None = None  # None: every position
     head: int | None = None  # for the sites patched by head: head, q (query heads), k and v (key/value heads)
     neuron: int | None = None  # only for site == "neuron"
+    # Every row of every forward the request takes: the prompt and the answers' inputs past it, read
+    # from the source's rows of the same tree (tree_len); positions must be None. What holds a site
+    # at another run's values wherever the request computes it (path patching's freezes).
+    whole: bool = False
 
     @property
     def key(self) -> str:
@@ -228,7 +232,7 @@ def validate(requests, sources, shape: ModelShape) -> None:
                 raise PlanError(f"{where}: capture {exc}") from None
             _check_layer(where, "capture", layer, shape)
         for p in req.patches:
-            _check_patch(where, p, n, sources, shape)
+            _check_patch(where, p, req, sources, shape)
         for z in req.noise:
             _check_positions(where, "noise.positions", z.positions, n)
             if not z.std >= 0:
@@ -287,7 +291,8 @@ def _check_positions(where, field_name, positions, n):
             raise PlanError(f"{where}: {field_name} position {pos} is out of range (prompt has {n} tokens)")
 
 
-def _check_patch(where, p: Patch, n: int, sources, shape: ModelShape):
+def _check_patch(where, p: Patch, req: Request, sources, shape: ModelShape):
+    n = len(req.tokens)
     if p.site not in SITE_KINDS:
         raise PlanError(f"{where}: patch site {p.site!r} is unknown; use one of {', '.join(SITE_KINDS)}")
     if p.site in LAYER_SITES:
@@ -306,6 +311,9 @@ def _check_patch(where, p: Patch, n: int, sources, shape: ModelShape):
                                 f"{what}s per layer)")
         elif index is not None:
             raise PlanError(f"{where}: patch {field_name} is set for site {p.site}, which has no {field_name}s")
+    if p.whole and (p.positions is not None or site.unit is not None):
+        raise PlanError(f"{where}: patch {p.key} is whole (every row of the request): it takes no positions and "
+                        "no unit")
     if p.positions is not None:
         _check_positions(where, "patch.positions", p.positions, n)
     if p.source not in sources:
@@ -316,7 +324,7 @@ def _check_patch(where, p: Patch, n: int, sources, shape: ModelShape):
     if src.dim() != 2 or src.shape[1] != shape.width(p.site):
         raise PlanError(f"{where}: patch source {p.source!r} {p.key} has shape {tuple(src.shape)}, "
                         f"expected [tokens, {shape.width(p.site)}]")
-    needed = n if p.positions is None else max(p.positions) + 1
+    needed = tree_len(req) if p.whole else n if p.positions is None else max(p.positions) + 1
     if src.shape[0] < needed:
         raise PlanError(f"{where}: patch source {p.source!r} {p.key} has {src.shape[0]} positions, "
                         f"the patch needs {needed}")
@@ -324,6 +332,16 @@ def _check_patch(where, p: Patch, n: int, sources, shape: ModelShape):
 
 def resolve_positions(p_positions, n: int) -> list[int]:
     return list(range(n)) if p_positions is None else [int(x) for x in p_positions]
+
+
+def patch_rows(p: Patch, n_prompt: int, n_tokens: int, branch: int) -> tuple[list[int], list[int]]:
+    """(the positions of a forward a patch writes, the rows of its source they take): prompt
+    positions, each from the same row; or with `whole` every position of the forward (`n_tokens`
+    long, its answer inputs stored from tree row `branch` on) from its row of the tree."""
+    if not p.whole:
+        pos = resolve_positions(p.positions, n_prompt)
+        return pos, pos
+    return list(range(n_tokens)), tree_rows(Forward((0,) * n_tokens, (), branch, True), n_prompt)
 
 
 # ---- a plan as plain data, for SamplingParams.extra_args (msgpack in multiprocess mode) ----
@@ -340,7 +358,7 @@ def to_wire(req: Request, tag: str, fwd: Forward | None = None) -> str:
         int(req.top_k),
         list(req.capture),
         [[p.site, p.layer, p.source, None if p.positions is None else [int(x) for x in p.positions], p.head,
-          p.neuron] for p in req.patches],
+          p.neuron, bool(p.whole)] for p in req.patches],
         [[[int(x) for x in z.positions], float(z.std), int(z.seed)] for z in req.noise],
         None if req.start is None else [int(req.start.layer), req.start.source],
         [[int(t) for t in c] for c in req.continuations],
@@ -355,7 +373,8 @@ def from_wire(text: str) -> tuple[str, Request, tuple[int, Forward]]:
     req = Request(
         tokens=(),
         answers=tuple(answers),
-        patches=tuple(Patch(s, l, src, None if pos is None else tuple(pos), h, u) for s, l, src, pos, h, u in patches),
+        patches=tuple(Patch(s, l, src, None if pos is None else tuple(pos), h, u, w)
+                      for s, l, src, pos, h, u, w in patches),
         noise=tuple(Noise(tuple(pos), std, seed) for pos, std, seed in noise),
         capture=tuple(capture),
         top_k=top_k,

@@ -32,8 +32,9 @@ def paths_rows(engine, config=EVERY, pair=PAIR):
 def assert_rows_close(a, b, tol=TOL):
     assert [(r["sender"], r["receiver"], r["position"]) for r in a] == \
         [(r["sender"], r["receiver"], r["position"]) for r in b]
+    metric = a[0]["metric"] if a else "logit_diff"
     for x, y in zip(a, b):
-        d = abs(x["patched_logit_diff"] - y["patched_logit_diff"])
+        d = abs(x[f"patched_{metric}"] - y[f"patched_{metric}"])
         assert d <= tol, f"{x['sender']} -> {x['receiver']} at {x['position']}: differs by {d}"
 
 
@@ -170,3 +171,35 @@ def test_a_zero_difference_reaches_a_receiver_as_the_baseline_bit_for_bit(engine
     for r in rows:
         assert r["patched_logit_diff"] == corrupt["corrupt_logit_diff"], (r["sender"], r["receiver"])
         assert r["patched_kl"] == corrupt["corrupt_kl"] and r["effect"] == 0.0
+
+
+@pytest.mark.parametrize("model", ["tiny-llama", "tiny-gpt2"])
+def test_paths_to_the_logits_of_answers_of_several_tokens_stay_direct(engines, model):
+    """With answers scored whole the request runs past the prompt: its freezes hold those rows too,
+    so the sender's difference reaches the scored answer tokens only straight through the final
+    stream at the patched position (the reference: the corrupt run with that difference added to the
+    last layer's output there, which changes nothing else)."""
+    hf = engines.get(model, "hf", dtype="float32")
+    pair = dataclasses.replace(PAIR, clean_answer_ids=(5, 9, 11), corrupt_answer_ids=(77, 3))
+    config = dataclasses.replace(EVERY, path_senders=("head.0.2", "mlp_out.1"), path_receivers=("logits",),
+                                 positions=(3, 7))
+    rows, store = paths_rows(hf, config, pair)
+    assert {r["metric"] for r in rows} == {"logprob_diff"}
+    corrupt = store.captures(pair.pair_id, "corrupt")
+    clean_caps = store.captures(pair.pair_id, "clean")
+    last = f"resid.{hf.shape.n_layers - 1}"
+    ending = hf.run([Request(tokens=pair.corrupt_ids, continuations=pair.continuations, capture=(last,))])[0]
+    for r in rows:
+        pos = r["position"]
+        if r["site"] == "head":
+            delta = _head_difference(hf, 0, 2, pos)
+        else:
+            delta = (clean_caps["mlp_out.1"][pos] - corrupt["mlp_out.1"][pos]).float()
+        final = ending.captures[last].clone()
+        final[pos] += delta.to(final.dtype)
+        want = hf.run([Request(tokens=pair.corrupt_ids, answers=(5, 77), continuations=pair.continuations,
+                               patches=(Patch("resid", hf.shape.n_layers - 1, "mod", (pos,)),))],
+                      {"mod": {last: final}})[0]
+        logprob_diff = sum(want.continuation_logprobs[0]) - sum(want.continuation_logprobs[1])
+        assert abs(r["patched_logprob_diff"] - logprob_diff) <= TOL, (r["sender"], pos)
+    assert max(abs(r["effect"]) for r in rows) > 1e-3

@@ -105,3 +105,40 @@ def test_start_crosses_the_wire():
 
     req = Request(tokens=(), answers=(1,), start=Start(2, "0:corrupt"))
     assert from_wire(to_wire(req, "t"))[1].start == Start(2, "0:corrupt")
+
+
+def test_new_sites_validate_by_their_own_units():
+    shape = ModelShape(LLAMA, n_layers=4, n_heads=4, head_dim=32, d_model=128, vocab_size=500, max_len=64, d_mlp=256,
+                       n_kv_heads=2)
+    sources = {"clean": {"q.1": torch.zeros(5, 128), "k.1": torch.zeros(5, 64), "resid_pre.0": torch.zeros(5, 128),
+                         "resid_mid.3": torch.zeros(5, 128), "pattern.1": torch.zeros(5, 20)}}
+    validate([Request(tokens=TOKENS, patches=(Patch("q", 1, "clean", (0,), 3), Patch("k", 1, "clean", None, 1),
+                                              Patch("resid_pre", 0, "clean", (2,)), Patch("resid_mid", 3, "clean")),
+                      capture=("pattern.2", "v.0"))], sources, shape)
+    for patch, match in [(Patch("k", 1, "clean", (0,), 2), "head 2 is out of range \\(model has 2 key/value heads"),
+                         (Patch("q", 1, "clean", (0,)), "head None is out of range"),
+                         (Patch("pattern", 1, "clean", (0,), 0), "site pattern can be captured, not patched"),
+                         (Patch("k", 1, "clean", None, 0, whole=True), "whole .* takes no positions and no unit"),
+                         (Patch("resid_pre", 0, "clean", (1,), whole=True), "whole .* takes no positions")]:
+        with pytest.raises(PlanError, match=match):
+            validate([Request(tokens=TOKENS, patches=(patch,))], sources, shape)
+    # k of a model with 2 key/value heads is 64 wide, not 128
+    with pytest.raises(PlanError, match="k.1 has shape \\(5, 128\\), expected \\[tokens, 64\\]"):
+        validate([Request(tokens=TOKENS, patches=(Patch("k", 1, "wide", (0,), 0),))], {"wide": {"k.1": torch.zeros(5, 128)}},
+                 shape)
+
+
+def test_a_whole_patch_needs_the_request_tree_and_crosses_the_wire():
+    from patchgrid.plan import from_wire, patch_rows, to_wire
+
+    whole = Patch("attn_out", 1, "src", whole=True)
+    req = Request(tokens=TOKENS, continuations=((7, 8, 9), (4,)), patches=(whole,))  # tree: 5 + 2 rows
+    with pytest.raises(PlanError, match="has 5 positions, the patch needs 7"):
+        validate([req], {"src": {"attn_out.1": torch.zeros(5, 128)}}, SHAPE)
+    validate([req], {"src": {"attn_out.1": torch.zeros(7, 128)}}, SHAPE)
+    assert from_wire(to_wire(req, "t"))[1].patches == (whole,)
+    # the continuation's forward (prompt + 7, 8): positions 0-6 from tree rows 0-4, then 5, 6
+    assert patch_rows(whole, 5, 7, 5) == (list(range(7)), list(range(7)))
+    assert patch_rows(Patch("attn_out", 1, "src", (2, 4)), 5, 7, 5) == ([2, 4], [2, 4])
+    # with a second answer of several tokens, its forward's inputs past the prompt are stored after the first's
+    assert patch_rows(whole, 5, 7, 7) == (list(range(7)), [0, 1, 2, 3, 4, 7, 8])

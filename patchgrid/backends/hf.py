@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from ..metrics import answer_ranks, kl_divergence
-from ..plan import LOGPROBS, Result, forwards, gaussian_noise, join_forwards, resolve_positions, validate
+from ..plan import LOGPROBS, Result, forwards, gaussian_noise, join_forwards, patch_rows, validate
 from ..sites import QKV, SITES, get_module, parse_key, site_module
 
 ATTENTION = "patchgrid"  # the attention implementation the engine's models run under
@@ -96,11 +96,11 @@ class HFEngine:
         captures = [dict() for _ in batch]
         # site key -> [(row, positions, value)] and head key -> [(row, positions, head, value)]
         writes, noise = defaultdict(list), []
-        for b, (r, _) in enumerate(batch):
-            n = len(r.tokens)  # patches and noise address the prompt
+        for b, (r, f) in enumerate(batch):
+            n = len(r.tokens)  # patches and noise address the prompt (a whole patch: the forward's every row)
             for p in r.patches:
-                pos = resolve_positions(p.positions, n)
-                val = sources[p.source][p.key][pos].to(self.device, self.dtype)
+                pos, rows = patch_rows(p, n, len(f.tokens), f.branch)
+                val = sources[p.source][p.key][rows].to(self.device, self.dtype)
                 if p.unit is not None:
                     uw = self.shape.unit_width(p.site)
                     val = val[:, p.unit * uw:(p.unit + 1) * uw]

@@ -45,7 +45,7 @@ from ..plan import (
     encode_tensor,
     from_wire,
     gaussian_noise,
-    resolve_positions,
+    patch_rows,
     stream_key,
     tree_rows,
 )
@@ -82,9 +82,9 @@ class _Request:
                 owner, unit = unit_owner(p.unit, widths["units"][SITES[p.site].unit], tp_size)
                 if owner != rank:  # another rank holds this head's slice of z, or this neuron
                     continue
-            pos = np.asarray(resolve_positions(p.positions, n_prompt), dtype=np.int64)
-            src = sources[p.source][p.key]
-            vals = src[torch.from_numpy(pos)]
+            pos, rows = patch_rows(p, n_prompt, n_tokens, fwd.branch)
+            pos = np.asarray(pos, dtype=np.int64)
+            vals = sources[p.source][p.key][torch.tensor(rows, dtype=torch.long)]
             if p.unit is not None:
                 uw = widths["unit_width"][SITES[p.site].unit]
                 vals = vals[:, p.unit * uw:(p.unit + 1) * uw]

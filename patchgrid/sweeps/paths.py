@@ -135,10 +135,12 @@ class PathSweep(SweepKind):
         positions = None if cell.position is None else (cell.position,)
         patches = [Patch(site, layer, clean, positions, cell.head)]
         n = ctx.n_layers
-        patches += [Patch("attn_out", L, corrupt) for L in range(layer + 1, n)]
+        # frozen at every row the request computes, the answers' inputs past the prompt too: there the
+        # change would otherwise reach the scored answers through later attention
+        patches += [Patch("attn_out", L, corrupt, whole=True) for L in range(layer + 1, n)]
         if ctx.config.path_mlps == "frozen":
             first_mlp = layer + 1 if site == "mlp_out" else layer
-            patches += [Patch("mlp_out", L, corrupt) for L in range(first_mlp, n)]
+            patches += [Patch("mlp_out", L, corrupt, whole=True) for L in range(first_mlp, n)]
         capture = sorted({site_key(parse_unit_name(r)[0], parse_unit_name(r)[1])
                           for r in self.receivers(layer, ctx) if r != LOGITS})
         return Request(tokens=pair.corrupt_ids, patches=tuple(patches), capture=tuple(capture), **_scored(pair))

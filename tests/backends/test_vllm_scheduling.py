@@ -141,7 +141,8 @@ def test_multiprocess_executor_matches_hf(hf, engines):
                          ids=["chunked_prefill", "multiprocess"])
 def test_path_patching_matches_hf(hf, engines, options):
     """Both passes of path patching (the frozen first pass's captures become the second's
-    sources), with prompts split across steps, or crossing to the engine core's process."""
+    sources), with prompts and their answers split across steps, or crossing to the engine core's
+    process."""
     from patchgrid.pairs.align import position_roles
     from patchgrid.pairs.pair import Pair
     from tests.test_paths import EVERY, assert_rows_close, paths_rows
@@ -150,7 +151,8 @@ def test_path_patching_matches_hf(hf, engines, options):
     rng = random.Random(5)
     clean = _prompt(rng, 45)
     corrupt = tuple(clean[:30]) + _prompt(rng, 2) + tuple(clean[32:])
-    pair = Pair("long", None, clean, corrupt, (5,), (77,), 30, 32, tuple(position_roles(45, 30, 32)))
+    # answers of several tokens: the first pass's freezes hold the answers' rows too (whole patches)
+    pair = Pair("long", None, clean, corrupt, (5, 9, 11), (77, 3), 30, 32, tuple(position_roles(45, 30, 32)))
     config = EVERY.__class__(sweeps=("paths",), path_senders=("heads", "mlp_out"), path_receivers=("logits", "heads"))
     a, _ = paths_rows(hf, config, pair)
     b, _ = paths_rows(vl, config, pair)
