@@ -59,6 +59,8 @@ def synthetic_run(n_rows: int, seed: int) -> pa.Table:
         "head": pa.nulls(n_rows, pa.int32()),
         "neuron": pa.nulls(n_rows, pa.int32()),
         "window": pa.nulls(n_rows, pa.int32()),
+        "sender": pa.nulls(n_rows, pa.string()),  # no path-patching rows
+        "receiver": pa.nulls(n_rows, pa.string()),
         "metric": pa.array(np.full(n_rows, "logit_diff")),
         "effect": pa.array(recovery * np.float32(CLEAN["logit_diff"] - CORRUPT["logit_diff"])),
         "recovery": pa.array(recovery),
