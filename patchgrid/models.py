@@ -13,7 +13,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-BUILTIN = ("smollm2-135m", "tiny-llama", "tiny-qwen3", "tiny-gpt2")
+BUILTIN = ("smollm2-135m", "tiny-llama", "tiny-qwen3", "tiny-gpt2", "tiny-phi3", "tiny-qwen3-moe")
 DEFAULT_MODEL = "smollm2-135m"
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -212,8 +212,12 @@ def _build_tiny(name: str, out: Path) -> dict:
         GPT2LMHeadModel,
         LlamaConfig,
         LlamaForCausalLM,
+        Phi3Config,
+        Phi3ForCausalLM,
         Qwen3Config,
         Qwen3ForCausalLM,
+        Qwen3MoeConfig,
+        Qwen3MoeForCausalLM,
     )
 
     tokenizer = _train_tokenizer(out)
@@ -221,7 +225,7 @@ def _build_tiny(name: str, out: Path) -> dict:
     eos = tokenizer.eos_token_id
     # head_dim 32: vLLM's CPU attention kernels refuse 16.
     common = dict(vocab_size=vocab, bos_token_id=eos, eos_token_id=eos)
-    torch.manual_seed({"tiny-llama": 1, "tiny-qwen3": 2, "tiny-gpt2": 3}[name])
+    torch.manual_seed({"tiny-llama": 1, "tiny-qwen3": 2, "tiny-gpt2": 3, "tiny-phi3": 4, "tiny-qwen3-moe": 5}[name])
     if name == "tiny-llama":
         config = LlamaConfig(
             hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
@@ -236,6 +240,20 @@ def _build_tiny(name: str, out: Path) -> dict:
             tie_word_embeddings=True, **common,
         )
         model = Qwen3ForCausalLM(config)
+    elif name == "tiny-phi3":  # fused qkv and gate/up projections
+        config = Phi3Config(
+            hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=1024, tie_word_embeddings=False,
+            pad_token_id=eos, **common,
+        )
+        model = Phi3ForCausalLM(config)
+    elif name == "tiny-qwen3-moe":  # 4 experts, 2 routed per token: more than one expert is used
+        config = Qwen3MoeConfig(
+            hidden_size=128, intermediate_size=256, moe_intermediate_size=64, num_experts=4, num_experts_per_tok=2,
+            norm_topk_prob=True, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+            max_position_embeddings=1024, tie_word_embeddings=False, **common,
+        )
+        model = Qwen3MoeForCausalLM(config)
     elif name == "tiny-gpt2":
         config = GPT2Config(n_embd=128, n_layer=4, n_head=4, n_positions=1024, n_inner=256, **common)
         model = GPT2LMHeadModel(config)

@@ -231,6 +231,7 @@ def validate(requests, sources, shape: ModelShape) -> None:
             except ValueError as exc:
                 raise PlanError(f"{where}: capture {exc}") from None
             _check_layer(where, "capture", layer, shape)
+            _check_family(where, site, shape)
         for p in req.patches:
             _check_patch(where, p, req, sources, shape)
         for z in req.noise:
@@ -280,6 +281,12 @@ def _at_or_above(site: str, layer: int | None, start: int) -> bool:
     return layer >= start or (site == "resid" and layer == start - 1)
 
 
+def _check_family(where, site: str, shape: ModelShape) -> None:
+    if SITES[site].module == "down_proj" and shape.family.experts:
+        raise PlanError(f"{where}: site {site}: the {shape.family.name} MLP is a mixture of experts, with no one down "
+                        "projection whose input is a neuron")
+
+
 def _check_layer(where, field_name, layer, shape):
     if layer is not None and not 0 <= layer < shape.n_layers:
         raise PlanError(f"{where}: {field_name} layer {layer} is out of range (model has {shape.n_layers} layers)")
@@ -300,6 +307,7 @@ def _check_patch(where, p: Patch, req: Request, sources, shape: ModelShape):
             raise PlanError(f"{where}: patch layer is missing for site {p.site}")
         _check_layer(where, "patch", p.layer, shape)
     site = SITES[p.site]
+    _check_family(where, p.site, shape)
     if not site.patchable:
         raise PlanError(f"{where}: site {p.site} can be captured, not patched")
     for field_name in ("head", "neuron"):

@@ -95,6 +95,10 @@ class Family:
     # the rotary embedding (transformers has no module there: its hf backend reads q, k and v through
     # the attention function, patchgrid.backends.hf)
     attn_kernel: str = "attn"
+    # The MLP is a mixture of experts: its output (mlp_out) is the routed experts' weighted sum, and
+    # there is no one down projection whose input is a neuron (transformers loops over fused expert
+    # weights, vLLM runs a fused-MoE kernel): the neuron site is refused.
+    experts: bool = False
 
     @property
     def decoder(self) -> str:
@@ -108,11 +112,17 @@ LLAMA = Family("llama", "model.layers", "model.embed_tokens", "self_attn", "mlp"
 GPT2 = Family("gpt2", "transformer.h", "transformer.wte", "attn", "mlp", "attn.c_proj", False, 0, "transformer.ln_f",
               "mlp.c_proj", "ln_2")
 
+# Qwen3-MoE: Llama's paths and stream; its sparse MLP block sits where Llama's MLP does.
+QWEN3_MOE = Family("qwen3_moe", "model.layers", "model.embed_tokens", "self_attn", "mlp", "self_attn.o_proj", True,
+                   1, "model.norm", "mlp.down_proj", "post_attention_layernorm", experts=True)
+
 FAMILIES = {
     "llama": LLAMA,
     "mistral": LLAMA,
     "qwen2": LLAMA,
     "qwen3": LLAMA,
+    "phi3": LLAMA,  # vLLM runs Phi-3 as its Llama (fused qkv and gate/up projections are not sites)
+    "qwen3_moe": QWEN3_MOE,
     "gpt2": GPT2,
 }
 

@@ -77,7 +77,10 @@ class VllmEngine:
         # core and executor in their own processes; everything still crosses as plain data.
         # Tensor parallelism always runs multiprocess: a worker process per rank, and the core's
         # teardown then stays out of this process.
-        multiprocess = multiprocess or tensor_parallel_size > 1
+        # A mixture-of-experts model needs vLLM's expert-parallel group, which is process-wide state set
+        # up by the first engine a process starts: after any other in-process engine its start fails
+        # ("expert parallel group is not initialized"), so it always gets a process of its own.
+        multiprocess = multiprocess or tensor_parallel_size > 1 or shape.family.experts
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if multiprocess else "0"
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(kv_cache_gib)))
         if tensor_parallel_size > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
