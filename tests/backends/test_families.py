@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from patchgrid.cache import stream_keys
-from patchgrid.plan import Patch, PlanError, Request
+from patchgrid.plan import PlanError, Request
 from tests.conftest import needs_vllm
 
 from .helpers import all_keys, assert_results_close, effect_spread, every_site_requests, starting
