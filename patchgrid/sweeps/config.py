@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from ..rows import DIRECTIONS
 from ..sites import QKV
 from .kinds import SWEEP_KINDS
-from .paths import PATH_MLPS, check_ends
+from .paths import PATH_MLPS, check_ends  # noqa: F401  (PATH_MLPS: the settings' choices, for the CLI)
 
 SWEEPS = tuple(SWEEP_KINDS)
 DEFAULT_SWEEPS = ("resid", "attn_out", "mlp_out", "heads")
@@ -19,7 +19,6 @@ TRACE_NOISE_SCALE = 3.0  # times the std of the subjects' embeddings over the da
 ATP_KINDS = ("resid", "attn_out", "mlp_out", "heads", "neurons")  # what the atp sweep can screen
 DEFAULT_ATP_KINDS = ("resid", "attn_out", "mlp_out", "heads")
 ATP_CORRECTIONS = ("none", "graddrop")
-PATH_MLP_MODES = PATH_MLPS
 
 
 @dataclass(frozen=True)

@@ -141,8 +141,7 @@ class PathSweep(SweepKind):
         if ctx.config.path_mlps == "frozen":
             first_mlp = layer + 1 if site == "mlp_out" else layer
             patches += [Patch("mlp_out", L, corrupt, whole=True) for L in range(first_mlp, n)]
-        capture = sorted({site_key(parse_unit_name(r)[0], parse_unit_name(r)[1])
-                          for r in self.receivers(layer, ctx) if r != LOGITS})
+        capture = sorted({site_key(*parse_unit_name(r)[:2]) for r in self.receivers(layer, ctx) if r != LOGITS})
         return Request(tokens=pair.corrupt_ids, patches=tuple(patches), capture=tuple(capture), **_scored(pair))
 
     @staticmethod
