@@ -282,9 +282,9 @@ def _at_or_above(site: str, layer: int | None, start: int) -> bool:
 
 
 def _check_family(where, site: str, shape: ModelShape) -> None:
-    if SITES[site].module == "down_proj" and shape.family.experts:
-        raise PlanError(f"{where}: site {site}: the {shape.family.name} MLP is a mixture of experts, with no one down "
-                        "projection whose input is a neuron")
+    why = shape.family.missing(site)
+    if why:
+        raise PlanError(f"{where}: site {site}: {why}")
 
 
 def _check_layer(where, field_name, layer, shape):

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 class Site:
     name: str
     module: str  # the Family field naming its module: embed (model-level), layer, attn, mlp, o_proj, down_proj,
-    # mlp_norm
+    # mlp_norm, attn_out, mlp_out
     # "output": the module's output; "input": the stream or tensor it reads (its first positional
     # input, or for a layer of a split-residual family the sum of its two stream inputs); "attention":
     # q, k or v as the attention computation reads them (see the backends)
@@ -59,8 +59,8 @@ SITES = {site.name: site for site in (
     Site("resid_pre", "layer", "input", "d_model"),
     Site("resid_mid", "mlp_norm", "input", "d_model"),
     Site("resid", "layer", "output", "d_model"),
-    Site("attn_out", "attn", "output", "d_model"),
-    Site("mlp_out", "mlp", "output", "d_model"),
+    Site("attn_out", "attn_out", "output", "d_model"),
+    Site("mlp_out", "mlp_out", "output", "d_model"),
     Site("q", "attn", "attention", "q", "head"),
     Site("k", "attn", "attention", "kv", "kv_head"),
     Site("v", "attn", "attention", "kv", "kv_head"),
@@ -90,7 +90,10 @@ class Family:
     stream_arg: int | None
     final_norm: str  # dotted path from the causal-LM module to the norm before the unembedding
     down_proj: str  # relative to a layer: the MLP's output projection; its input is the neurons
-    mlp_norm: str  # relative to a layer: the norm before the MLP; its input is the stream after attention
+    # relative to a layer: the module whose input is the stream after attention (resid_mid): the norm
+    # before the MLP, or the MLP itself where none precedes it (OLMo 2). None: a parallel block, whose
+    # attention and MLP both read the layer's input, so no stream exists between them.
+    mlp_norm: str | None
     # relative to the attention module: vLLM's attention-kernel module, called with (q, k, v) after
     # the rotary embedding (transformers has no module there: its hf backend reads q, k and v through
     # the attention function, patchgrid.backends.hf)
@@ -99,6 +102,35 @@ class Family:
     # there is no one down projection whose input is a neuron (transformers loops over fused expert
     # weights, vLLM runs a fused-MoE kernel): the neuron site is refused.
     experts: bool = False
+    # Relative to a layer: the module whose output is what attention (the MLP) adds to the stream,
+    # where a norm follows the sublayer (Gemma 2/3, OLMo 2: the post-norm's output, so that
+    # resid_mid = resid_pre + attn_out). None: the attention (MLP) module itself.
+    attn_out: str | None = None
+    mlp_out: str | None = None
+    # Gemma multiplies the token embedding by sqrt(d_model): transformers inside its embedding module,
+    # vLLM after it (by the decoder's `normalizer`). `embed` is the scaled embedding in both.
+    embed_scaled: bool = False
+    # transformers' attention module of this family computes attention in this method from
+    # (query, key, value, mask), bypassing transformers' attention interface (GPT-J: `_attn`); the hf
+    # backend reads q, k and v there. None: through the attention interface.
+    hf_attn_method: str | None = None
+
+    def module_of(self, where: str) -> str:
+        """The dotted path of a Site.module role relative to a layer."""
+        if where == "attn_out":
+            return self.attn_out or self.attn
+        if where == "mlp_out":
+            return self.mlp_out or self.mlp
+        return getattr(self, where)
+
+    def missing(self, site: str) -> str | None:
+        """Why this family has no such site, or None where it has it."""
+        if SITES[site].module == "mlp_norm" and self.mlp_norm is None:
+            return (f"the {self.name} block is parallel: attention and MLP both read the layer's input "
+                    "(resid_pre), so no stream exists between them")
+        if SITES[site].module == "down_proj" and self.experts:
+            return f"the {self.name} MLP is a mixture of experts, with no one down projection whose input is a neuron"
+        return None
 
     @property
     def decoder(self) -> str:
@@ -224,7 +256,7 @@ def site_module(model, family: Family, site: str, layer: int | None):
     if where == "embed":
         return get_module(model, family.embed)
     block = get_module(model, family.layers)[layer]
-    return block if where == "layer" else get_module(block, getattr(family, where))
+    return block if where == "layer" else get_module(block, family.module_of(where))
 
 
 def get_module(root, dotted: str):
