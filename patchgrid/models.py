@@ -13,7 +13,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-BUILTIN = ("smollm2-135m", "tiny-llama", "tiny-qwen3", "tiny-gpt2", "tiny-phi3", "tiny-qwen3-moe")
+BUILTIN = ("smollm2-135m", "tiny-llama", "tiny-qwen3", "tiny-gpt2", "tiny-phi3", "tiny-qwen3-moe", "tiny-gemma2",
+           "tiny-gemma3", "tiny-gptj")
 DEFAULT_MODEL = "smollm2-135m"
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -184,8 +185,10 @@ A quick brown fox jumps over the lazy dog while the river runs to the sea.
 """
 
 
-def _train_tokenizer(out: Path):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+def _train_tokenizer(out: Path, bos: bool = False):
+    """A byte-level BPE tokenizer over the corpus above; with `bos`, one that starts every text with
+    a `<bos>` token, as Gemma's does (GPT-2's, Llama's here, and GPT-J's add nothing)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
@@ -193,13 +196,17 @@ def _train_tokenizer(out: Path):
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=512,
-        special_tokens=["<|endoftext|>"],
+        special_tokens=["<|endoftext|>"] + (["<bos>"] if bos else []),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator([_CORPUS] * 4, trainer=trainer)
+    if bos:
+        tok.post_processor = processors.TemplateProcessing(
+            single="<bos> $A", pair="<bos> $A $B", special_tokens=[("<bos>", tok.token_to_id("<bos>"))])
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|endoftext|>", unk_token="<|endoftext|>"
+        tokenizer_object=tok, bos_token="<bos>" if bos else "<|endoftext|>", eos_token="<|endoftext|>",
+        unk_token="<|endoftext|>"
     )
     fast.save_pretrained(out)
     return fast
@@ -208,8 +215,14 @@ def _train_tokenizer(out: Path):
 def _build_tiny(name: str, out: Path) -> dict:
     import torch
     from transformers import (
+        Gemma2Config,
+        Gemma2ForCausalLM,
+        Gemma3ForCausalLM,
+        Gemma3TextConfig,
         GPT2Config,
         GPT2LMHeadModel,
+        GPTJConfig,
+        GPTJForCausalLM,
         LlamaConfig,
         LlamaForCausalLM,
         Phi3Config,
@@ -220,12 +233,18 @@ def _build_tiny(name: str, out: Path) -> dict:
         Qwen3MoeForCausalLM,
     )
 
-    tokenizer = _train_tokenizer(out)
+    gemma = name.startswith("tiny-gemma")
+    tokenizer = _train_tokenizer(out, bos=gemma)
     vocab = len(tokenizer)
     eos = tokenizer.eos_token_id
     # head_dim 32: vLLM's CPU attention kernels refuse 16.
-    common = dict(vocab_size=vocab, bos_token_id=eos, eos_token_id=eos)
-    torch.manual_seed({"tiny-llama": 1, "tiny-qwen3": 2, "tiny-gpt2": 3, "tiny-phi3": 4, "tiny-qwen3-moe": 5}[name])
+    common = dict(vocab_size=vocab, bos_token_id=tokenizer.bos_token_id, eos_token_id=eos)
+    torch.manual_seed({"tiny-llama": 1, "tiny-qwen3": 2, "tiny-gpt2": 3, "tiny-phi3": 4, "tiny-qwen3-moe": 5,
+                       "tiny-gemma2": 6, "tiny-gemma3": 7, "tiny-gptj": 8}[name])
+    # Gemma: sliding-window layers (window 8, shorter than the tests' prompts) between global ones
+    gemma_common = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
+                        num_key_value_heads=2, head_dim=32, sliding_window=8, max_position_embeddings=1024,
+                        tie_word_embeddings=True, pad_token_id=eos, **common)
     if name == "tiny-llama":
         config = LlamaConfig(
             hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
@@ -254,6 +273,17 @@ def _build_tiny(name: str, out: Path) -> dict:
             max_position_embeddings=1024, tie_word_embeddings=False, **common,
         )
         model = Qwen3MoeForCausalLM(config)
+    elif name == "tiny-gemma2":  # layers 0 and 2 slide; both soft-caps on, tight enough to bite
+        config = Gemma2Config(attn_logit_softcapping=2.0, final_logit_softcapping=3.0, query_pre_attn_scalar=32,
+                              **gemma_common)
+        model = Gemma2ForCausalLM(config)
+    elif name == "tiny-gemma3":  # q/k norms; three sliding layers then a global one, as Gemma 3's 5:1
+        config = Gemma3TextConfig(layer_types=["sliding_attention"] * 3 + ["full_attention"], **gemma_common)
+        model = Gemma3ForCausalLM(config)
+    elif name == "tiny-gptj":  # parallel block, rotary on 8 of 32 dims per head; vLLM needs untied embeddings
+        config = GPTJConfig(n_embd=128, n_layer=4, n_head=4, n_positions=1024, n_inner=256, rotary_dim=8,
+                            tie_word_embeddings=False, **common)
+        model = GPTJForCausalLM(config)
     elif name == "tiny-gpt2":
         config = GPT2Config(n_embd=128, n_layer=4, n_head=4, n_positions=1024, n_inner=256, **common)
         model = GPT2LMHeadModel(config)
@@ -262,9 +292,13 @@ def _build_tiny(name: str, out: Path) -> dict:
     # Random init leaves the stream tiny relative to the logits' scale; widen it so patches move
     # the answer by amounts that a 1e-4 comparison can see.
     with torch.no_grad():
-        for p in model.parameters():
+        for pname, p in model.named_parameters():
             if p.dim() >= 2:
                 p.normal_(0.0, 0.08)
+            elif gemma and pname.endswith("norm.weight"):
+                # Gemma's norms scale by (1 + weight), weight 0 at init: vary them, or a norm
+                # put in the wrong place would go unseen
+                p.normal_(0.0, 0.3)
     model = model.to(torch.float32)
     model.config.dtype = "float32"
     model.save_pretrained(out)

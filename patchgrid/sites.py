@@ -148,6 +148,18 @@ GPT2 = Family("gpt2", "transformer.h", "transformer.wte", "attn", "mlp", "attn.c
 QWEN3_MOE = Family("qwen3_moe", "model.layers", "model.embed_tokens", "self_attn", "mlp", "self_attn.o_proj", True,
                    1, "model.norm", "mlp.down_proj", "post_attention_layernorm", experts=True)
 
+# Gemma 2 / 3: norms after attention and after the MLP (their outputs are what the stream receives:
+# attn_out, mlp_out) and one before the MLP (resid_mid is its input); the embedding scaled by
+# sqrt(d_model). vLLM: Gemma2DecoderLayer(positions, hidden_states, residual), as Llama's.
+GEMMA = Family("gemma2", "model.layers", "model.embed_tokens", "self_attn", "mlp", "self_attn.o_proj", True, 1,
+               "model.norm", "mlp.down_proj", "pre_feedforward_layernorm", attn_out="post_attention_layernorm",
+               mlp_out="post_feedforward_layernorm", embed_scaled=True)
+# GPT-J: a parallel block, out = x + attn(ln_1(x)) + mlp(ln_1(x)): attn_out and mlp_out are the two
+# terms, and there is no resid_mid. vLLM: GPTJBlock(position_ids, hidden_states) -> hidden_states;
+# transformers' GPT-J computes attention in its own `_attn`, not through the attention interface.
+GPTJ = Family("gptj", "transformer.h", "transformer.wte", "attn", "mlp", "attn.out_proj", False, 1, "transformer.ln_f",
+              "mlp.fc_out", None, hf_attn_method="_attn")
+
 FAMILIES = {
     "llama": LLAMA,
     "mistral": LLAMA,
@@ -156,6 +168,10 @@ FAMILIES = {
     "phi3": LLAMA,  # vLLM runs Phi-3 as its Llama (fused qkv and gate/up projections are not sites)
     "qwen3_moe": QWEN3_MOE,
     "gpt2": GPT2,
+    "gemma2": GEMMA,
+    # Gemma 3 1B; the larger, multimodal checkpoints (model_type gemma3) keep the text stack elsewhere
+    "gemma3_text": GEMMA,
+    "gptj": GPTJ,
 }
 
 

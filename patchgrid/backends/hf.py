@@ -18,8 +18,18 @@ from ..metrics import answer_ranks, kl_divergence
 from ..plan import LOGPROBS, Result, forwards, gaussian_noise, join_forwards, patch_rows, validate
 from ..sites import QKV, SITES, get_module, parse_key, site_module
 
-ATTENTION = "patchgrid"  # the attention implementation the engine's models run under
+ATTENTION = "patchgrid"  # the attention implementation the engine's models run under (sdpa)
+# the same with the model's own eager attention: for scores soft-capped before the softmax (Gemma 2),
+# which transformers' sdpa silently leaves out
+ATTENTION_EAGER = "patchgrid_eager"
 HOOK = "_patchgrid_attention"  # the attribute of an attention module holding this forward's hook
+
+
+def _hooked(module, query, key, value, kwargs):
+    hook = getattr(module, HOOK, None)
+    if hook is None:
+        return query, key, value
+    return hook(query, key, value, kwargs.get("scaling"), kwargs.get("sliding_window"), kwargs.get("softcap"))
 
 
 def _attention(module, query, key, value, *args, **kwargs):
@@ -27,27 +37,68 @@ def _attention(module, query, key, value, *args, **kwargs):
     (None outside its forwards) given q, k and v first: [batch, heads, tokens, head_dim]."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    hook = getattr(module, HOOK, None)
-    if hook is not None:
-        query, key, value = hook(query, key, value, kwargs.get("scaling"))
+    query, key, value = _hooked(module, query, key, value, kwargs)
     return sdpa_attention_forward(module, query, key, value, *args, **kwargs)
+
+
+def _eager_attention(module, query, key, value, *args, **kwargs):
+    """The model's own eager attention (its modeling file's `eager_attention_forward`), hooked alike."""
+    import sys
+
+    query, key, value = _hooked(module, query, key, value, kwargs)
+    eager = sys.modules[type(module).__module__].eager_attention_forward
+    return eager(module, query, key, value, *args, **kwargs)
 
 
 def _register_attention() -> None:
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
 
     AttentionInterface.register(ATTENTION, _attention)
     AttentionMaskInterface.register(ATTENTION, sdpa_mask)
+    AttentionInterface.register(ATTENTION_EAGER, _eager_attention)
+    AttentionMaskInterface.register(ATTENTION_EAGER, eager_mask)
 
 
-def causal_pattern(query, key, scaling) -> torch.Tensor:
+def soft_capped(config) -> bool:
+    """Whether the model soft-caps its attention scores (which transformers' sdpa ignores)."""
+    return bool(getattr(config, "attn_logit_softcapping", None))
+
+
+def attention_implementation(config, family) -> str:
+    """The attention implementation the hf backend loads a model with: its own method where the family
+    bypasses transformers' attention interface (read through `Family.hf_attn_method`), eager
+    where the scores are soft-capped, sdpa elsewhere; the last two behind the engine's hook."""
+    if family.hf_attn_method:
+        return "eager"
+    return ATTENTION_EAGER if soft_capped(config) else ATTENTION
+
+
+def _wrap_attention_method(module, method: str) -> None:
+    """Route a family's own attention method (GPT-J: `_attn(query, key, value, mask)`,
+    [batch, heads, tokens, head_dim] after the rotary embedding) through the engine's hook."""
+    inner = getattr(module, method)
+
+    def attend(query, key, value, *args, **kwargs):
+        query, key, value = _hooked(module, query, key, value, {"scaling": 1.0 / float(module.scale_attn)})
+        return inner(query, key, value, *args, **kwargs)
+
+    setattr(module, method, attend)
+
+
+def causal_pattern(query, key, scaling, window: int | None = None, softcap: float | None = None) -> torch.Tensor:
     """Attention weights [batch, heads, query tokens, key tokens] of a causal softmax over scaled
-    query-key products; grouped key heads are shared by consecutive query heads."""
+    query-key products, soft-capped (cap * tanh(score / cap)) and limited to the last `window` keys
+    where the model does so; grouped key heads are shared by consecutive query heads."""
     key = key.repeat_interleave(query.shape[1] // key.shape[1], dim=1)
     scores = (query.float() @ key.float().transpose(-1, -2)) * scaling
+    if softcap:
+        scores = torch.tanh(scores / softcap) * softcap
     n = scores.shape[-1]
-    mask = torch.ones(n, n, dtype=torch.bool, device=scores.device).triu(1)
+    ones = torch.ones(n, n, dtype=torch.bool, device=scores.device)
+    mask = ones.triu(1)
+    if window:
+        mask |= ones.tril(-window)
     return torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
 
 
@@ -55,15 +106,20 @@ class HFEngine:
     name = "hf"
 
     def __init__(self, model_dir: Path, shape, *, dtype: str = "auto", batch_size: int = 64, device: str = "auto"):
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoConfig, AutoModelForCausalLM
 
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
         torch_dtype = "auto" if dtype == "auto" else getattr(torch, dtype)
         _register_attention()
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype, trust_remote_code=False,
-                                                          attn_implementation=ATTENTION)
+        config = AutoConfig.from_pretrained(model_dir)
+        self.model = AutoModelForCausalLM.from_pretrained(
+            model_dir, dtype=torch_dtype, trust_remote_code=False,
+            attn_implementation=attention_implementation(config, shape.family))
+        if shape.family.hf_attn_method:
+            for layer in range(shape.n_layers):
+                _wrap_attention_method(site_module(self.model, shape.family, "q", layer), shape.family.hf_attn_method)
         self.model.to(self.device)
         self.model.eval()
         self.shape = shape
@@ -143,7 +199,7 @@ class HFEngine:
         def on_attention(layer):
             keys = {site: f"{site}.{layer}" for site in QKV}
 
-            def hook(query, key, value, scaling):  # [batch, heads, tokens, head_dim]
+            def hook(query, key, value, scaling, window, softcap):  # [batch, heads, tokens, head_dim]
                 out = []
                 for site, t in zip(QKV, (query, key, value)):
                     k = keys[site]
@@ -154,7 +210,7 @@ class HFEngine:
                     out.append(t)
                 pattern = f"pattern.{layer}"
                 if any(pattern in r.capture for r, _ in batch):
-                    w = causal_pattern(out[0], out[1], scaling)  # [batch, heads, q, k]
+                    w = causal_pattern(out[0], out[1], scaling, window, softcap)  # [batch, heads, q, k]
                     capture(pattern, w.transpose(1, 2).flatten(2).to(self.dtype))
                 return tuple(out)
             return hook

@@ -183,6 +183,9 @@ class _Session:
         self.handles = []
         self.start_layer = start_layer
         self._decoder = None
+        # Gemma's decoder multiplies the embedding module's output by sqrt(d_model) (its `normalizer`)
+        # after the module: the embed site is the product, as transformers' module returns it
+        self.embed_scale = get_module(self.model, family.decoder).normalizer if family.embed_scaled else None
         try:
             self._install(set(keys))
             if start_layer:
@@ -350,12 +353,13 @@ class _Session:
         if w is None and step.noise is None and "embed" not in step.captures:
             return None
         out = out.clone()  # the embedding output may alias the layer-0 residual
+        scale = self.embed_scale
         if w is not None:
-            put(out, w[0], w[1], "embed")
+            put(out, w[0], w[1] if scale is None else w[1] / scale, "embed")
         if step.noise is not None:
             rows, vals = step.noise
-            put(out, rows, out[rows] + vals, "noise")
-        self._capture("embed", lambda a, b: out[a:b])
+            put(out, rows, out[rows] + (vals if scale is None else vals / scale), "noise")
+        self._capture("embed", lambda a, b: out[a:b] if scale is None else out[a:b] * scale)
         return out
 
     def _make_split_stream_hook(self, key):

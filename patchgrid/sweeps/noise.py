@@ -22,13 +22,18 @@ class TraceNoise:
 
 
 def _embedding_weight(folder: Path) -> torch.Tensor:
-    """The token embedding matrix, read from the checkpoint alone (not the whole model)."""
+    """The token embedding matrix as the `embed` site holds it, read from the checkpoint alone (not the
+    whole model)."""
     from safetensors import safe_open
     from transformers import AutoConfig
 
     from ..sites import family_of
 
-    name = family_of(AutoConfig.from_pretrained(folder).model_type).embed + ".weight"
+    config = AutoConfig.from_pretrained(folder)
+    family = family_of(config.model_type)
+    # a family that scales its embedding (Gemma) adds the noise to the scaled embedding
+    scale = config.hidden_size ** 0.5 if family.embed_scaled else 1.0
+    name = family.embed + ".weight"
     candidates = (name, name.split(".", 1)[1])  # some checkpoints drop the outer module's prefix
     index = folder / "model.safetensors.index.json"
     files = sorted(folder.glob("*.safetensors"))
@@ -39,11 +44,11 @@ def _embedding_weight(folder: Path) -> torch.Tensor:
         with safe_open(str(f), framework="pt") as st:
             for c in candidates:
                 if c in st.keys():
-                    return st.get_tensor(c).float()
+                    return st.get_tensor(c).float() * scale
     from transformers import AutoModelForCausalLM  # an unusual checkpoint layout: load the model
 
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
-    return model.get_input_embeddings().weight.detach()
+    return model.get_input_embeddings().weight.detach() * scale
 
 
 def subject_noise(folder: str | Path, subjects: list[str], scale: float) -> TraceNoise:

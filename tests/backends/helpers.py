@@ -11,9 +11,10 @@ TOL = 1e-4
 
 
 def all_keys(shape):
+    """Every readable site the family has (Family.missing), at every layer; pattern aside (hf only)."""
     return ["embed"] + [site_key(s, layer) for s in ("resid_pre", "resid_mid", "resid", "attn_out", "mlp_out", "q", "k",
                                                      "v", "head", "neuron")
-                        for layer in range(shape.n_layers)]
+                        if not shape.family.missing(s) for layer in range(shape.n_layers)]
 
 
 def every_site_requests(shape, corrupt, answers, source="clean"):
@@ -43,7 +44,8 @@ def every_site_requests(shape, corrupt, answers, source="clean"):
     reqs.append(Request(tokens=corrupt, answers=answers, noise=(Noise((1, 2), 0.7, 11),)))
     reqs.append(Request(tokens=corrupt, answers=answers, noise=(Noise((1, 2), 0.7, 11),),
                         patches=(Patch("resid", shape.n_layers // 2, source, (2,)),)))
-    return reqs
+    # the sites the family has (Family.missing: no resid_mid in a parallel block, no neuron in a mixture)
+    return [r for r in reqs if not any(shape.family.missing(p.site) for p in r.patches)]
 
 
 def assert_results_close(a, b, tol=TOL):

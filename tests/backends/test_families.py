@@ -1,6 +1,8 @@
-"""Model families beyond the three the whole suite runs on: every site kind the engine has, from
-vLLM against the hf reference, with prompts long enough to be several chunks and runs started
-mid-stack (one model per family; the suite's per-site tests run on tiny-llama, tiny-qwen3, tiny-gpt2)."""
+"""Model families beyond the three the whole suite runs on: every site kind the family has, from
+vLLM against the hf reference, with prompts longer than a sliding window and runs started
+mid-stack; then once more on an engine that both splits prompts by chunked prefill and runs
+vLLM's multiprocess executor; and each tiny model's own features shown to be active (one model per
+family; the suite's per-site tests run on tiny-llama, tiny-qwen3, tiny-gpt2)."""
 from __future__ import annotations
 
 import pytest
@@ -18,21 +20,21 @@ CORRUPT = CLEAN[:10] + (250, 61) + CLEAN[12:]
 ANSWERS = (5, 77)
 
 
-def _without_neurons(shape, items, key):
-    """A mixture-of-experts MLP has no neuron site (sites.Family.experts)."""
-    return [x for x in items if not (shape.family.experts and key(x))]
+FAMILY_MODELS = ["tiny-phi3", "tiny-qwen3-moe", "tiny-gemma2", "tiny-gemma3", "tiny-gptj"]
+# A step holds at most 32 tokens: every 40-token prompt is split across steps, and steps mix requests.
+CHUNKED_MULTIPROCESS = dict(multiprocess=True, max_num_seqs=8, max_num_batched_tokens=32, enable_chunked_prefill=True,
+                            max_model_len=512)
 
 
-@pytest.mark.parametrize("model", ["tiny-phi3", "tiny-qwen3-moe"])
+@pytest.mark.parametrize("model", FAMILY_MODELS)
 def test_every_site_of_the_family_matches_hf(engines, model):
     hf = engines.get(model, "hf", dtype="float32")
     vl = engines.get(model, "vllm", dtype="float32")
-    keys = tuple(_without_neurons(hf.shape, all_keys(hf.shape), lambda k: k.startswith("neuron")))
+    keys = tuple(all_keys(hf.shape))
     cap = Request(tokens=CLEAN, answers=ANSWERS, capture=keys)
     clean = hf.run([cap])
     assert_results_close(clean, vl.run([cap]))
-    reqs = _without_neurons(hf.shape, every_site_requests(hf.shape, CORRUPT, ANSWERS),
-                            lambda r: any(p.site == "neuron" for p in r.patches))
+    reqs = every_site_requests(hf.shape, CORRUPT, ANSWERS)
     sources = {"clean": clean[0].captures}
     got = vl.run(reqs, sources)
     assert_results_close(hf.run(reqs, sources), got)
@@ -42,6 +44,68 @@ def test_every_site_of_the_family_matches_hf(engines, model):
     assert any(r.start for r in started)
     sources["corrupt"] = stream.captures
     assert_results_close(hf.run(started, sources), vl.run(started, sources))
+
+
+@pytest.mark.parametrize("model", FAMILY_MODELS)
+def test_every_site_matches_hf_under_chunked_prefill_and_the_multiprocess_executor(engines, model):
+    hf = engines.get(model, "hf", dtype="float32")
+    vl = engines.get(model, "vllm", dtype="float32", **CHUNKED_MULTIPROCESS)
+    cap = Request(tokens=CLEAN, answers=ANSWERS, capture=tuple(all_keys(hf.shape)))
+    clean = hf.run([cap])
+    assert_results_close(clean, vl.run([cap]))  # captures stitched from several steps, across processes
+    reqs = every_site_requests(hf.shape, CORRUPT, ANSWERS)
+    sources = {"clean": clean[0].captures}
+    got = vl.run(reqs, sources)
+    assert_results_close(hf.run(reqs, sources), got)
+    assert effect_spread(got) > 0.05
+
+
+def _logits(folder, tokens, **config):
+    """transformers' own eager forward (no patchgrid), with config fields overridden."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.from_pretrained(folder)
+    for k, v in config.items():
+        setattr(cfg, k, v)
+    model = AutoModelForCausalLM.from_pretrained(folder, config=cfg, dtype=torch.float32, attn_implementation="eager")
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([tokens])).logits[0, -1]
+
+
+@pytest.mark.parametrize("model", ["tiny-gemma2", "tiny-gemma3"])
+def test_gemma_sliding_windows_and_soft_caps_are_active_and_the_hf_backend_keeps_them(engines, model):
+    hf = engines.get(model, "hf", dtype="float32")
+    want = _logits(hf.folder, CLEAN)
+    got = hf.run([Request(tokens=CLEAN, answers=tuple(range(hf.shape.vocab_size)))])[0].answer_logits
+    # the hf backend runs the model as transformers' eager attention does (sdpa would drop the cap)
+    assert (got - want).abs().max() < 1e-4
+    # prompts longer than the window: a global window changes the answer
+    assert (_logits(hf.folder, CLEAN, sliding_window=4096) - want).abs().max() > 0.05
+    if model == "tiny-gemma2":
+        assert (_logits(hf.folder, CLEAN, attn_logit_softcapping=None) - want).abs().max() > 0.05
+        assert want.abs().max() <= 3.0 < _logits(hf.folder, CLEAN, final_logit_softcapping=None).abs().max()
+
+
+@pytest.mark.parametrize("model", ["tiny-gemma2", "tiny-gptj"])
+def test_attn_out_and_mlp_out_are_what_the_stream_receives(engines, model):
+    """Gemma: the post-norms' outputs (resid_mid = resid_pre + attn_out, resid = resid_mid + mlp_out).
+    GPT-J, a parallel block: resid = resid_pre + attn_out + mlp_out, and resid_mid does not exist."""
+    hf = engines.get(model, "hf", dtype="float32")
+    vl = engines.get(model, "vllm", dtype="float32")
+    parallel = hf.shape.family.missing("resid_mid") is not None
+    sites = ("resid_pre", "attn_out", "mlp_out", "resid") + (() if parallel else ("resid_mid",))
+    c = vl.run([Request(tokens=CLEAN, capture=tuple(f"{s}.{layer}" for s in sites for layer in (1, 3)))])[0].captures
+    for layer in (1, 3):
+        pre, attn, mlp, out = (c[f"{s}.{layer}"] for s in ("resid_pre", "attn_out", "mlp_out", "resid"))
+        if parallel:
+            assert torch.allclose(out, pre + attn + mlp, atol=1e-4)
+        else:
+            assert torch.allclose(c[f"resid_mid.{layer}"], pre + attn, atol=1e-4)
+            assert torch.allclose(out, c[f"resid_mid.{layer}"] + mlp, atol=1e-4)
+    if parallel:
+        for engine in (hf, vl):
+            with pytest.raises(PlanError, match="site resid_mid: the gptj block is parallel"):
+                engine.run([Request(tokens=CLEAN, capture=("resid_mid.1",))])
 
 
 def test_a_mixture_of_experts_routes_to_several_experts_and_has_no_neuron_site(engines):

@@ -9,12 +9,14 @@ from patchgrid.plan import Request
 from tests.conftest import TINY
 
 
-@pytest.mark.parametrize("model", TINY)
+@pytest.mark.parametrize("model", TINY + ("tiny-gemma2", "tiny-gemma3", "tiny-gptj"))
 def test_the_pattern_equals_transformers_eager_attention_weights(engines, model):
+    """Gemma's sliding windows (8 tokens, shorter than the prompt) and soft-capped scores included;
+    GPT-J's read in its own attention method."""
     from transformers import AutoModelForCausalLM
 
     hf = engines.get(model, "hf", dtype="float32")
-    tokens = (21, 7, 143, 88, 301, 12, 9, 40)
+    tokens = (21, 7, 143, 88, 301, 12, 9, 40, 77, 5, 260, 31)
     n, heads = len(tokens), hf.shape.n_heads
     got = hf.run([Request(tokens=tokens, capture=tuple(f"pattern.{layer}" for layer in range(hf.shape.n_layers)))])[0]
     eager = AutoModelForCausalLM.from_pretrained(hf.folder, dtype=torch.float32, attn_implementation="eager")

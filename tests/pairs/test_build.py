@@ -197,3 +197,20 @@ def test_table_round_trip_and_summary(tmp_path, tok):
     assert summary(rows) == {("accepted", None): 2, ("rejected", "empty_subject"): 1}
     with pytest.raises(ValueError, match="does not exist"):
         write_pairs(rows, tmp_path / "no" / "pairs.parquet")
+
+
+@pytest.mark.parametrize("model,bos", [("tiny-gemma2", True), ("tiny-gptj", False)])
+def test_a_familys_token_handling_lines_pairs_up(tmp_path, tokenizers, model, bos):
+    """Gemma's tokenizer starts every text with <bos>, GPT-J's (GPT-2's BPE) adds nothing; answers
+    carry their leading space either way and are checked to follow the prompt's own tokens."""
+    tok = tokenizers(model)
+    rows = rows_for(tmp_path, tok, [cf(i, s, a) for i, (s, a) in enumerate(CAPITALS[:4])])
+    assert [r["status"] for r in rows] == ["accepted"] * 4
+    for r in rows:
+        ids = tok(r["clean_prompt"], add_special_tokens=False).input_ids
+        assert r["clean_ids"] == ([tok.bos_token_id] if bos else []) + ids
+        s, e = r["subject_start"], r["subject_end"]
+        assert r["roles"][0] == "before_subject" and s == len(tok("The capital of").input_ids)
+        assert tok.decode(r["clean_ids"][s:e]).strip() == r["subject"]
+        assert all(a == b for p, (a, b) in enumerate(zip(r["clean_ids"], r["corrupt_ids"])) if not s <= p < e)
+        assert r["clean_answer_ids"][:1] == tok(" " + r["clean_answer"], add_special_tokens=False).input_ids[:1]
