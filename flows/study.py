@@ -85,10 +85,16 @@ def _now():
 def run_study(spec: StudySpec, engines: EnginePool) -> str:
     from patchgrid.cache import model_identity
     from patchgrid.fingerprint import fingerprint
+    from transformers import AutoConfig
+
     from patchgrid.models import prepare
+    from patchgrid.sites import shape_of
+    from patchgrid.sweeps import check_family
     from patchgrid.warehouse.loader import finish_run
 
-    model_sha = model_identity(prepare(spec.model))["weights_sha256"]
+    folder = prepare(spec.model)
+    model_sha = model_identity(folder)["weights_sha256"]
+    check_family(spec.sweep_config(), shape_of(AutoConfig.from_pretrained(folder)).family)
     # The same inputs give the same run id: a rerun resumes and replaces, never duplicates.
     spec = spec.with_run_id(spec.run_id or "run-" + fingerprint(model_sha, spec.recorded_params())[:12])
     noise = None

@@ -166,7 +166,7 @@ def cmd_sweep(args) -> int:
     from .engine import load_engine
     from .models import prepare
     from .pairs import accepted_pairs, read_pairs
-    from .sweeps import SweepConfig, cache_spec, run_sweeps, subject_noise
+    from .sweeps import SweepConfig, cache_spec, check_family, run_sweeps, subject_noise
 
     try:
         config = SweepConfig(sweeps=sweep_names(args.sweeps), trace_samples=args.trace_samples, seed=args.seed,
@@ -192,6 +192,10 @@ def cmd_sweep(args) -> int:
         noise_std = subject_noise(prepare(args.model), subjects, config.trace_noise_scale).std
     engine = load_engine(args.model, args.backend)
     try:
+        try:
+            check_family(config, engine.shape.family)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
         cache, built = load_or_build(engine, pairs, cache_spec(config, engine.shape.n_layers, noise_std),
                                      Path(args.cache), log=lambda msg: print(msg, file=sys.stderr))
         print(f"cache {'built' if built else 'found'}: {cache.folder} ({cache.bytes_per_pair / 1e3:.1f} kB per pair)")

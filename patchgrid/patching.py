@@ -76,6 +76,9 @@ def sweep_pair(engine, tokens: PairTokens, site: str, positions: list[int] | Non
     same sweep code as a study (the sweep kind that patches `site` alone)."""
     if site not in PATCHABLE:
         raise PairError(f"--site {site!r} is unknown or cannot be patched; use one of {', '.join(PATCHABLE)}")
+    why = engine.shape.family.missing(site)
+    if why:
+        raise PairError(f"--site {site}: {why}")
     n = len(tokens.clean)
     for p in positions or ():
         if not 0 <= p < n:

@@ -28,6 +28,18 @@ def cache_spec(config: SweepConfig, n_layers: int, noise_std: float = 0.0) -> Ca
     return spec
 
 
+def check_family(config: SweepConfig, family) -> None:
+    """Refuse, before anything runs, a sweep of a site the model's family does not have
+    (sites.Family.missing: resid_mid in a parallel block, neurons in a mixture of experts)."""
+    for name in config.sweeps:
+        kinds = [SWEEP_KINDS[k] for k in config.atp_kinds] if name == "atp" else [SWEEP_KINDS[name]]
+        for kind in kinds:
+            for site in getattr(kind, "sites", (getattr(kind, "site", None),)):
+                why = site and family.missing(site)
+                if why:
+                    raise ValueError(f"sweep {name}: site {site}: {why}")
+
+
 def count_runs(pairs, config: SweepConfig, n_layers: int, n_heads: int, d_mlp: int = 0, n_kv_heads: int = 0) -> int:
     ctx = SweepContext(config, n_layers, n_heads, d_mlp=d_mlp, n_kv_heads=n_kv_heads)
     return sum(SWEEP_KINDS[name].count(p, ctx) for p in pairs for name in config.sweeps)

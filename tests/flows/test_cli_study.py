@@ -98,6 +98,10 @@ def test_study_with_the_new_sites_and_paths_fills_the_warehouse_and_the_report(t
     (["--pairs", "no/such/file.jsonl"], "--pairs no/such/file.jsonl: no such file"),
     (["--warehouse", "/no/such/dir/w.duckdb"], "folder /no/such/dir does not exist"),
     (["--model", "not-a-model"], "unknown model 'not-a-model'"),
+    (["--model", "tiny-gptj", "--sweeps", "resid,resid_mid"],
+     "sweep resid_mid: site resid_mid: the gptj block is parallel"),
+    (["--model", "tiny-qwen3-moe", "--atp-kinds", "heads,neurons", "--sweeps", "atp"],
+     "sweep atp: site neuron: the qwen3_moe MLP is a mixture of experts"),
 ])
 def test_study_bad_arguments(tmp_path, args, message):
     base = {"--model": "tiny-llama", "--pairs": str(DATA), "--warehouse": str(tmp_path / "w.duckdb")}
