@@ -83,10 +83,10 @@ def _now():
 
 
 def run_study(spec: StudySpec, engines: EnginePool) -> str:
-    from patchgrid.cache import model_identity
-    from patchgrid.fingerprint import fingerprint
     from transformers import AutoConfig
 
+    from patchgrid.cache import model_identity
+    from patchgrid.fingerprint import fingerprint
     from patchgrid.models import prepare
     from patchgrid.sites import shape_of
     from patchgrid.sweeps import check_family
