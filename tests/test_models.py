@@ -5,10 +5,10 @@ import json
 
 import pytest
 
-from patchgrid.models import MANIFEST, ModelError, prepare, weights_hash
+from patchgrid.models import BUILTIN, MANIFEST, ModelError, prepare, weights_hash
 
 
-@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3", "tiny-gpt2"])
+@pytest.mark.parametrize("name", [n for n in BUILTIN if n.startswith("tiny-")])
 def test_tiny_models_build_once_and_load(name):
     from transformers import AutoConfig, AutoTokenizer
 
