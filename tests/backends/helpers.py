@@ -17,13 +17,14 @@ def all_keys(shape):
                         if not shape.family.missing(s) for layer in range(shape.n_layers)]
 
 
-def every_site_requests(shape, corrupt, answers, source="clean"):
-    """One request per (site, layer[, head]) patch at a couple of positions, plus noise and all-position patches."""
+def every_site_requests(shape, corrupt, answers, source="clean", layers=None):
+    """One request per (site, layer[, head]) patch at a couple of positions, plus noise and all-position
+    patches; `layers`: only those layers' (default: every layer)."""
     n = len(corrupt)
     pos = (1, n - 1)
     reqs = [Request(tokens=corrupt, answers=answers, top_k=5)]
     reqs.append(Request(tokens=corrupt, answers=answers, patches=(Patch("embed", None, source, pos),)))
-    for layer in range(shape.n_layers):
+    for layer in range(shape.n_layers) if layers is None else layers:
         for site in ("resid_pre", "resid_mid", "resid", "attn_out", "mlp_out"):
             reqs.append(Request(tokens=corrupt, answers=answers, patches=(Patch(site, layer, source, pos),)))
             reqs.append(Request(tokens=corrupt, answers=answers, patches=(Patch(site, layer, source, None),)))

@@ -53,7 +53,8 @@ def test_every_site_matches_hf_under_chunked_prefill_and_the_multiprocess_execut
     cap = Request(tokens=CLEAN, answers=ANSWERS, capture=tuple(all_keys(hf.shape)))
     clean = hf.run([cap])
     assert_results_close(clean, vl.run([cap]))  # captures stitched from several steps, across processes
-    reqs = every_site_requests(hf.shape, CORRUPT, ANSWERS)
+    # every site kind, at a sliding and a global layer (Gemma 2), the first and the last
+    reqs = every_site_requests(hf.shape, CORRUPT, ANSWERS, layers=(0, hf.shape.n_layers - 1))
     sources = {"clean": clean[0].captures}
     got = vl.run(reqs, sources)
     assert_results_close(hf.run(reqs, sources), got)
