@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 BUILTIN = ("smollm2-135m", "tiny-llama", "tiny-qwen3", "tiny-gpt2", "tiny-phi3", "tiny-qwen3-moe", "tiny-gemma2",
-           "tiny-gemma3", "tiny-gptj")
+           "tiny-gemma3", "tiny-gptj", "tiny-neox", "tiny-olmo2")
 DEFAULT_MODEL = "smollm2-135m"
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -223,8 +223,12 @@ def _build_tiny(name: str, out: Path) -> dict:
         GPT2LMHeadModel,
         GPTJConfig,
         GPTJForCausalLM,
+        GPTNeoXConfig,
+        GPTNeoXForCausalLM,
         LlamaConfig,
         LlamaForCausalLM,
+        Olmo2Config,
+        Olmo2ForCausalLM,
         Phi3Config,
         Phi3ForCausalLM,
         Qwen3Config,
@@ -240,7 +244,7 @@ def _build_tiny(name: str, out: Path) -> dict:
     # head_dim 32: vLLM's CPU attention kernels refuse 16.
     common = dict(vocab_size=vocab, bos_token_id=tokenizer.bos_token_id, eos_token_id=eos)
     torch.manual_seed({"tiny-llama": 1, "tiny-qwen3": 2, "tiny-gpt2": 3, "tiny-phi3": 4, "tiny-qwen3-moe": 5,
-                       "tiny-gemma2": 6, "tiny-gemma3": 7, "tiny-gptj": 8}[name])
+                       "tiny-gemma2": 6, "tiny-gemma3": 7, "tiny-gptj": 8, "tiny-neox": 10, "tiny-olmo2": 11}[name])
     # Gemma: sliding-window layers (window 8, shorter than the tests' prompts) between global ones
     gemma_common = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
                         num_key_value_heads=2, head_dim=32, sliding_window=8, max_position_embeddings=1024,
@@ -284,6 +288,19 @@ def _build_tiny(name: str, out: Path) -> dict:
         config = GPTJConfig(n_embd=128, n_layer=4, n_head=4, n_positions=1024, n_inner=256, rotary_dim=8,
                             tie_word_embeddings=False, **common)
         model = GPTJForCausalLM(config)
+    elif name == "tiny-neox":  # Pythia's layout: parallel block, rotary over a quarter of each head
+        config = GPTNeoXConfig(
+            hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4, rotary_pct=0.25,
+            use_parallel_residual=True, max_position_embeddings=1024, tie_word_embeddings=False, **common,
+        )
+        model = GPTNeoXForCausalLM(config)
+    elif name == "tiny-olmo2":  # norms after attention and MLP, q/k norms over all heads
+        config = Olmo2Config(
+            hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=1024, tie_word_embeddings=False, pad_token_id=eos,
+            **common,
+        )
+        model = Olmo2ForCausalLM(config)
     elif name == "tiny-gpt2":
         config = GPT2Config(n_embd=128, n_layer=4, n_head=4, n_positions=1024, n_inner=256, **common)
         model = GPT2LMHeadModel(config)

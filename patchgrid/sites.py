@@ -10,8 +10,9 @@ A site is a place in the forward pass whose activation can be read or overwritte
     attn_out   a layer's attention output          [tokens, d_model]
     mlp_out    a layer's MLP output                [tokens, d_model]
     q, k, v    one head's query, key or value as attention reads it: after the projections (and
-               qwen3's q/k norms), after the rotary embedding for q and k in the llama family
-               (gpt2 has none) [tokens, head_dim] of [tokens, heads*head_dim]; with grouped-query
+               qwen3's and olmo2's q/k norms), after the rotary embedding for q and k (gpt2 has
+               none; gpt_neox rotates only the first dims of each head) [tokens, head_dim] of
+               [tokens, heads*head_dim]; with grouped-query
                attention k and v have one head per key/value head, and their head index is that
     head       one head's slice of z (o_proj input) [tokens, head_dim] of z [tokens, n_heads*head_dim]
     neuron     one MLP neuron: a column of the down projection's input [tokens, 1] of [tokens, d_mlp]
@@ -22,11 +23,12 @@ A site is a place in the forward pass whose activation can be read or overwritte
 `SITES` says, per site kind, which module of a family it lives on, whether it is read at that
 module's input or output, and how wide it is; both backends install their hooks from it. Adding a
 site kind is one `Site` entry; adding a model family is one `Family` entry (module paths are the
-same in Hugging Face transformers and vLLM for these families, so both backends read one mapping).
+same in Hugging Face transformers and vLLM, so both backends read one mapping; where vLLM holds the
+decoder elsewhere, `Family.vllm_decoder` says where and `Family.in_vllm` moves the paths).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -114,6 +116,18 @@ class Family:
     # (query, key, value, mask), bypassing transformers' attention interface (GPT-J: `_attn`); the hf
     # backend reads q, k and v there. None: through the attention interface.
     hf_attn_method: str | None = None
+    # vLLM has no model of its own for this family and runs transformers' modules through its
+    # Transformers backend (TransformersForCausalLM), which (vLLM 0.32.0) decorates transformers' decoder
+    # class in place, breaking transformers models of that class in the same process (so the engine
+    # always runs in a process of its own); calls every module with a batch of one ([1, tokens, d]); and
+    # calls the attention kernel through its `forward`, past module hooks.
+    vllm_transformers: bool = False
+    # vLLM's path from its causal-LM module to the module owning the layers, where it differs from
+    # transformers' (`decoder`: GPT-NeoX's `gpt_neox` is `model` in vLLM's Transformers backend).
+    vllm_decoder: str | None = None
+    # A config attribute that must be true for this mapping to hold (GPT-NeoX: use_parallel_residual,
+    # without which the block is sequential and mlp_norm would have to name its resid_mid).
+    requires: str | None = None
 
     def module_of(self, where: str) -> str:
         """The dotted path of a Site.module role relative to a layer."""
@@ -137,6 +151,19 @@ class Family:
         """The module that owns the layers (vLLM's decoder loops over layers[start_layer:])."""
         return self.layers.rsplit(".", 1)[0]
 
+    def in_vllm(self) -> Family:
+        """This family with its model-level paths (layers, embed, final_norm) as vLLM's model holds them."""
+        if self.vllm_decoder is None:
+            return self
+        hf = self.decoder + "."
+
+        def moved(path: str) -> str:
+            if not path.startswith(hf):
+                raise ValueError(f"family {self.name}: {path} is not under the decoder {self.decoder}")
+            return f"{self.vllm_decoder}.{path[len(hf):]}"
+
+        return replace(self, layers=moved(self.layers), embed=moved(self.embed), final_norm=moved(self.final_norm))
+
 
 # vLLM: LlamaDecoderLayer(positions, hidden_states, residual); GPT2Block(hidden_states)
 LLAMA = Family("llama", "model.layers", "model.embed_tokens", "self_attn", "mlp", "self_attn.o_proj", True, 1,
@@ -159,6 +186,16 @@ GEMMA = Family("gemma2", "model.layers", "model.embed_tokens", "self_attn", "mlp
 # transformers' GPT-J computes attention in its own `_attn`, not through the attention interface.
 GPTJ = Family("gptj", "transformer.h", "transformer.wte", "attn", "mlp", "attn.out_proj", False, 1, "transformer.ln_f",
               "mlp.fc_out", None, hf_attn_method="_attn")
+# GPT-NeoX (Pythia) with a parallel block: attention and MLP both read the layer's input (no resid_mid).
+# vLLM runs it through its Transformers backend, whose decoder is `model` where transformers' is `gpt_neox`.
+GPT_NEOX = Family("gpt_neox", "gpt_neox.layers", "gpt_neox.embed_in", "attention", "mlp", "attention.dense", False,
+                  None, "gpt_neox.final_layer_norm", "mlp.dense_4h_to_h", None, vllm_transformers=True,
+                  vllm_decoder="model", requires="use_parallel_residual")
+# OLMo 2: no norm before attention or MLP; a norm after each, whose output is what the stream receives;
+# the MLP reads the stream after attention itself.
+OLMO2 = Family("olmo2", "model.layers", "model.embed_tokens", "self_attn", "mlp", "self_attn.o_proj", False, None,
+               "model.norm", "mlp.down_proj", "mlp", attn_out="post_attention_layernorm",
+               mlp_out="post_feedforward_layernorm", vllm_transformers=True)
 
 FAMILIES = {
     "llama": LLAMA,
@@ -172,6 +209,8 @@ FAMILIES = {
     # Gemma 3 1B; the larger, multimodal checkpoints (model_type gemma3) keep the text stack elsewhere
     "gemma3_text": GEMMA,
     "gptj": GPTJ,
+    "gpt_neox": GPT_NEOX,
+    "olmo2": OLMO2,
 }
 
 
@@ -219,6 +258,9 @@ def family_of(model_type: str) -> Family:
 def shape_of(config) -> ModelShape:
     """ModelShape from a transformers config."""
     family = family_of(config.model_type)
+    if family.requires and not getattr(config, family.requires, False):
+        raise ValueError(f"model type {config.model_type!r} with {family.requires}={getattr(config, family.requires, None)}"
+                         f" is not supported: patchgrid maps only {family.requires}=True models of this family")
     n_heads = config.num_attention_heads
     d_model = config.hidden_size
     head_dim = getattr(config, "head_dim", None) or d_model // n_heads
