@@ -80,7 +80,10 @@ class VllmEngine:
         # A mixture-of-experts model needs vLLM's expert-parallel group, which is process-wide state set
         # up by the first engine a process starts: after any other in-process engine its start fails
         # ("expert parallel group is not initialized"), so it always gets a process of its own.
-        multiprocess = multiprocess or tensor_parallel_size > 1 or shape.family.experts
+        # A family vLLM runs through its Transformers backend too: loading it decorates transformers'
+        # decoder class in place, which breaks transformers models of that class in the loading process.
+        family = shape.family
+        multiprocess = multiprocess or tensor_parallel_size > 1 or family.experts or family.vllm_transformers
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if multiprocess else "0"
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(kv_cache_gib)))
         if tensor_parallel_size > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
@@ -138,6 +141,7 @@ class VllmEngine:
         self._inprocess = not multiprocess
         if self._inprocess:
             VllmEngine._live_inprocess.add(id(self))
+        self._check_model_class()
         self.skip_layers = skip_layers and self._can_start_midstack()
         # What one more generate call costs, in tokens x layers of forward work: on a 2-core CPU with
         # smollm2-135m, 512 ran the 16-pair resid grid fastest of 128-2048 (a call costs ~10 ms, a
@@ -145,6 +149,21 @@ class VllmEngine:
         if call_cost_tokens is None:
             call_cost_tokens = 512 if _on_cpu() else 32768
         self.call_cost_tokens = call_cost_tokens
+
+    def _check_model_class(self) -> None:
+        """The family's mapping is written for one of vLLM's two ways to run it: its own model, or its
+        Transformers backend (transformers' modules, other paths and shapes)."""
+        family = self.shape.family
+        model_class = self.llm.collective_rpc("pg_model_class")[0]
+        via_transformers = model_class.startswith("Transformers")
+        if via_transformers != family.vllm_transformers:
+            self.close()
+            want = "its Transformers backend" if family.vllm_transformers else "a model of its own"
+            raise RuntimeError(f"this vLLM runs the {family.name} family as {model_class}; patchgrid's mapping of the "
+                               f"family expects {want}")
+        if via_transformers:
+            log.warning("vLLM runs the %s family through its Transformers backend (%s: transformers' own modules), "
+                        "in an engine process of its own", family.name, model_class)
 
     def _can_start_midstack(self) -> bool:
         family = self.shape.family.name

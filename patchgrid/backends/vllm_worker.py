@@ -21,8 +21,10 @@ log-probabilities the call's sources hold.
 Sites are read and written where vLLM holds them: a layer's output (the (hidden, residual) pair
 of a split family summed, or written whole into one half with the other zeroed), a module's input
 (z at o_proj, the neurons at the down projection, resid_pre at the layer, resid_mid at the norm
-before the MLP), and q, k, v where the attention-kernel module receives them after the rotary
-embedding. The attention pattern never exists outside the fused kernels and cannot be read here.
+before the MLP, or the MLP where none precedes it), and q, k, v where the attention-kernel module
+receives them after the rotary embedding. The attention pattern never exists outside the fused
+kernels and cannot be read here. Families vLLM runs through its Transformers backend
+(sites.Family.vllm_transformers) hold a batch dim of one, which the hooks never see (`_unbatched`).
 
 A call whose requests all start at layer S (plan.Start) sets the decoder's `start_layer` to S for
 the call: vLLM's decoders loop over `layers[start_layer:]`, so nothing below S runs, and a
@@ -136,6 +138,63 @@ class _Step:
                 setattr(self, name, getattr(self, name).to(device))
 
 
+def _unbatched(hook, batched: bool):
+    """`hook` as a module hook. vLLM's Transformers backend calls transformers' modules with a batch of
+    one ([1, tokens, ...]) where the hooks expect vLLM's flattened rows ([tokens, ...]): with `batched`
+    the hook sees views without the batch dim (its writes land in the real tensors), and a tensor it
+    returns gets the batch dim back."""
+    if not batched:
+        return hook
+
+    def row(x):
+        if not isinstance(x, torch.Tensor):
+            return x
+        if x.dim() < 2 or x.shape[0] != 1:
+            raise RuntimeError(f"patchgrid worker: expected a batch of one from vLLM's Transformers backend, got a "
+                               f"tensor of shape {tuple(x.shape)}")
+        return x[0]
+
+    def each(f, x):
+        return tuple(f(t) for t in x) if isinstance(x, tuple) else f(x)
+
+    def batch(x):
+        return x.unsqueeze(0) if isinstance(x, torch.Tensor) else x
+
+    def wrapped(module, *io):  # (args,) for a pre-hook, (args, output) for a forward hook
+        got = hook(module, *(each(row, x) for x in io))
+        return None if got is None else each(batch, got)
+
+    return wrapped
+
+
+class _Wrapped:
+    """A module's `forward` with a pre-hook run first (marks it as patchgrid's)."""
+
+    def __init__(self, module, forward, hook):
+        self.module, self.forward, self.hook = module, forward, hook
+
+    def __call__(self, *args, **kwargs):
+        new = self.hook(self.module, args)
+        return self.forward(*(args if new is None else new), **kwargs)
+
+
+class _ForwardHook:
+    """A pre-hook on whatever calls the module: its `forward` attribute is replaced on this instance
+    (module hooks fire only for calls through the module itself). `remove` puts back what was there:
+    nothing (the class's forward), or a forward of the instance's own (vLLM rebinds some)."""
+
+    def __init__(self, module, hook):
+        self.module = module
+        self.own = module.__dict__.get("forward")
+        module.forward = _Wrapped(module, module.forward, hook)
+
+    def remove(self):
+        if self.own is None:
+            del self.module.forward
+        else:
+            self.module.forward = self.own
+
+
 def put(t: torch.Tensor, index, values: torch.Tensor, what: str) -> None:
     """t[index] = values, refusing values or indices that live elsewhere than t (on a GPU an index
     write from the CPU fails or copies per hook)."""
@@ -201,21 +260,29 @@ class _Session:
         # first among the layer's pre-hooks: a patch or capture of the stream entering it (resid_pre)
         # sees the cached stream
         block = get_module(self.model, self.family.layers)[layer]
-        self.handles.append(block.register_forward_pre_hook(self._on_start, prepend=True))
+        self.handles.append(block.register_forward_pre_hook(
+            _unbatched(self._on_start, self.family.vllm_transformers), prepend=True))
         self._decoder = decoder
         decoder.start_layer = layer
 
     # ---- hooks ----
+    def _pre(self, module, hook):
+        self.handles.append(module.register_forward_pre_hook(_unbatched(hook, self.family.vllm_transformers)))
+
+    def _post(self, module, hook):
+        self.handles.append(module.register_forward_hook(_unbatched(hook, self.family.vllm_transformers)))
+
     def _install(self, keys):
         m, fam = self.model, self.family
         embed = get_module(m, fam.embed)
         # The embedding is the first module every forward calls (the decoder module itself is
         # wrapped by vLLM's compile decorator, which bypasses module hooks).
-        self.handles.append(embed.register_forward_pre_hook(self._begin_step))
-        self.handles.append(embed.register_forward_hook(self._on_embed))
+        self._pre(embed, self._begin_step)
+        self._post(embed, self._on_embed)
         # The final norm's output is what the unembedding reads: its rows at the last prompt position
         # and over the continuations are unembedded here (vLLM itself unembeds each request's last row only).
-        self.handles.append(get_module(m, fam.final_norm).register_forward_hook(self._on_final))
+        self._post(get_module(m, fam.final_norm), self._on_final)
+        # vLLM's own module, called with [tokens, d] in every family
         self.handles.append(m.logits_processor.register_forward_hook(self._on_logits))
         attention = set()  # layers whose q, k or v are read or written
         for key in keys - {"embed"}:  # the embedding's hooks above handle embed
@@ -224,19 +291,22 @@ class _Session:
             if SITES[site].at == "attention":
                 attention.add(layer)
             elif SITES[site].at == "input" and SITES[site].unit is None:
-                # the stream a layer or its MLP's norm reads: (hidden, residual) in a split family
-                index = fam.stream_arg if SITES[site].module == "layer" else 0
-                self.handles.append(module.register_forward_pre_hook(
-                    self._make_stream_input_hook(key, index, fam.split_residual)))
+                # the stream a layer or its MLP's norm reads: (hidden, residual) in a split family. A
+                # family without a mid-stack start names no stream_arg: those run transformers' layers,
+                # which read the stream first.
+                index = (fam.stream_arg or 0) if SITES[site].module == "layer" else 0
+                self._pre(module, self._make_stream_input_hook(key, index, fam.split_residual))
             elif SITES[site].at == "input":
-                self.handles.append(module.register_forward_pre_hook(self._make_input_hook(key)))
+                self._pre(module, self._make_input_hook(key))
             elif site == "resid" and fam.split_residual:
-                self.handles.append(module.register_forward_hook(self._make_split_stream_hook(key)))
+                self._post(module, self._make_split_stream_hook(key))
             else:
-                self.handles.append(module.register_forward_hook(self._make_out_hook(key)))
+                self._post(module, self._make_out_hook(key))
         for layer in attention:
             kernel = get_module(site_module(m, fam, "q", layer), fam.attn_kernel)
-            self.handles.append(kernel.register_forward_pre_hook(self._make_attention_hook(layer)))
+            # Its input is [tokens, heads * head_dim] in every family; vLLM's Transformers backend
+            # calls its `forward` directly, so the hook runs from there, not as a module hook.
+            self.handles.append(_ForwardHook(kernel, self._make_attention_hook(layer)))
 
     def remove(self):
         if self._decoder is not None:
@@ -566,13 +636,13 @@ class PatchgridWorker:
         if not hasattr(runner, "input_batch"):
             raise RuntimeError(f"patchgrid worker: {type(runner).__name__} is not vLLM's V1 model runner, whose "
                                "batch layout the worker reads; set VLLM_USE_V2_MODEL_RUNNER=0")
-        self._pg_session = _Session(runner, sources, keys, FAMILIES[family], shape, start_layer)
+        self._pg_session = _Session(runner, sources, keys, FAMILIES[family].in_vllm(), shape, start_layer)
         return True
 
     def pg_can_start_midstack(self, family: str) -> bool:
         """Whether this model's decoder loops over layers[start_layer:] (vLLM's pipeline-parallel
         split) from layer 0, so that a call can start at a later layer."""
-        fam = FAMILIES[family]
+        fam = FAMILIES[family].in_vllm()
         try:
             decoder = get_module(self.model_runner.get_model(), fam.decoder)
         except (AttributeError, IndexError):
@@ -588,9 +658,14 @@ class PatchgridWorker:
         return session.results
 
     def pg_start_layer(self, family: str) -> int:
-        return get_module(self.model_runner.get_model(), FAMILIES[family].decoder).start_layer
+        return get_module(self.model_runner.get_model(), FAMILIES[family].in_vllm().decoder).start_layer
+
+    def pg_model_class(self) -> str:
+        """The class vLLM runs the model as (its own model, or TransformersForCausalLM)."""
+        return type(self.model_runner.get_model()).__name__
 
     def pg_hook_count(self) -> int:
         """Forward hooks left on the model, for tests that check nothing leaks between calls."""
         model = self.model_runner.get_model()
-        return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+        return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) + isinstance(m.__dict__.get("forward"), _Wrapped)
+                   for m in model.modules())
