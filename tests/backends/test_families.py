@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from patchgrid.cache import stream_keys
-from patchgrid.plan import PlanError, Request
+from patchgrid.engine import load_engine
+from patchgrid.plan import LOGPROBS, Noise, Patch, PlanError, Request
 from tests.conftest import needs_vllm
 
 from .helpers import all_keys, assert_results_close, effect_spread, every_site_requests, starting
@@ -20,7 +21,10 @@ CORRUPT = CLEAN[:10] + (250, 61) + CLEAN[12:]
 ANSWERS = (5, 77)
 
 
-FAMILY_MODELS = ["tiny-phi3", "tiny-qwen3-moe", "tiny-gemma2", "tiny-gemma3", "tiny-gptj"]
+# Families vLLM runs through its Transformers backend (sites.Family.vllm_transformers): transformers'
+# own modules, in an engine process of their own, every layer computed.
+TRANSFORMERS_BACKEND = ["tiny-neox", "tiny-olmo2"]
+FAMILY_MODELS = ["tiny-phi3", "tiny-qwen3-moe", "tiny-gemma2", "tiny-gemma3", "tiny-gptj"] + TRANSFORMERS_BACKEND
 # A step holds at most 32 tokens: every 40-token prompt is split across steps, and steps mix requests.
 CHUNKED_MULTIPROCESS = dict(multiprocess=True, max_num_seqs=8, max_num_batched_tokens=32, enable_chunked_prefill=True,
                             max_model_len=512)
@@ -30,6 +34,8 @@ CHUNKED_MULTIPROCESS = dict(multiprocess=True, max_num_seqs=8, max_num_batched_t
 def test_every_site_of_the_family_matches_hf(engines, model):
     hf = engines.get(model, "hf", dtype="float32")
     vl = engines.get(model, "vllm", dtype="float32")
+    if model in TRANSFORMERS_BACKEND:
+        assert not vl._inprocess  # multiprocess without being asked (sites.Family.vllm_transformers)
     keys = tuple(all_keys(hf.shape))
     cap = Request(tokens=CLEAN, answers=ANSWERS, capture=keys)
     clean = hf.run([cap])
@@ -61,6 +67,43 @@ def test_every_site_matches_hf_under_chunked_prefill_and_the_multiprocess_execut
     assert effect_spread(got) > 0.05
 
 
+# The tests below run on the engines the test above left (multiprocess is inherent to these families).
+@pytest.mark.parametrize("model", TRANSFORMERS_BACKEND)
+def test_a_transformers_backend_family_scores_answers_whole_under_chunked_prefill(engines, model):
+    """Answers of several tokens, split across steps, with a KL divergence: the rows before a
+    request's last are unembedded from the final norm's output (where the batch dim is)."""
+    hf = engines.get(model, "hf", dtype="float32")
+    vl = engines.get(model, "vllm", dtype="float32", **CHUNKED_MULTIPROCESS)
+    clean = hf.run([Request(tokens=CLEAN, answers=ANSWERS, capture=("resid.2", "head.1"), logprobs=True)])[0]
+    sources = {"clean": {**clean.captures, LOGPROBS: clean.logprobs}}
+    continuations = (tuple(range(40, 77)), (77, 4))
+    reqs = [Request(tokens=CORRUPT, answers=ANSWERS, continuations=continuations, reference="clean", patches=p)
+            for p in ((), (Patch("resid", 2, "clean", (3, 39)),), (Patch("head", 1, "clean", None, 2),))]
+    reqs.append(Request(tokens=CORRUPT, answers=ANSWERS, continuations=continuations, noise=(Noise((1, 2), 0.7, 5),)))
+    got = vl.run(reqs, sources)
+    assert_results_close(hf.run(reqs, sources), got)
+    assert effect_spread(got) > 0.05
+
+
+@pytest.mark.parametrize("model", TRANSFORMERS_BACKEND)
+def test_a_transformers_backend_family_leaves_transformers_models_of_the_family_working(engines, model):
+    """vLLM decorates transformers' decoder class in place where it loads such a model: its engine
+    runs in a process of its own (see the first test), and transformers models built before and after
+    it run here."""
+    before = engines.get(model, "hf", dtype="float32")
+    vl = engines.get(model, "vllm", dtype="float32", **CHUNKED_MULTIPROCESS)
+    assert not vl.skip_layers  # its decoder cannot start mid-stack
+    after = load_engine(model, "hf", dtype="float32")
+    try:
+        cap = Request(tokens=CLEAN, answers=ANSWERS, capture=("resid.1", "q.2", "k.2", "v.2"))
+        a = before.run([cap])
+        assert_results_close(a, after.run([cap]), tol=0.0)
+        assert_results_close(a, vl.run([cap]))
+        assert vl.hook_count() == 0  # the attention kernel's forward is its own again
+    finally:
+        after.close()
+
+
 def _logits(folder, tokens, **config):
     """transformers' own eager forward (no patchgrid), with config fields overridden."""
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -87,12 +130,14 @@ def test_gemma_sliding_windows_and_soft_caps_are_active_and_the_hf_backend_keeps
         assert want.abs().max() <= 3.0 < _logits(hf.folder, CLEAN, final_logit_softcapping=None).abs().max()
 
 
-@pytest.mark.parametrize("model", ["tiny-gemma2", "tiny-gptj"])
-def test_attn_out_and_mlp_out_are_what_the_stream_receives(engines, model):
-    """Gemma: the post-norms' outputs (resid_mid = resid_pre + attn_out, resid = resid_mid + mlp_out).
-    GPT-J, a parallel block: resid = resid_pre + attn_out + mlp_out, and resid_mid does not exist."""
+@pytest.mark.parametrize(("model", "options"), [("tiny-neox", CHUNKED_MULTIPROCESS), ("tiny-olmo2", CHUNKED_MULTIPROCESS),
+                                               ("tiny-gemma2", {}), ("tiny-gptj", {})])
+def test_attn_out_and_mlp_out_are_what_the_stream_receives(engines, model, options):
+    """Gemma, OLMo 2: the post-norms' outputs (resid_mid = resid_pre + attn_out, resid = resid_mid + mlp_out).
+    GPT-J, GPT-NeoX, parallel blocks: resid = resid_pre + attn_out + mlp_out, and resid_mid does not exist.
+    (Each on the engine an earlier test left.)"""
     hf = engines.get(model, "hf", dtype="float32")
-    vl = engines.get(model, "vllm", dtype="float32")
+    vl = engines.get(model, "vllm", dtype="float32", **options)
     parallel = hf.shape.family.missing("resid_mid") is not None
     sites = ("resid_pre", "attn_out", "mlp_out", "resid") + (() if parallel else ("resid_mid",))
     c = vl.run([Request(tokens=CLEAN, capture=tuple(f"{s}.{layer}" for s in sites for layer in (1, 3)))])[0].captures
@@ -105,7 +150,7 @@ def test_attn_out_and_mlp_out_are_what_the_stream_receives(engines, model):
             assert torch.allclose(out, c[f"resid_mid.{layer}"] + mlp, atol=1e-4)
     if parallel:
         for engine in (hf, vl):
-            with pytest.raises(PlanError, match="site resid_mid: the gptj block is parallel"):
+            with pytest.raises(PlanError, match=f"site resid_mid: the {hf.shape.family.name} block is parallel"):
                 engine.run([Request(tokens=CLEAN, capture=("resid_mid.1",))])
 
 
