@@ -11,6 +11,7 @@ import torch
 from patchgrid.cache import stream_keys
 from patchgrid.engine import load_engine
 from patchgrid.plan import LOGPROBS, Noise, Patch, PlanError, Request
+from patchgrid.sites import shape_of
 from tests.conftest import needs_vllm
 
 from .helpers import all_keys, assert_results_close, effect_spread, every_site_requests, starting
@@ -102,6 +103,14 @@ def test_a_transformers_backend_family_leaves_transformers_models_of_the_family_
         assert vl.hook_count() == 0  # the attention kernel's forward is its own again
     finally:
         after.close()
+
+
+def test_a_sequential_gpt_neox_is_refused_by_name():
+    """sites.GPT_NEOX maps the parallel block (every Pythia); a sequential one has a resid_mid it would miss."""
+    from transformers import GPTNeoXConfig
+
+    with pytest.raises(ValueError, match="'gpt_neox' with use_parallel_residual=False is not supported"):
+        shape_of(GPTNeoXConfig(use_parallel_residual=False))
 
 
 def _logits(folder, tokens, **config):
