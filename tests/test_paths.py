@@ -61,7 +61,7 @@ def test_the_grid_names_both_ends():
 
 
 @needs_vllm
-@pytest.mark.parametrize("model", TINY + ("tiny-gemma2", "tiny-gptj"))  # post-norms; a parallel block
+@pytest.mark.parametrize("model", TINY + ("tiny-gemma2", "tiny-gptj", "tiny-neox"))  # post-norms; parallel blocks
 def test_paths_on_vllm_equal_the_hf_reference(engines, model):
     hf = engines.get(model, "hf", dtype="float32")
     vl = engines.get(model, "vllm", dtype="float32")

@@ -9,7 +9,7 @@ from patchgrid.plan import Request
 from tests.conftest import TINY
 
 
-@pytest.mark.parametrize("model", TINY + ("tiny-gemma2", "tiny-gemma3", "tiny-gptj"))
+@pytest.mark.parametrize("model", TINY + ("tiny-gemma2", "tiny-gemma3", "tiny-gptj", "tiny-neox", "tiny-olmo2"))
 def test_the_pattern_equals_transformers_eager_attention_weights(engines, model):
     """Gemma's sliding windows (8 tokens, shorter than the prompt) and soft-capped scores included;
     GPT-J's read in its own attention method."""
