@@ -2,17 +2,19 @@
 
 A site is a place in the forward pass whose activation can be read or overwritten:
 
-    embed      token embedding output              [tokens, d_model]
+    embed      token embedding output              [tokens, d_model]  (gemma: scaled by sqrt(d_model))
     resid_pre  a layer's input, the whole stream   [tokens, d_model]  (layer 0: what the first
                layer reads: the token embedding; gpt2: token + position embeddings)
-    resid_mid  the whole stream after the layer's attention, before its MLP [tokens, d_model]
+    resid_mid  the whole stream after the layer's attention, before its MLP [tokens, d_model]; a
+               parallel block (gptj, gpt_neox) has none (Family.missing)
     resid      a layer's output, the whole stream  [tokens, d_model]  (= resid_pre of the next)
-    attn_out   a layer's attention output          [tokens, d_model]
-    mlp_out    a layer's MLP output                [tokens, d_model]
+    attn_out   what the layer's attention adds to the stream [tokens, d_model]: its output, or the
+               output of the norm after it (gemma, olmo2)
+    mlp_out    what the layer's MLP adds to the stream, likewise [tokens, d_model]
     q, k, v    one head's query, key or value as attention reads it: after the projections (and
-               qwen3's and olmo2's q/k norms), after the rotary embedding for q and k (gpt2 has
-               none; gpt_neox rotates only the first dims of each head) [tokens, head_dim] of
-               [tokens, heads*head_dim]; with grouped-query
+               the q/k norms of qwen3, gemma3 and olmo2), after the rotary embedding for q and k
+               (gpt2 has none; gptj and gpt_neox rotate only the first dims of each head)
+               [tokens, head_dim] of [tokens, heads*head_dim]; with grouped-query
                attention k and v have one head per key/value head, and their head index is that
     head       one head's slice of z (o_proj input) [tokens, head_dim] of z [tokens, n_heads*head_dim]
     neuron     one MLP neuron: a column of the down projection's input [tokens, 1] of [tokens, d_mlp]
