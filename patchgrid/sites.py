@@ -89,8 +89,9 @@ class Family:
     # vLLM's layers of this family return (hidden, residual) whose sum is the stream.
     split_residual: bool
     # Which positional input of a layer is the stream it reads (vLLM's call): a forward that starts
-    # mid-stack hands the cached stream in there. A family whose vLLM decoder cannot start
-    # mid-stack says None; its patched runs then run every layer.
+    # mid-stack hands the cached stream in there (transformers' layers, in vLLM's Transformers
+    # backend, read it first). A family whose vLLM decoder cannot start mid-stack says None; its
+    # patched runs then run every layer.
     stream_arg: int | None
     final_norm: str  # dotted path from the causal-LM module to the norm before the unembedding
     down_proj: str  # relative to a layer: the MLP's output projection; its input is the neurons
@@ -191,11 +192,11 @@ GPTJ = Family("gptj", "transformer.h", "transformer.wte", "attn", "mlp", "attn.o
 # GPT-NeoX (Pythia) with a parallel block: attention and MLP both read the layer's input (no resid_mid).
 # vLLM runs it through its Transformers backend, whose decoder is `model` where transformers' is `gpt_neox`.
 GPT_NEOX = Family("gpt_neox", "gpt_neox.layers", "gpt_neox.embed_in", "attention", "mlp", "attention.dense", False,
-                  None, "gpt_neox.final_layer_norm", "mlp.dense_4h_to_h", None, vllm_transformers=True,
+                  0, "gpt_neox.final_layer_norm", "mlp.dense_4h_to_h", None, vllm_transformers=True,
                   vllm_decoder="model", requires="use_parallel_residual")
 # OLMo 2: no norm before attention or MLP; a norm after each, whose output is what the stream receives;
 # the MLP reads the stream after attention itself.
-OLMO2 = Family("olmo2", "model.layers", "model.embed_tokens", "self_attn", "mlp", "self_attn.o_proj", False, None,
+OLMO2 = Family("olmo2", "model.layers", "model.embed_tokens", "self_attn", "mlp", "self_attn.o_proj", False, 0,
                "model.norm", "mlp.down_proj", "mlp", attn_out="post_attention_layernorm",
                mlp_out="post_feedforward_layernorm", vllm_transformers=True)
 

@@ -29,7 +29,9 @@ kernels and cannot be read here. Families vLLM runs through its Transformers bac
 A call whose requests all start at layer S (plan.Start) sets the decoder's `start_layer` to S for
 the call: vLLM's decoders loop over `layers[start_layer:]`, so nothing below S runs, and a
 pre-hook on layer S hands it, row by row, the cached stream entering S (with any patch on that
-stream written in). The start layer is put back when the call ends, however it ends.
+stream written in). The start layer is put back when the call ends, however it ends. Transformers'
+decoders (vLLM's Transformers backend) loop over every layer instead: the layers below S are swapped
+for stand-ins that pass the stream on, and put back likewise.
 """
 from __future__ import annotations
 
@@ -195,6 +197,31 @@ class _ForwardHook:
             self.module.forward = self.own
 
 
+class _Skipped(torch.nn.Module):
+    """Stands in for a layer below the start in a decoder that loops over every layer (transformers'
+    own, in vLLM's Transformers backend): hands the stream on without computing anything, and the
+    start layer's pre-hook then replaces it with the cached stream."""
+
+    def forward(self, hidden_states, *args, **kwargs):
+        return hidden_states
+
+
+_SKIPPED = _Skipped()
+
+
+def _start_by(family: Family, decoder, layers) -> str | None:
+    """How a forward of this model starts mid-stack: "start_layer" (vLLM's decoders loop over
+    layers[start_layer:], its pipeline-parallel split), "stand_ins" (transformers' decoder in vLLM's
+    Transformers backend loops over every layer: the ones below are swapped for `_Skipped`), or None."""
+    if family.stream_arg is None:
+        return None
+    if getattr(decoder, "start_layer", None) == 0:
+        return "start_layer"
+    if family.vllm_transformers and isinstance(layers, torch.nn.ModuleList):
+        return "stand_ins"
+    return None
+
+
 def put(t: torch.Tensor, index, values: torch.Tensor, what: str) -> None:
     """t[index] = values, refusing values or indices that live elsewhere than t (on a GPU an index
     write from the CPU fails or copies per hook)."""
@@ -242,6 +269,7 @@ class _Session:
         self.handles = []
         self.start_layer = start_layer
         self._decoder = None
+        self._skipped = None  # (layers, the layers below the start) while stand-ins run in their place
         # Gemma's decoder multiplies the embedding module's output by sqrt(d_model) (its `normalizer`)
         # after the module: the embed site is the product, as transformers' module returns it
         self.embed_scale = get_module(self.model, family.decoder).normalizer if family.embed_scaled else None
@@ -255,15 +283,21 @@ class _Session:
 
     def _start_at(self, layer: int):
         decoder = get_module(self.model, self.family.decoder)
-        if self.family.stream_arg is None or getattr(decoder, "start_layer", None) != 0:
+        layers = get_module(self.model, self.family.layers)
+        how = _start_by(self.family, decoder, layers)
+        if how is None:
             raise RuntimeError(f"patchgrid worker: the {self.family.name} decoder cannot start at layer {layer} here")
         # first among the layer's pre-hooks: a patch or capture of the stream entering it (resid_pre)
         # sees the cached stream
-        block = get_module(self.model, self.family.layers)[layer]
-        self.handles.append(block.register_forward_pre_hook(
+        self.handles.append(layers[layer].register_forward_pre_hook(
             _unbatched(self._on_start, self.family.vllm_transformers), prepend=True))
-        self._decoder = decoder
-        decoder.start_layer = layer
+        if how == "start_layer":
+            self._decoder = decoder
+            decoder.start_layer = layer
+        else:  # put back in remove(), however the call ends
+            self._skipped = (layers, [layers[i] for i in range(layer)])
+            for i in range(layer):
+                layers[i] = _SKIPPED
 
     # ---- hooks ----
     def _pre(self, module, hook):
@@ -291,9 +325,8 @@ class _Session:
             if SITES[site].at == "attention":
                 attention.add(layer)
             elif SITES[site].at == "input" and SITES[site].unit is None:
-                # the stream a layer or its MLP's norm reads: (hidden, residual) in a split family. A
-                # family without a mid-stack start names no stream_arg: those run transformers' layers,
-                # which read the stream first.
+                # the stream a layer or its MLP's norm reads: (hidden, residual) in a split family (a
+                # family without a mid-stack start names no stream_arg; its layers read the stream first)
                 index = (fam.stream_arg or 0) if SITES[site].module == "layer" else 0
                 self._pre(module, self._make_stream_input_hook(key, index, fam.split_residual))
             elif SITES[site].at == "input":
@@ -311,6 +344,11 @@ class _Session:
     def remove(self):
         if self._decoder is not None:
             self._decoder.start_layer = 0
+        if self._skipped is not None:
+            layers, originals = self._skipped
+            for i, module in enumerate(originals):
+                layers[i] = module
+            self._skipped = None
             self._decoder = None
         for h in self.handles:
             h.remove()
@@ -640,14 +678,16 @@ class PatchgridWorker:
         return True
 
     def pg_can_start_midstack(self, family: str) -> bool:
-        """Whether this model's decoder loops over layers[start_layer:] (vLLM's pipeline-parallel
-        split) from layer 0, so that a call can start at a later layer."""
+        """Whether a call can start at a later layer: this model's decoder loops over
+        layers[start_layer:] (vLLM's pipeline-parallel split) from layer 0, or its layers can be
+        swapped for stand-ins (`_start_by`)."""
         fam = FAMILIES[family].in_vllm()
+        model = self.model_runner.get_model()
         try:
-            decoder = get_module(self.model_runner.get_model(), fam.decoder)
+            decoder, layers = get_module(model, fam.decoder), get_module(model, fam.layers)
         except (AttributeError, IndexError):
             return False
-        return fam.stream_arg is not None and getattr(decoder, "start_layer", None) == 0
+        return _start_by(fam, decoder, layers) is not None
 
     def pg_end(self) -> dict:
         session = getattr(self, "_pg_session", None)
@@ -658,7 +698,14 @@ class PatchgridWorker:
         return session.results
 
     def pg_start_layer(self, family: str) -> int:
-        return get_module(self.model_runner.get_model(), FAMILIES[family].in_vllm().decoder).start_layer
+        """The layer the model's forwards start at now (0 between calls)."""
+        fam = FAMILIES[family].in_vllm()
+        model = self.model_runner.get_model()
+        decoder = get_module(model, fam.decoder)
+        if hasattr(decoder, "start_layer"):
+            return decoder.start_layer
+        layers = get_module(model, fam.layers)
+        return next((i for i, m in enumerate(layers) if not isinstance(m, _Skipped)), len(layers))
 
     def pg_model_class(self) -> str:
         """The class vLLM runs the model as (its own model, or TransformersForCausalLM)."""

@@ -36,7 +36,8 @@ def every_layer_requests(shape, tokens, source="clean"):
     return reqs
 
 
-@pytest.fixture(scope="module", params=TINY)
+# tiny-neox: a decoder that loops over every layer (vLLM's Transformers backend), started by stand-ins
+@pytest.fixture(scope="module", params=TINY + ("tiny-neox",))
 def pair_of_engines(request, engines):
     model = request.param
     return engines.get(model, "hf", dtype="float32"), engines.get(model, "vllm", dtype="float32")
