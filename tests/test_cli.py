@@ -155,3 +155,11 @@ def test_pairs_check_answer_policy(tmp_path):
     assert pq.read_table(out).column("reason").to_pylist()[2:] == ["answer_multi_token"] * 2
     res = run_cli(*base, "--answer-policy", "whole")
     assert res.returncode == 2 and "invalid choice: 'whole'" in res.stderr
+
+
+def test_a_site_the_family_lacks_is_one_clear_line():
+    out = run_cli("patch", "--model", "tiny-gptj", *PAIR, "--site", "resid_mid", "--backend", "hf")
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines()[-1] == ("patchgrid: error: --site resid_mid: the gptj block is parallel: "
+                                                   "attention and MLP both read the layer's input (resid_pre), so no "
+                                                   "stream exists between them")
