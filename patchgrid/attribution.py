@@ -73,15 +73,12 @@ class Attributor:
     @classmethod
     def load(cls, model_dir: Path, shape: ModelShape, *, dtype: str = "float32", device: str = "auto",
              batch_size: int = 16) -> Attributor:
-        from transformers import AutoConfig, AutoModelForCausalLM
+        from transformers import AutoModelForCausalLM
 
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
-        from .backends.hf import soft_capped
-
-        config = AutoConfig.from_pretrained(model_dir)
         # transformers' default sdpa would drop a soft cap on the attention scores (Gemma 2)
-        extra = {"attn_implementation": "eager"} if soft_capped(config) else {}
+        extra = {"attn_implementation": "eager"} if shape.soft_capped else {}
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype), **extra)
         return cls(model.to(device), shape, batch_size)
 

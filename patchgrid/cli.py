@@ -24,7 +24,8 @@ from .rows import ANSWER_POLICIES
 from .sites import PATCHABLE
 from .spec import RUNNERS, SpecError, StudySpec, sweep_names
 from .sweeps import DEFAULT_SWEEPS, SWEEPS
-from .sweeps.config import ATP_CORRECTIONS, ATP_KINDS, HEAD_POSITIONS, PATH_MLPS
+from .sweeps.config import ATP_CORRECTIONS, ATP_KINDS, HEAD_POSITIONS
+from .sweeps.paths import PATH_MLPS
 
 DEFAULT_STUDY = StudySpec()
 ANSWER_POLICY_HELP = ("full: score a multi-token answer whole (teacher-forced); single: reject multi-token answers; "

@@ -230,6 +230,9 @@ class ModelShape:
     max_len: int
     d_mlp: int = 0  # the MLP's hidden width (neurons per layer)
     n_kv_heads: int = 0  # key/value heads (grouped-query attention); 0: as many as query heads
+    # The attention scores are soft-capped before the softmax (Gemma 2), which transformers' sdpa
+    # silently leaves out: transformers must run the model's eager attention.
+    soft_capped: bool = False
 
     @property
     def kv_heads(self) -> int:
@@ -272,7 +275,7 @@ def shape_of(config) -> ModelShape:
     d_mlp = getattr(config, "intermediate_size", None) or getattr(config, "n_inner", None) or 4 * d_model
     n_kv = getattr(config, "num_key_value_heads", None) or n_heads
     return ModelShape(family, config.num_hidden_layers, n_heads, head_dim, d_model, config.vocab_size, max_len, d_mlp,
-                      n_kv)
+                      n_kv, bool(getattr(config, "attn_logit_softcapping", None)))
 
 
 def site_key(site: str, layer: int | None) -> str:

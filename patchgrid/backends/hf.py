@@ -9,6 +9,7 @@ there is one (`device="auto"`); captures and results come back to the CPU.
 """
 from __future__ import annotations
 
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -43,8 +44,6 @@ def _attention(module, query, key, value, *args, **kwargs):
 
 def _eager_attention(module, query, key, value, *args, **kwargs):
     """The model's own eager attention (its modeling file's `eager_attention_forward`), hooked alike."""
-    import sys
-
     query, key, value = _hooked(module, query, key, value, kwargs)
     eager = sys.modules[type(module).__module__].eager_attention_forward
     return eager(module, query, key, value, *args, **kwargs)
@@ -60,18 +59,13 @@ def _register_attention() -> None:
     AttentionMaskInterface.register(ATTENTION_EAGER, eager_mask)
 
 
-def soft_capped(config) -> bool:
-    """Whether the model soft-caps its attention scores (which transformers' sdpa ignores)."""
-    return bool(getattr(config, "attn_logit_softcapping", None))
-
-
-def attention_implementation(config, family) -> str:
+def attention_implementation(shape) -> str:
     """The attention implementation the hf backend loads a model with: its own method where the family
     bypasses transformers' attention interface (read through `Family.hf_attn_method`), eager
     where the scores are soft-capped, sdpa elsewhere; the last two behind the engine's hook."""
-    if family.hf_attn_method:
+    if shape.family.hf_attn_method:
         return "eager"
-    return ATTENTION_EAGER if soft_capped(config) else ATTENTION
+    return ATTENTION_EAGER if shape.soft_capped else ATTENTION
 
 
 def _wrap_attention_method(module, method: str) -> None:
@@ -106,17 +100,15 @@ class HFEngine:
     name = "hf"
 
     def __init__(self, model_dir: Path, shape, *, dtype: str = "auto", batch_size: int = 64, device: str = "auto"):
-        from transformers import AutoConfig, AutoModelForCausalLM
+        from transformers import AutoModelForCausalLM
 
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
         torch_dtype = "auto" if dtype == "auto" else getattr(torch, dtype)
         _register_attention()
-        config = AutoConfig.from_pretrained(model_dir)
-        self.model = AutoModelForCausalLM.from_pretrained(
-            model_dir, dtype=torch_dtype, trust_remote_code=False,
-            attn_implementation=attention_implementation(config, shape.family))
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype, trust_remote_code=False,
+                                                          attn_implementation=attention_implementation(shape))
         if shape.family.hf_attn_method:
             for layer in range(shape.n_layers):
                 _wrap_attention_method(site_module(self.model, shape.family, "q", layer), shape.family.hf_attn_method)

@@ -344,12 +344,12 @@ class _Session:
     def remove(self):
         if self._decoder is not None:
             self._decoder.start_layer = 0
+            self._decoder = None
         if self._skipped is not None:
             layers, originals = self._skipped
             for i, module in enumerate(originals):
                 layers[i] = module
             self._skipped = None
-            self._decoder = None
         for h in self.handles:
             h.remove()
         self.handles = []

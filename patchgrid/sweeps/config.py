@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from ..rows import DIRECTIONS
 from ..sites import QKV
 from .kinds import SWEEP_KINDS
-from .paths import PATH_MLPS, check_ends  # noqa: F401  (PATH_MLPS: the settings' choices, for the CLI)
+from .paths import check_ends
 
 SWEEPS = tuple(SWEEP_KINDS)
 DEFAULT_SWEEPS = ("resid", "attn_out", "mlp_out", "heads")

@@ -439,10 +439,15 @@ from .paths import PathSweep  # noqa: E402  (it builds on the classes above)
 SWEEP_KINDS[PathSweep.name] = PathSweep()
 
 
+def kind_sites(kind: SweepKind) -> tuple[str, ...]:
+    """The sites a sweep kind patches one run per coordinate (none for trace, atp and paths)."""
+    return getattr(kind, "sites", None) or tuple(s for s in (getattr(kind, "site", None),) if s)
+
+
 def kind_for_site(site: str) -> SweepKind:
     """The sweep that patches `site` one run per coordinate (what `patchgrid patch` runs; qkv patches
     k and v beside q)."""
     for kind in SWEEP_KINDS.values():
-        if site in getattr(kind, "sites", (getattr(kind, "site", None),)):
+        if site in kind_sites(kind):
             return kind
     raise ValueError(f"no sweep patches site {site!r}")

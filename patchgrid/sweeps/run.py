@@ -13,7 +13,7 @@ from ..cache import CacheError, CacheSpec
 from ..metrics import Reading
 from ..plan import LOGPROBS, Request, Start, latest_start
 from .config import SweepConfig
-from .kinds import SWEEP_KINDS, Cell, SweepContext, SweepKind
+from .kinds import SWEEP_KINDS, Cell, SweepContext, SweepKind, kind_sites
 
 Progress = Callable[[int, int], None]  # (patched runs done, total)
 
@@ -32,12 +32,11 @@ def check_family(config: SweepConfig, family) -> None:
     """Refuse, before anything runs, a sweep of a site the model's family does not have
     (sites.Family.missing: resid_mid in a parallel block, neurons in a mixture of experts)."""
     for name in config.sweeps:
-        kinds = [SWEEP_KINDS[k] for k in config.atp_kinds] if name == "atp" else [SWEEP_KINDS[name]]
-        for kind in kinds:
-            for site in getattr(kind, "sites", (getattr(kind, "site", None),)):
-                why = site and family.missing(site)
-                if why:
-                    raise ValueError(f"sweep {name}: site {site}: {why}")
+        kinds = config.atp_kinds if name == "atp" else (name,)
+        for site in (site for kind in kinds for site in kind_sites(SWEEP_KINDS[kind])):
+            why = family.missing(site)
+            if why:
+                raise ValueError(f"sweep {name}: site {site}: {why}")
 
 
 def count_runs(pairs, config: SweepConfig, n_layers: int, n_heads: int, d_mlp: int = 0, n_kv_heads: int = 0) -> int:
