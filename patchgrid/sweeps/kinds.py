@@ -89,6 +89,9 @@ class SweepContext:
 class SweepKind:
     name: str
     metric = "logit_diff"  # the headline metric (an effect row's `effect` and `recovery`)
+    # How the report draws the kind's rows (patchgrid.report): layer_by_role (a heatmap of layer x
+    # position role), layer_by_head, trace_buckets, paths, atp, or none (not drawn: a cell per neuron)
+    drawing = "layer_by_role"
 
     def headline(self, pair) -> str:
         """The headline metric for `pair`: a pair whose answers are scored whole has no logit
@@ -214,8 +217,8 @@ class UnitSweep(SweepKind):
     position at once and at the positions of chosen roles, or at every (or given) position one by
     one. A kind may patch several sites (qkv: q, k and v), each unit by unit."""
 
-    def __init__(self, name: str, *sites: str):
-        self.name, self.sites = name, sites
+    def __init__(self, name: str, *sites: str, drawing: str = "layer_by_head"):
+        self.name, self.sites, self.drawing = name, sites, drawing
         self.site = sites[0]  # the site a single-site kind patches (atp screens by it)
 
     def needs(self, ctx):
@@ -260,7 +263,7 @@ class TraceSweep(SweepKind):
     sample, the noised run itself and one run per restored site. Rows average over samples and
     take the noised run as the corrupt baseline."""
 
-    name, metric = "trace", "p"
+    name, metric, drawing = "trace", "p", "trace_buckets"
 
     def needs(self, ctx):
         config = ctx.config
@@ -326,7 +329,7 @@ class AtpSweep(SweepKind):
     the top `verify_top` per pair and kind by the ranking score and `verify_random` sampled from the
     rest patched exactly. `ctx.estimates` holds the estimates and the choice (`estimates()` makes them)."""
 
-    name = "atp"
+    name, drawing = "atp", "atp"
 
     def screened(self, ctx: SweepContext) -> tuple[list[SweepKind], SweepContext]:
         """The kinds screened, and the context their grids are taken in (denoising only)."""
@@ -427,7 +430,7 @@ SWEEP_KINDS: dict[str, SweepKind] = {kind.name: kind for kind in (
     PositionSweep("mlp_out"),
     PositionSweep("embed", layered=False),
     UnitSweep("heads", "head"),
-    UnitSweep("neurons", "neuron"),
+    UnitSweep("neurons", "neuron", drawing="none"),
     UnitSweep("qkv", "q", "k", "v"),
     TraceSweep(),
     AtpSweep(),

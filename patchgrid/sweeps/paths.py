@@ -71,7 +71,7 @@ def _parsed(text, what):
 
 
 class PathSweep(SweepKind):
-    name = "paths"
+    name, drawing = "paths", "paths"
 
     # ---- the grid ----
     def senders(self, ctx) -> list[tuple[str, int, int | None]]:
