@@ -5,7 +5,7 @@ against scoring their first tokens, on the same pairs.
 
 In one process, on the same pairs, the same engine and the same activation cache:
   skip   patchgrid's sweeps on the vLLM backend, each patched run started mid-stack (the default)
-  full   the same sweeps with SweepConfig(skip=False): every patched run computes every layer
+  full   the same sweeps with SweepConfig(start_midstack=False): every patched run computes every layer
   plain  vLLM prefill of exactly the full runs' token lists with no intervention at all
 
   whole  the default sweep set over pairs whose answers have several tokens, scored whole
@@ -61,9 +61,9 @@ def compare(name, engine, pairs, config, noise_std, plain=False):
                              log=lambda *_: None)
     warm = replace(config, trace_samples=1)
     for skip in (True, False):  # warm-up: the first calls pay one-off costs
-        timed_sweeps(engine, pairs[:1], cache, replace(warm, skip=skip), noise_std)
+        timed_sweeps(engine, pairs[:1], cache, replace(warm, start_midstack=skip), noise_std)
     t_skip, rows_skip = timed_sweeps(engine, pairs, cache, config, noise_std)
-    t_full, rows_full = timed_sweeps(engine, pairs, cache, replace(config, skip=False), noise_std)
+    t_full, rows_full = timed_sweeps(engine, pairs, cache, replace(config, start_midstack=False), noise_std)
     runs = count_runs(pairs, config, shape.n_layers, shape.n_heads)
     per_min = lambda t: len(pairs) * 60 / t  # noqa: E731
     print(f"{name}: {len(pairs)} pairs, {runs} patched runs ({runs / len(pairs):.0f} per pair); cache "
@@ -75,7 +75,7 @@ def compare(name, engine, pairs, config, noise_std, plain=False):
     if plain:
         from vllm import SamplingParams, TokensPrompt
 
-        ctx = SweepContext(replace(config, skip=False), shape.n_layers, shape.n_heads, noise_std)
+        ctx = SweepContext(replace(config, start_midstack=False), shape.n_layers, shape.n_heads, noise_std)
         tokens = [req.tokens for *_, req in patched_runs(pairs, ctx)]
         params = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
         t0 = time.perf_counter()

@@ -171,7 +171,7 @@ def cmd_sweep(args) -> int:
 
     try:
         config = SweepConfig(sweeps=sweep_names(args.sweeps), trace_samples=args.trace_samples, seed=args.seed,
-                             max_requests=args.max_requests, skip=not args.no_skip,
+                             max_requests=args.max_requests, start_midstack=not args.no_skip,
                              atp_kinds=sweep_names(args.atp_kinds), verify_top=args.verify_top,
                              verify_random=args.verify_random, atp_correction=args.atp_correction,
                              head_positions=args.head_positions, **path_settings(args))

@@ -122,7 +122,7 @@ class StudySpec:
 
     def sweep_config(self) -> SweepConfig:
         return SweepConfig(sweeps=self.sweeps, trace_samples=self.trace_samples, seed=self.seed,
-                           max_requests=self.max_requests, skip=self.skip, atp_kinds=self.atp_kinds,
+                           max_requests=self.max_requests, start_midstack=self.skip, atp_kinds=self.atp_kinds,
                            verify_top=self.verify_top, verify_random=self.verify_random,
                            atp_correction=self.atp_correction, head_positions=self.head_positions,
                            **self.path_settings())

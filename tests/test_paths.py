@@ -159,12 +159,12 @@ def test_last_layer_paths_to_the_logits_equal_patching_directly(engines):
 
 @needs_vllm
 def test_a_zero_difference_reaches_a_receiver_as_the_baseline_bit_for_bit(engines):
-    """A sender at a position before the prompts differ changes nothing: run anyway (skip off),
+    """A sender at a position before the prompts differ changes nothing: run anyway (start_midstack off),
     each receiver's input is patched with exactly the corrupt run's own, and every reading is the
     corrupt run's, bit for bit."""
     vl = engines.get("tiny-llama", "vllm", dtype="float32")
     config = dataclasses.replace(EVERY, positions=(1,), path_senders=("head.0.1", "attn_out.1"),
-                                 path_receivers=("heads",), skip=False)
+                                 path_receivers=("heads",), start_midstack=False)
     rows, store = paths_rows(vl, config)
     corrupt = store.baselines[PAIR.pair_id]
     assert len(rows) == (3 + 2) * 8  # receivers in layers 1-3 (head.0.1) and 2-3 (attn_out.1), 4 q + 2 k + 2 v each

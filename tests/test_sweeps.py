@@ -47,7 +47,7 @@ def test_every_sweep_kind_equals_the_hf_backend(tmp_path, engines, tokenizers, m
     cache, _ = load_or_build(vl, pairs, cache_spec(ALL, vl.shape.n_layers, std), tmp_path, log=lambda *_: None)
     a, b = _by_key(run_sweeps(vl, pairs, cache, ALL)), _by_key(run_sweeps(hf, pairs, cache, ALL))
     # every layer of every cell run, cells that change nothing included: what the shortcuts stand for
-    full = replace(ALL, skip=False)
+    full = replace(ALL, start_midstack=False)
     c, d = _by_key(run_sweeps(vl, pairs, cache, full)), _by_key(run_sweeps(hf, pairs, cache, full))
     assert a.keys() == b.keys() == c.keys() == d.keys()
     assert {k[1] for k in a} == {"resid", "attn_out", "mlp_out", "heads", "trace"}

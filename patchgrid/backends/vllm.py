@@ -5,7 +5,7 @@ worker extension (`vllm_worker.PatchgridWorker`), which applies them inside vLLM
 Requests that may start mid-stack (plan.Start) go in one generate call per start layer; a
 request may always start lower than it could (its patches then run in the layers' hooks), so few
 requests of one start layer join the call of a lower one where a call of their own would cost more
-than the layers they add (`call_cost_tokens`). With `skip_layers=False` every request runs every
+than the layers they add (`call_cost_tokens`). With `start_midstack=False` every request runs every
 layer (to compare, or to rule the shortcut out).
 """
 from __future__ import annotations
@@ -70,7 +70,7 @@ class VllmEngine:
         kv_cache_gib: int = 2,
         gpu_memory_utilization: float | None = None,
         seed: int = 0,
-        skip_layers: bool = True,
+        start_midstack: bool = True,
         call_cost_tokens: int | None = None,
     ):
         # In-process engine: hooks share this process's memory. Multiprocess: vLLM's engine
@@ -142,7 +142,7 @@ class VllmEngine:
         if self._inprocess:
             VllmEngine._live_inprocess.add(id(self))
         self._check_model_class()
-        self.skip_layers = skip_layers and self._can_start_midstack()
+        self.start_midstack = start_midstack and self._can_start_midstack()
         # What one more generate call costs, in tokens x layers of forward work: on a 2-core CPU with
         # smollm2-135m, 512 ran the 16-pair resid grid fastest of 128-2048 (a call costs ~10 ms, a
         # token-layer ~19 us). A GPU computes far faster for a like per-call overhead (not measured).
@@ -190,7 +190,7 @@ class VllmEngine:
                                 f"max_model_len {self.max_model_len}")
         if not requests:
             return []
-        if not self.skip_layers:
+        if not self.start_midstack:
             requests = [dataclasses.replace(r, start=None) if r.start else r for r in requests]
         groups = defaultdict(list)  # start layer -> request indices
         for i, r in enumerate(requests):

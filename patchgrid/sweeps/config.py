@@ -38,7 +38,7 @@ class SweepConfig:
     positions: tuple[int, ...] | None = None
     # Start each patched run at its lowest patched layer from the cached stream of the run it
     # equals below there (plan.Start); False: every patched run computes every layer.
-    skip: bool = True
+    start_midstack: bool = True
     # atp: the sweep kinds screened, the cells per pair and kind patched exactly (the top K by the
     # ranking score, and R sampled from the rest), and the ranking score: |estimate| (none) or
     # AtP*'s GradDrop score (graddrop)

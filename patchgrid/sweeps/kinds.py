@@ -101,7 +101,7 @@ class SweepKind:
         return self.metric
 
     def needs(self, ctx: SweepContext) -> CacheSpec:
-        """What the cache must hold: the sites the patches read, and with `config.skip` the streams
+        """What the cache must hold: the sites the patches read, and with `config.start_midstack` the streams
         of the runs the patched runs start from."""
         raise NotImplementedError
 
@@ -196,7 +196,7 @@ class PositionSweep(SweepKind):
         keys = layer_keys(self.site, ctx.n_layers) if self.layered else ("embed",)
         runs = ("clean", "corrupt") if "noise" in self._directions(config) else ("clean",)
         streams = ()
-        if config.skip and self.layered:  # the embedding patch starts at the embedding
+        if config.start_midstack and self.layered:  # the embedding patch starts at the embedding
             streams = tuple((Cell(self.name, self.site, d).stream, stream_keys(ctx.n_layers))
                             for d in self._directions(config))
         return CacheSpec(keys, runs, streams)
@@ -222,7 +222,7 @@ class UnitSweep(SweepKind):
         self.site = sites[0]  # the site a single-site kind patches (atp screens by it)
 
     def needs(self, ctx):
-        streams = (("corrupt", stream_keys(ctx.n_layers)),) if ctx.config.skip else ()
+        streams = (("corrupt", stream_keys(ctx.n_layers)),) if ctx.config.start_midstack else ()
         keys = tuple(k for site in self.sites for k in layer_keys(site, ctx.n_layers))
         return CacheSpec(keys, ("clean",), streams)
 
@@ -269,10 +269,10 @@ class TraceSweep(SweepKind):
         config = ctx.config
         keys = tuple(k for site in config.trace_sites for k in layer_keys(site, ctx.n_layers)) + ("embed",)
         noised = ()
-        if config.skip:
+        if config.start_midstack:
             if not ctx.noise_std > 0:
                 raise ValueError("causal tracing caches its noised runs to start restored runs from: give the noise "
-                                 f"std (cache_spec(..., noise_std); got {ctx.noise_std}), or skip=False")
+                                 f"std (cache_spec(..., noise_std); got {ctx.noise_std}), or start_midstack=False")
             noised = tuple((Cell(self.name, None, sample=s).stream, stream_keys(ctx.n_layers))
                            for s in range(config.trace_samples))
         return CacheSpec(keys, ("clean",), noised, (ctx.noise_std, config.seed) if noised else None)

@@ -121,7 +121,7 @@ class PathSweep(SweepKind):
         sites = {SENDER_KINDS[s] if s in SENDER_KINDS else parse_unit_name(s)[0] for s in ctx.config.path_senders}
         clean = tuple(k for site in sorted(sites) for k in layer_keys(site, n))
         frozen = layer_keys("attn_out", n) + (layer_keys("mlp_out", n) if ctx.config.path_mlps == "frozen" else ())
-        streams = stream_keys(n) if ctx.config.skip else ()
+        streams = stream_keys(n) if ctx.config.start_midstack else ()
         return CacheSpec(clean, ("clean",), (("corrupt", frozen + streams),))
 
     # ---- pass 1: the sender patched, everything after it frozen ----

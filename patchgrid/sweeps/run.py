@@ -47,14 +47,14 @@ def count_runs(pairs, config: SweepConfig, n_layers: int, n_heads: int, d_mlp: i
 def patched_runs(pairs, ctx: SweepContext) -> Iterator[tuple[int, SweepKind, Cell, Request]]:
     """Every patched run of the sweeps over `pairs`, pair by pair: (pair index, kind, cell, request).
     A request patches from the source named `{pair index}:{run}` and measures its KL divergence
-    from the clean run's (`{pair index}:clean`); with `config.skip` it starts at the latest layer
+    from the clean run's (`{pair index}:clean`); with `config.start_midstack` it starts at the latest layer
     its patches allow, from the stream of the run it equals below them."""
     for i, p in enumerate(pairs):
         for name in ctx.config.sweeps:
             kind = SWEEP_KINDS[name]
             for cell in kind.cells(p, ctx):
                 req = kind.request(p, cell, ctx, f"{i}:{kind.source_run(cell)}")
-                layer = latest_start(req.patches, ctx.n_layers) if ctx.config.skip else 0
+                layer = latest_start(req.patches, ctx.n_layers) if ctx.config.start_midstack else 0
                 start = Start(layer, f"{i}:{cell.stream}") if layer > 0 else None
                 yield i, kind, cell, dataclasses.replace(req, start=start, reference=f"{i}:clean")
 
@@ -129,7 +129,7 @@ def run_sweeps(engine, pairs, store, config: SweepConfig, progress: Progress | N
         i, kind, cell, _ = run
         if (i, kind.name) not in first_change:
             first_change[i, kind.name] = kind.first_change(pairs[i])
-        if config.skip and kind.unchanged(cell, first_change[i, kind.name]):
+        if config.start_midstack and kind.unchanged(cell, first_change[i, kind.name]):
             unchanged.append(run)
         elif (got := kind.known(cell, ctx, pairs[i])) is not None:  # read by a first pass
             readings[(i, kind.name)].append((cell, got))
@@ -173,10 +173,10 @@ def _first_pass(kind, pairs, ctx: SweepContext, run_all) -> SweepContext:
     for i, p in enumerate(pairs):
         change = kind.first_change(p)
         for cell in kind.first_cells(p, ctx):
-            if ctx.config.skip and kind.unchanged(cell, change):
+            if ctx.config.start_midstack and kind.unchanged(cell, change):
                 continue  # every path of it equals the corrupt run: its cells are unchanged too
             req = kind.first_request(p, cell, ctx, f"{i}:clean", f"{i}:corrupt")
-            layer = latest_start(req.patches, ctx.n_layers) if ctx.config.skip else 0
+            layer = latest_start(req.patches, ctx.n_layers) if ctx.config.start_midstack else 0
             start = Start(layer, f"{i}:{cell.stream}") if layer > 0 else None
             runs.append((i, kind, cell, dataclasses.replace(req, start=start, reference=f"{i}:clean")))
 

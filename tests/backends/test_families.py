@@ -93,7 +93,7 @@ def test_a_transformers_backend_family_leaves_transformers_models_of_the_family_
     it run here."""
     before = engines.get(model, "hf", dtype="float32")
     vl = engines.get(model, "vllm", dtype="float32", **CHUNKED_MULTIPROCESS)
-    assert vl.skip_layers  # started mid-stack by stand-ins for the layers below (vllm_worker._start_by)
+    assert vl.start_midstack  # started mid-stack by stand-ins for the layers below (vllm_worker._start_by)
     after = load_engine(model, "hf", dtype="float32")
     try:
         cap = Request(tokens=CLEAN, answers=ANSWERS, capture=("resid.1", "q.2", "k.2", "v.2"))

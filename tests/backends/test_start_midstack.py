@@ -51,7 +51,7 @@ def _sources(engine):
 
 def test_every_site_at_every_layer_equals_the_full_forward_and_hf(pair_of_engines):
     hf, vl = pair_of_engines
-    assert vl.skip_layers, "this family's decoder should start mid-stack"
+    assert vl.start_midstack, "this family's decoder should start mid-stack"
     sources = _sources(vl)
     reqs = every_layer_requests(vl.shape, CORRUPT)
     started = starting(reqs, vl.shape.n_layers)
@@ -112,8 +112,8 @@ def test_the_start_layer_goes_back_when_a_call_fails(engines):
 
 
 def test_full_forward_engine_option_ignores_starts(engines):
-    vl = engines.get("tiny-gpt2", "vllm", dtype="float32", skip_layers=False)
+    vl = engines.get("tiny-gpt2", "vllm", dtype="float32", start_midstack=False)
     sources = _sources(vl)
     reqs = every_layer_requests(vl.shape, CORRUPT)[:20]
-    assert not vl.skip_layers
+    assert not vl.start_midstack
     assert_results_close(vl.run(starting(reqs, vl.shape.n_layers), sources), vl.run(reqs, sources), tol=0.0)
