@@ -5,6 +5,7 @@ Every backend implements `Engine`: it takes the same `Request`s (patchgrid.plan)
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol
 
@@ -17,6 +18,7 @@ from .sites import ModelShape, shape_of
 BACKENDS = ("vllm", "hf")
 DEFAULT_BACKEND = "vllm"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+_ALL = "*"  # EnginePool: the bound on all engines together
 
 
 class Engine(Protocol):
@@ -60,16 +62,45 @@ def load_engine(model: str, backend: str = DEFAULT_BACKEND, *, dtype: str = "aut
 
 class EnginePool:
     """Engines kept across tasks in one process (each takes seconds to start), by model, backend
-    and options. An engine that failed is dropped, so that a retry starts a fresh one."""
+    and options. An engine that failed is dropped, so that a retry starts a fresh one.
 
-    def __init__(self):
-        self._engines: dict[tuple, Engine] = {}
+    `max_live` bounds the engines alive at once (each holds its weights, a vLLM engine a KV cache
+    too): a number for all of them, or a number per backend (`{"vllm": 3}`; a backend not named is
+    unbounded). Starting one beyond a bound first closes the engine that bound counts which was used
+    least recently; it is started again if asked for later."""
+
+    def __init__(self, max_live: int | Mapping[str, int] | None = None):
+        limits = {_ALL: max_live} if isinstance(max_live, int) else dict(max_live or {})
+        for scope, limit in limits.items():
+            if scope != _ALL and scope not in BACKENDS:
+                raise ValueError(f"unknown backend {scope!r} in max_live; use one of {', '.join(BACKENDS)}")
+            if limit < 1:
+                raise ValueError(f"max_live must be at least 1, not {limit}")
+        self._limits = limits
+        self._engines: dict[tuple, Engine] = {}  # least recently used first
 
     def get(self, model: str, backend: str = DEFAULT_BACKEND, **options) -> Engine:
         key = (model, backend, tuple(sorted(options.items())))
-        if key not in self._engines:
-            self._engines[key] = load_engine(model, backend, **options)
+        if key in self._engines:
+            self._engines[key] = self._engines.pop(key)  # now the most recently used
+            return self._engines[key]
+        self._make_room(backend)
+        self._engines[key] = load_engine(model, backend, **options)
         return self._engines[key]
+
+    def live(self) -> list[tuple]:
+        """The (model, backend, options) of every live engine, least recently used first."""
+        return list(self._engines)
+
+    def _make_room(self, backend: str) -> None:
+        """Close the least recently used engines until one more of `backend` keeps within the bounds."""
+        for scope in (_ALL, backend):
+            limit = self._limits.get(scope)
+            if limit is None:
+                continue
+            counted = [k for k in self._engines if scope == _ALL or k[1] == scope]
+            for model, backend_, options in counted[:max(0, len(counted) - limit + 1)]:
+                self.drop(model, backend_, **dict(options))
 
     def drop(self, model: str, backend: str = DEFAULT_BACKEND, **options) -> None:
         engine = self._engines.pop((model, backend, tuple(sorted(options.items()))), None)
