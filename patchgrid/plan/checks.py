@@ -1,0 +1,185 @@
+"""`validate`: every request that cannot run as asked is refused before anything runs, with a
+message that names the field."""
+from __future__ import annotations
+
+from ..sites import LAYER_SITES, SITE_KINDS, SITES, ModelShape, parse_key
+from .forwards import tree_len
+from .request import LOGPROBS, Patch, Request
+
+
+class PlanError(ValueError):
+    """A request that cannot run as asked; the message names the field."""
+
+
+def validate(requests, sources, shape: ModelShape) -> None:
+    """Refuse any out-of-range plan before anything runs."""
+    for i, req in enumerate(requests):
+        where = f"request {i}"
+        _check_tokens(where, req, shape)
+        _check_continuations(where, req, shape)
+        _check_reference(where, req, sources, shape)
+        _check_captures(where, req, shape)
+        for p in req.patches:
+            _check_patch(where, p, req, sources, shape)
+        _check_noise(where, req)
+        if req.start is not None:
+            _check_start(where, req, sources, shape)
+
+
+def _check_tokens(where, req: Request, shape: ModelShape) -> None:
+    n = len(req.tokens)
+    if n == 0:
+        raise PlanError(f"{where}: tokens is empty")
+    if n > shape.max_len:
+        raise PlanError(f"{where}: tokens has {n} tokens, more than the model's {shape.max_len}")
+    _check_ids(where, "token", req.tokens, shape)
+    _check_ids(where, "answer", req.answers, shape)
+    if req.top_k < 0:
+        raise PlanError(f"{where}: top_k {req.top_k} is negative")
+
+
+def _check_ids(where, what: str, ids, shape: ModelShape) -> None:
+    for t in ids:
+        if not 0 <= int(t) < shape.vocab_size:
+            raise PlanError(f"{where}: {what} id {t} is outside the vocabulary (0..{shape.vocab_size - 1})")
+
+
+def _check_continuations(where, req: Request, shape: ModelShape) -> None:
+    n = len(req.tokens)
+    for j, c in enumerate(req.continuations):
+        if not c:
+            raise PlanError(f"{where}: continuation {j} is empty")
+        _check_ids(where, f"continuation {j} token", c, shape)
+        if n + len(c) - 1 > shape.max_len:
+            raise PlanError(f"{where}: continuation {j} has {len(c)} tokens; after the {n}-token prompt that "
+                            f"is more than the model's {shape.max_len}")
+
+
+def _check_reference(where, req: Request, sources, shape: ModelShape) -> None:
+    if req.reference is None:
+        return
+    ref = sources.get(req.reference, {}).get(LOGPROBS)
+    if ref is None:
+        raise PlanError(f"{where}: reference source {req.reference!r} holds no {LOGPROBS}")
+    if ref.dim() != 1 or ref.shape[0] != shape.vocab_size:
+        raise PlanError(f"{where}: reference {req.reference!r} {LOGPROBS} has shape {tuple(ref.shape)}, "
+                        f"expected [{shape.vocab_size}]")
+
+
+def _check_captures(where, req: Request, shape: ModelShape) -> None:
+    for key in req.capture:
+        try:
+            site, layer = parse_key(key)
+        except ValueError as exc:
+            raise PlanError(f"{where}: capture {exc}") from None
+        _check_layer(where, "capture", layer, shape)
+        _check_family(where, site, shape)
+
+
+def _check_noise(where, req: Request) -> None:
+    for z in req.noise:
+        _check_positions(where, "noise.positions", z.positions, len(req.tokens))
+        if not z.std >= 0:
+            raise PlanError(f"{where}: noise.std {z.std} must be >= 0")
+
+
+def _check_start(where, req: Request, sources, shape: ModelShape):
+    s = req.start
+    # The last layer must run: the final norm needs a layer's output to read.
+    if not 1 <= s.layer < shape.n_layers:
+        raise PlanError(f"{where}: start layer {s.layer} is out of range (1..{shape.n_layers - 1}: at least "
+                        "one layer is skipped and one runs)")
+    if s.source not in sources:
+        raise PlanError(f"{where}: start source {s.source!r} is not among the call's sources")
+    src = sources[s.source].get(s.key)
+    if src is None:
+        raise PlanError(f"{where}: start source {s.source!r} holds no {s.key}, the stream entering layer {s.layer}")
+    if src.dim() != 2 or src.shape[1] != shape.d_model or src.shape[0] < tree_len(req):
+        raise PlanError(f"{where}: start source {s.source!r} {s.key} has shape {tuple(src.shape)}, expected "
+                        f"[{tree_len(req)}, {shape.d_model}] (the prompt and its continuations' inputs)")
+    for p in req.patches:
+        if not _at_or_above(p.site, p.layer, s.layer):
+            raise PlanError(f"{where}: patch {p.key} lies below start layer {s.layer}, which skips it")
+    for key in req.capture:
+        if not _at_or_above(*parse_key(key), s.layer):
+            raise PlanError(f"{where}: capture {key} lies below start layer {s.layer}, which skips it")
+
+
+def _at_or_above(site: str, layer: int | None, start: int) -> bool:
+    """Whether a site is computed (or, for the stream entering `start`, written) when the forward
+    begins at `start`."""
+    if site == "embed":
+        return False
+    return layer >= start or (site == "resid" and layer == start - 1)
+
+
+def _check_family(where, site: str, shape: ModelShape) -> None:
+    why = shape.family.missing(site)
+    if why:
+        raise PlanError(f"{where}: site {site}: {why}")
+
+
+def _check_layer(where, field_name, layer, shape):
+    if layer is not None and not 0 <= layer < shape.n_layers:
+        raise PlanError(f"{where}: {field_name} layer {layer} is out of range (model has {shape.n_layers} layers)")
+
+
+def _check_positions(where, field_name, positions, n):
+    for pos in positions:
+        if not 0 <= int(pos) < n:
+            raise PlanError(f"{where}: {field_name} position {pos} is out of range (prompt has {n} tokens)")
+
+
+def _check_patch(where, p: Patch, req: Request, sources, shape: ModelShape):
+    site = _check_patch_site(where, p, shape)
+    _check_patch_unit(where, p, site, shape)
+    if p.whole and (p.positions is not None or site.unit is not None):
+        raise PlanError(f"{where}: patch {p.key} is whole (every row of the request): it takes no positions and "
+                        "no unit")
+    if p.positions is not None:
+        _check_positions(where, "patch.positions", p.positions, len(req.tokens))
+    _check_patch_source(where, p, req, sources, shape)
+
+
+def _check_patch_site(where, p: Patch, shape: ModelShape):
+    """The patch's site (its SITES entry): known, on a layer the model has, and patchable there."""
+    if p.site not in SITE_KINDS:
+        raise PlanError(f"{where}: patch site {p.site!r} is unknown; use one of {', '.join(SITE_KINDS)}")
+    if p.site in LAYER_SITES:
+        if p.layer is None:
+            raise PlanError(f"{where}: patch layer is missing for site {p.site}")
+        _check_layer(where, "patch", p.layer, shape)
+    site = SITES[p.site]
+    _check_family(where, p.site, shape)
+    if not site.patchable:
+        raise PlanError(f"{where}: site {p.site} can be captured, not patched")
+    return site
+
+
+def _check_patch_unit(where, p: Patch, site, shape: ModelShape) -> None:
+    """The head or neuron a patch names: set, in range, for the sites patched by one; unset otherwise."""
+    for field_name in ("head", "neuron"):
+        index = getattr(p, field_name)
+        if site.unit_field == field_name:
+            what = "key/value head" if site.unit == "kv_head" else site.unit
+            if index is None or not 0 <= index < shape.units(p.site):
+                raise PlanError(f"{where}: patch {field_name} {index} is out of range (model has {shape.units(p.site)} "
+                                f"{what}s per layer)")
+        elif index is not None:
+            raise PlanError(f"{where}: patch {field_name} is set for site {p.site}, which has no {field_name}s")
+
+
+def _check_patch_source(where, p: Patch, req: Request, sources, shape: ModelShape) -> None:
+    n = len(req.tokens)
+    if p.source not in sources:
+        raise PlanError(f"{where}: patch source {p.source!r} is not among the call's sources")
+    src = sources[p.source].get(p.key)
+    if src is None:
+        raise PlanError(f"{where}: patch source {p.source!r} holds no {p.key}")
+    if src.dim() != 2 or src.shape[1] != shape.width(p.site):
+        raise PlanError(f"{where}: patch source {p.source!r} {p.key} has shape {tuple(src.shape)}, "
+                        f"expected [tokens, {shape.width(p.site)}]")
+    needed = tree_len(req) if p.whole else n if p.positions is None else max(p.positions) + 1
+    if src.shape[0] < needed:
+        raise PlanError(f"{where}: patch source {p.source!r} {p.key} has {src.shape[0]} positions, "
+                        f"the patch needs {needed}")

@@ -1,0 +1,113 @@
+"""What a request asks for (its patches, noise and start) and the result it gets back."""
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+
+import torch
+
+from ..sites import site_key
+
+
+@dataclass(frozen=True)
+class Patch:
+    site: str
+    layer: int | None  # None only for embed
+    source: str  # name of a capture in the call's `sources`
+    positions: tuple[int, ...] | None = None  # None: every position
+    head: int | None = None  # for the sites patched by head: head, q (query heads), k and v (key/value heads)
+    neuron: int | None = None  # only for site == "neuron"
+    # Every row of every forward the request takes: the prompt and the answers' inputs past it, read
+    # from the source's rows of the same tree (tree_len); positions must be None. What holds a site
+    # at another run's values wherever the request computes it (path patching's freezes).
+    whole: bool = False
+
+    @property
+    def key(self) -> str:
+        return site_key(self.site, self.layer)
+
+    @property
+    def unit(self) -> int | None:
+        """The head or neuron patched alone; None: the site's whole width."""
+        return self.head if self.head is not None else self.neuron
+
+
+@dataclass(frozen=True)
+class Noise:
+    positions: tuple[int, ...]
+    std: float
+    seed: int
+
+
+@dataclass(frozen=True)
+class Start:
+    """Below `layer` this request computes exactly what the cached run `source` computed (same
+    tokens, same noise, no patch there), so its forward may begin at `layer` with `source`'s stream
+    entering that layer (`stream_key(layer)`). Patches on that stream are written into it."""
+
+    layer: int
+    source: str
+
+    @property
+    def key(self) -> str:
+        return stream_key(self.layer)
+
+
+def stream_key(layer: int) -> str:
+    """The site key of the whole stream entering `layer` (>= 1): the previous layer's output."""
+    return site_key("resid", layer - 1)
+
+
+LOGPROBS = "logprobs"  # a source's entry holding a run's log-probabilities at its last prompt position [vocab]
+
+
+@dataclass(frozen=True)
+class Request:
+    tokens: tuple[int, ...]
+    answers: tuple[int, ...] = ()
+    patches: tuple[Patch, ...] = ()
+    noise: tuple[Noise, ...] = ()
+    capture: tuple[str, ...] = ()
+    top_k: int = 0
+    start: Start | None = None  # None: from the embedding
+    continuations: tuple[tuple[int, ...], ...] = ()
+    reference: str | None = None  # the source whose LOGPROBS the KL divergence is measured from
+    logprobs: bool = False  # return the last prompt position's log-probabilities
+
+
+@dataclass
+class Result:
+    answer_logits: torch.Tensor  # [len(answers)] float32
+    logsumexp: float  # of the last prompt position's logits, so p(answer) = exp(logit - logsumexp)
+    top_ids: list[int] = field(default_factory=list)
+    top_logits: list[float] = field(default_factory=list)
+    captures: dict[str, torch.Tensor] = field(default_factory=dict)  # key -> [tree_len, width]
+    answer_ranks: list[int] = field(default_factory=list)  # per answer: tokens with a larger logit
+    continuation_logprobs: list[list[float]] = field(default_factory=list)  # per continuation, per token
+    kl: float | None = None  # KL(reference || this run) at the last prompt position, when asked
+    logprobs: torch.Tensor | None = None  # [vocab] float32, when asked
+
+    @property
+    def answer_probs(self) -> torch.Tensor:
+        return torch.exp(self.answer_logits - self.logsumexp)
+
+
+
+def gaussian_noise(noise: Noise, width: int) -> torch.Tensor:
+    """[len(positions), width] float32, the same on every backend and machine for a seed."""
+    g = torch.Generator().manual_seed(int(noise.seed))
+    return torch.randn(len(noise.positions), width, generator=g, dtype=torch.float32) * float(noise.std)
+
+
+def trace_seed(seed: int, pair_id: str, sample: int) -> int:
+    """The noise seed of causal-tracing sample `sample` of a pair, under a study's seed."""
+    return zlib.crc32(f"{seed}:{pair_id}:{sample}".encode())
+
+
+def latest_start(patches, n_layers: int) -> int:
+    """The latest layer a forward with these patches can start at (0: it must run them all): the
+    stream entering layer L+1 already holds a patch on layer L's output; other sites at L (the
+    stream entering L among them: it is written after the start) need layer L to run; the last
+    layer always runs."""
+    starts = [0 if p.site == "embed" else p.layer + 1 if p.site == "resid" else p.layer for p in patches]
+    return min(starts + [n_layers - 1])

@@ -1,0 +1,67 @@
+"""Requests and tensors as plain data for vLLM's worker: a plan travels in SamplingParams.extra_args
+(msgpack in multiprocess mode), tensors through collective_rpc across a process boundary."""
+from __future__ import annotations
+
+import json
+
+import torch
+
+from .forwards import Forward
+from .request import Noise, Patch, Request, Start
+
+
+def to_wire(req: Request, tag: str, fwd: Forward | None = None) -> str:
+    """One JSON string: vLLM deep-copies and checks extra_args per request, and a string is cheap
+    to copy and crosses msgpack as it is. With `fwd`, the forward of `req` that this vLLM request
+    is: the prompt's length, the continuations it scores, its branch row and whether it is the first."""
+    f = fwd or Forward(tuple(req.tokens), tuple(range(len(req.continuations))), len(req.tokens), True)
+    return json.dumps([
+        tag,
+        [len(req.tokens), list(f.scores), int(f.branch), bool(f.first)],
+        [int(a) for a in req.answers],
+        int(req.top_k),
+        list(req.capture),
+        [[p.site, p.layer, p.source, None if p.positions is None else [int(x) for x in p.positions], p.head,
+          p.neuron, bool(p.whole)] for p in req.patches],
+        [[[int(x) for x in z.positions], float(z.std), int(z.seed)] for z in req.noise],
+        None if req.start is None else [int(req.start.layer), req.start.source],
+        [[int(t) for t in c] for c in req.continuations],
+        req.reference,
+        bool(req.logprobs),
+    ], separators=(",", ":"))
+
+
+def from_wire(text: str) -> tuple[str, Request, tuple[int, Forward]]:
+    """(tag, the request without its tokens, (prompt length, the forward without its tokens))."""
+    tag, fwd, answers, top_k, capture, patches, noise, start, continuations, reference, logprobs = json.loads(text)
+    req = Request(
+        tokens=(),
+        answers=tuple(answers),
+        patches=tuple(Patch(s, l, src, None if pos is None else tuple(pos), h, u, w)
+                      for s, l, src, pos, h, u, w in patches),
+        noise=tuple(Noise(tuple(pos), std, seed) for pos, std, seed in noise),
+        capture=tuple(capture),
+        top_k=top_k,
+        start=None if start is None else Start(*start),
+        continuations=tuple(tuple(c) for c in continuations),
+        reference=reference,
+        logprobs=logprobs,
+    )
+    n_prompt, scores, branch, first = fwd
+    return tag, req, (n_prompt, Forward((), tuple(scores), branch, first))
+
+
+# ---- tensors as plain data: collective_rpc crosses a process boundary in multiprocess mode ----
+
+def encode_tensor(t: torch.Tensor) -> list:
+    t = t.detach().contiguous().cpu()
+    dtype = str(t.dtype).removeprefix("torch.")
+    raw = t.view(torch.int16) if t.dtype == torch.bfloat16 else t
+    return [dtype, list(t.shape), raw.numpy().tobytes()]
+
+
+def decode_tensor(enc) -> torch.Tensor:
+    dtype, shape, data = enc
+    if dtype == "bfloat16":
+        return torch.frombuffer(bytearray(data), dtype=torch.int16).view(torch.bfloat16).reshape(shape)
+    return torch.frombuffer(bytearray(data), dtype=getattr(torch, dtype)).reshape(shape)
