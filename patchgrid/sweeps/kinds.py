@@ -92,6 +92,9 @@ class SweepKind:
     # How the report draws the kind's rows (patchgrid.report): layer_by_role (a heatmap of layer x
     # position role), layer_by_head, trace_buckets, paths, atp, or none (not drawn: a cell per neuron)
     drawing = "layer_by_role"
+    # The SweepConfig fields the kind reads beyond the common ones (settings_of): what a run
+    # records only when one of its kinds reads it
+    settings: tuple[str, ...] = ()
 
     def headline(self, pair) -> str:
         """The headline metric for `pair`: a pair whose answers are scored whole has no logit
@@ -330,6 +333,7 @@ class AtpSweep(SweepKind):
     rest patched exactly. `ctx.estimates` holds the estimates and the choice (`estimates()` makes them)."""
 
     name, drawing = "atp", "atp"
+    settings = ("atp_kinds", "verify_top", "verify_random", "atp_correction")
 
     def screened(self, ctx: SweepContext) -> tuple[list[SweepKind], SweepContext]:
         """The kinds screened, and the context their grids are taken in (denoising only)."""
@@ -440,6 +444,11 @@ SWEEP_KINDS: dict[str, SweepKind] = {kind.name: kind for kind in (
 from .paths import PathSweep  # noqa: E402  (it builds on the classes above)
 
 SWEEP_KINDS[PathSweep.name] = PathSweep()
+
+
+def settings_of(names) -> tuple[str, ...]:
+    """The SweepConfig fields the sweep kinds `names` read beyond the common ones, in order."""
+    return tuple(dict.fromkeys(s for name in names for s in SWEEP_KINDS[name].settings))
 
 
 def kind_sites(kind: SweepKind) -> tuple[str, ...]:

@@ -72,6 +72,7 @@ def _parsed(text, what):
 
 class PathSweep(SweepKind):
     name, drawing = "paths", "paths"
+    settings = ("path_senders", "path_receivers", "path_inputs", "path_mlps")
 
     # ---- the grid ----
     def senders(self, ctx) -> list[tuple[str, int, int | None]]:
