@@ -1,7 +1,7 @@
 """The `study` flow: data set -> aligned pairs -> clean-activation cache -> sweeps over shards of
 pairs -> DuckDB warehouse -> summary. Each step is a task in patchgrid.tasks; this file only
-orchestrates. Its parameters are StudySpec's fields: the flow builds (and so validates) one spec
-from them and hands it to every task.
+orchestrates. Its one parameter is the study's StudySpec, validated when it is built, and handed
+to every task.
 
     python -m patchgrid.flows.study          # the demo study, no Prefect server needed
 """
@@ -48,31 +48,10 @@ def _produced(task, *args, sound=lambda path: Path(path).exists(), **kwargs) -> 
 
 
 @flow(name="study", log_prints=True)
-def study(model: str = DEFAULT.model, pairs: str = DEFAULT.pairs, sweeps: str = ",".join(DEFAULT.sweeps),
-          limit: int | None = DEFAULT.limit, warehouse: str = DEFAULT.warehouse, workdir: str = DEFAULT.workdir,
-          pairs_format: str | None = DEFAULT.pairs_format, require_known: bool = DEFAULT.require_known,
-          answer_policy: str = DEFAULT.answer_policy,
-          seed: int = DEFAULT.seed, trace_samples: int = DEFAULT.trace_samples,
-          trace_noise: float | None = DEFAULT.trace_noise, shard_size: int = DEFAULT.shard_size,
-          backend: str = DEFAULT.backend, max_requests: int = DEFAULT.max_requests, skip: bool = DEFAULT.skip,
-          run_id: str | None = DEFAULT.run_id,
-          runner: str = DEFAULT.runner, ray_address: str | None = DEFAULT.ray_address,
-          ray_workers: int = DEFAULT.ray_workers, gpus_per_engine: float = DEFAULT.gpus_per_engine,
-          tensor_parallel_size: int = DEFAULT.tensor_parallel_size,
-          atp_kinds: str = ",".join(DEFAULT.atp_kinds), verify_top: int = DEFAULT.verify_top,
-          verify_random: int = DEFAULT.verify_random, atp_correction: str = DEFAULT.atp_correction,
-          head_positions: str = DEFAULT.head_positions, path_senders: str = ",".join(DEFAULT.path_senders),
-          path_receivers: str = ",".join(DEFAULT.path_receivers), path_inputs: str = ",".join(DEFAULT.path_inputs),
-          path_mlps: str = DEFAULT.path_mlps) -> str:
-    """Run a whole activation-patching study and load it into the warehouse; returns the run id."""
-    spec = StudySpec(model=model, pairs=pairs, sweeps=sweeps, limit=limit, warehouse=warehouse, workdir=workdir,
-                     pairs_format=pairs_format, require_known=require_known, answer_policy=answer_policy, seed=seed, trace_samples=trace_samples,
-                     trace_noise=trace_noise, shard_size=shard_size, backend=backend, max_requests=max_requests,
-                     skip=skip, run_id=run_id, runner=runner, ray_address=ray_address, ray_workers=ray_workers, gpus_per_engine=gpus_per_engine,
-                     tensor_parallel_size=tensor_parallel_size, atp_kinds=atp_kinds, verify_top=verify_top,
-                     verify_random=verify_random, atp_correction=atp_correction, head_positions=head_positions,
-                     path_senders=path_senders, path_receivers=path_receivers, path_inputs=path_inputs,
-                     path_mlps=path_mlps)
+def study(spec: StudySpec = DEFAULT) -> str:
+    """Run a whole activation-patching study and load it into the warehouse; returns the run id.
+    `spec`: every setting of the study (patchgrid.spec.StudySpec; Prefect validates it, and a
+    deployment's parameters nest its fields under `spec`, the sweeps' under `spec.sweep`)."""
     # SIGTERM and SIGINT stop the study through every clean-up on the way out (engines first)
     with cancel_on_signals(), EnginePool() as engines:
         return run_study(spec, engines)
@@ -94,7 +73,7 @@ def run_study(spec: StudySpec, engines: EnginePool) -> str:
 
     folder = prepare(spec.model)
     model_sha = model_identity(folder)["weights_sha256"]
-    check_family(spec.sweep_config(), shape_of(AutoConfig.from_pretrained(folder)).family)
+    check_family(spec.sweep, shape_of(AutoConfig.from_pretrained(folder)).family)
     # The same inputs give the same run id: a rerun resumes and replaces, never duplicates.
     spec = spec.with_run_id(spec.run_id or "run-" + fingerprint(model_sha, spec.recorded_params())[:12])
     noise = None
@@ -139,7 +118,7 @@ def _sweep_and_load(spec: StudySpec, engines: EnginePool, model_sha: str, noise_
     def sound(folder):  # a cache folder damaged since it was written: found by its checksums, rebuilt
         return damage(folder) is None
 
-    config = spec.sweep_config()
+    config = spec.sweep
     shards = []
     if accepted:
         folder = _produced(cache_activations, spec, accepted, str(work / "cache"), model_sha, engines, patching,
@@ -211,4 +190,4 @@ def sweep_shards_on_ray_with(spec: StudySpec, shards: list[ShardSpec], model_sha
 
 
 if __name__ == "__main__":
-    print(study(limit=8))
+    print(study(StudySpec.of(limit=8)))

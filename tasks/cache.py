@@ -8,28 +8,39 @@ from patchgrid.engine import EnginePool
 from patchgrid.pairs import Pair
 from patchgrid.spec import StudySpec
 
-from .keys import keyed_on
+from .keys import keyed_by
 
 
-@task(cache_key_fn=keyed_on("model", "backend", "sweeps", "trace_samples", "seed", "skip"), persist_result=True,
-      retries=2, retry_delay_seconds=1)
+def cache_inputs(spec: StudySpec, sweeps: tuple[str, ...], noise_std: float = 0.0) -> dict:
+    """What an activation cache holds: the engine that captures it and the cache specification the
+    sweeps `sweeps` need (every site and run they read, the noise of the noised runs)."""
+    from dataclasses import replace
+
+    from transformers import AutoConfig
+
+    from patchgrid.models import prepare
+    from patchgrid.sites import shape_of
+    from patchgrid.sweeps import cache_spec
+
+    n_layers = shape_of(AutoConfig.from_pretrained(prepare(spec.model))).n_layers
+    need = cache_spec(replace(spec.sweep, sweeps=tuple(sweeps)), n_layers, noise_std)
+    return dict(model=spec.model, backend=spec.backend, cache=need)
+
+
+@task(cache_key_fn=keyed_by(cache_inputs), persist_result=True, retries=2, retry_delay_seconds=1)
 def cache_activations(spec: StudySpec, pairs: list[Pair], cache_root: str, model_sha256: str,
                       engines: EnginePool, sweeps: tuple[str, ...], noise_std: float = 0.0) -> str:
     """Capture each pair's clean (and corrupt, and noised) runs once, the sites `sweeps` read and the
     streams their patched runs start from; return the cache folder."""
-    from dataclasses import replace
-
     from patchgrid.cache import load_or_build
-    from patchgrid.sweeps import cache_spec
 
     logger = get_run_logger()
-    engine = engines.get(spec.model, spec.backend)
+    v = cache_inputs(spec, sweeps, noise_std)
+    engine = engines.get(v["model"], v["backend"])
     try:
-        cache, built = load_or_build(engine, pairs, cache_spec(replace(spec.sweep_config(), sweeps=tuple(sweeps)), engine.shape.n_layers,
-                                                                noise_std),
-                                     Path(cache_root), log=logger.info)
+        cache, built = load_or_build(engine, pairs, v["cache"], Path(cache_root), log=logger.info)
     except Exception:
-        engines.drop(spec.model, spec.backend)  # a retry starts a fresh engine
+        engines.drop(v["model"], v["backend"])  # a retry starts a fresh engine
         raise
     logger.info("activation cache %s: %s, %.1f kB per pair", cache.folder, "built" if built else "found",
                 cache.bytes_per_pair / 1e3)

@@ -1,34 +1,36 @@
-"""Task cache keys from the inputs a task's result depends on: files by content, parameters by value,
-outputs by path."""
+"""Task cache keys from the values a task's result depends on: files by content, parameters by
+value, outputs by path. A task declares those values once, as a function of its parameters that its
+body computes with too (`keyed_by`), so that a key cannot leave out what the result depends on."""
 from __future__ import annotations
 
+import inspect
 import os
+from collections.abc import Callable
 
 from patchgrid.engine import EnginePool
 from patchgrid.fingerprint import OutputPath, fingerprint
-from patchgrid.spec import StudySpec
 
 # Where a task writes counts by its path, not by what an earlier run left there.
 OUTPUT_PARAMETERS = ("out",)
 
 
-def keyed_on(*study_fields: str):
-    """A cache key function: the named fields of the task's StudySpec, and every other parameter
-    (the engine pool, which holds no input, aside)."""
-    unknown = set(study_fields) - set(StudySpec.__dataclass_fields__)
-    if unknown:
-        raise ValueError(f"StudySpec has no field {sorted(unknown)[0]!r}")
+def keyed_by(inputs: Callable[..., dict]):
+    """A cache key function: `inputs(**parameters)` (the values the task's result depends on, which
+    the task's body computes from its parameters with the same function), beside every parameter
+    `inputs` does not take (the engine pool, which holds no input, aside)."""
+    taken = set(inspect.signature(inputs).parameters)
 
     def key(context, parameters: dict) -> str:
-        inputs = {}
+        values = {"inputs": inputs(**{k: v for k, v in parameters.items() if k in taken})}
         for name, value in parameters.items():
-            if isinstance(value, EnginePool):
+            if name in taken or isinstance(value, EnginePool):
                 continue
-            if isinstance(value, StudySpec):
-                value = {f: getattr(value, f) for f in study_fields}
-            elif name in OUTPUT_PARAMETERS:
-                value = OutputPath(os.path.abspath(value))
-            inputs[name] = value
-        return f"{context.task.name}-{fingerprint(inputs)}"
+            values[name] = OutputPath(os.path.abspath(value)) if name in OUTPUT_PARAMETERS else value
+        return f"{context.task.name}-{fingerprint(values)}"
 
     return key
+
+
+def engine_inputs(spec) -> dict:
+    """Which engine a task's results come from (a study's model and backend)."""
+    return dict(model=spec.model, backend=spec.backend)

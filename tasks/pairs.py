@@ -7,23 +7,32 @@ from prefect import get_run_logger, task
 from patchgrid.engine import EnginePool
 from patchgrid.spec import StudySpec
 
-from .keys import keyed_on
+from .keys import keyed_by
 
 
-@task(cache_key_fn=keyed_on("model", "pairs", "pairs_format", "require_known", "answer_policy", "seed", "backend",
-                                  "sweeps"),
-      persist_result=True)
+def pairing_inputs(spec: StudySpec) -> dict:
+    """What a run's pairs table depends on: the data set, the model and how pairs are chosen; the
+    model is asked when pairs must be known, and when a sweep kind's population needs its
+    predictions (causal tracing's facts known alone)."""
+    from patchgrid.sweeps import SWEEP_KINDS
+
+    ask = spec.require_known or any(SWEEP_KINDS[name].population.asks_model for name in spec.sweeps)
+    return dict(model=spec.model, backend=spec.backend, source=spec.pairs, fmt=spec.pairs_format,
+                seed=spec.sweep.seed, require_known=spec.require_known, answer_policy=spec.answer_policy,
+                ask_model=ask)
+
+
+@task(cache_key_fn=keyed_by(pairing_inputs), persist_result=True)
 def align_pairs(spec: StudySpec, model_sha256: str, out: str, engines: EnginePool) -> str:
     """Read the data set, pair and align it with the model's tokenizer; write the pairs table."""
     from patchgrid.pairs import build_from_source, summary, write_pairs
 
-    # the model is asked when pairs must be known, and when tracing needs the facts it knows alone
-    ask = spec.require_known or "trace" in spec.sweeps
-    engine = engines.get(spec.model, spec.backend) if ask else None
-    fmt, records, rows = build_from_source(spec.model, spec.pairs, spec.pairs_format, seed=spec.seed, engine=engine,
-                                           require_known=spec.require_known, answer_policy=spec.answer_policy)
+    v = pairing_inputs(spec)
+    engine = engines.get(v["model"], v["backend"]) if v["ask_model"] else None
+    fmt, records, rows = build_from_source(v["model"], v["source"], v["fmt"], seed=v["seed"], engine=engine,
+                                           require_known=v["require_known"], answer_policy=v["answer_policy"])
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     write_pairs(rows, out)
     counts = ", ".join(f"{status}{'/' + reason if reason else ''}: {n}" for (status, reason), n in summary(rows).items())
-    get_run_logger().info("%s: %d records (format %s; %s) -> %s", spec.pairs, len(records), fmt, counts, out)
+    get_run_logger().info("%s: %d records (format %s; %s) -> %s", v["source"], len(records), fmt, counts, out)
     return out

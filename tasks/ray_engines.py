@@ -13,7 +13,7 @@ from prefect import get_run_logger, task
 
 from patchgrid.spec import ShardSpec, StudySpec
 
-from .keys import keyed_on
+from .keys import engine_inputs, keyed_by
 
 
 def _actor_class():
@@ -57,7 +57,7 @@ def get_actor(spec: StudySpec, model_sha256: str, slot: int):
                                   lifetime="detached").remote(spec.model, spec.backend, spec.engine_options())
 
 
-@task(cache_key_fn=keyed_on("model", "backend"), persist_result=True, retries=2, retry_delay_seconds=1)
+@task(cache_key_fn=keyed_by(engine_inputs), persist_result=True, retries=2, retry_delay_seconds=1)
 def sweep_shard_on_ray(spec: StudySpec, shard: ShardSpec, model_sha256: str, slot: int = 0) -> str:
     """Run one shard in the engine actor of its slot; return its effects file (written by the actor)."""
     import ray

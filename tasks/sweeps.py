@@ -7,10 +7,10 @@ from prefect import get_run_logger, task
 from patchgrid.engine import EnginePool
 from patchgrid.spec import ShardSpec, StudySpec
 
-from .keys import keyed_on
+from .keys import engine_inputs, keyed_by
 
 
-@task(cache_key_fn=keyed_on("model", "backend"), persist_result=True, retries=2, retry_delay_seconds=1)
+@task(cache_key_fn=keyed_by(engine_inputs), persist_result=True, retries=2, retry_delay_seconds=1)
 def sweep_shard(spec: StudySpec, shard: ShardSpec, model_sha256: str, engines: EnginePool) -> str:
     """Run every sweep over one shard of pairs in this process's engine; return its effects file."""
     from pathlib import Path
@@ -31,15 +31,21 @@ def sweep_shard(spec: StudySpec, shard: ShardSpec, model_sha256: str, engines: E
     return shard.out
 
 
-@task(cache_key_fn=keyed_on("model", "pairs", "pairs_format"), persist_result=True)
+def noise_inputs(spec: StudySpec) -> dict:
+    """What the trace noise depends on: the model's embeddings of the data set's subjects, and its scale."""
+    return dict(model=spec.model, source=spec.pairs, fmt=spec.pairs_format, scale=spec.sweep.trace_noise_scale)
+
+
+@task(cache_key_fn=keyed_by(noise_inputs), persist_result=True)
 def measure_trace_noise(spec: StudySpec, model_sha256: str):
-    """The causal-tracing noise for this data set and model (3 x the std of its subjects' token
-    embeddings), the same whatever pairs a study keeps."""
+    """The causal-tracing noise for this data set and model (trace_noise_scale, by default 3, x the
+    std of its subjects' token embeddings), the same whatever pairs a study keeps."""
     from patchgrid.models import prepare
     from patchgrid.pairs import read_source
-    from patchgrid.sweeps import TRACE_NOISE_SCALE, subject_noise
+    from patchgrid.sweeps import subject_noise
 
-    _, records = read_source(spec.pairs, spec.pairs_format)
-    noise = subject_noise(prepare(spec.model), [r.subject for r in records], TRACE_NOISE_SCALE)
+    v = noise_inputs(spec)
+    _, records = read_source(v["source"], v["fmt"])
+    noise = subject_noise(prepare(v["model"]), [r.subject for r in records], v["scale"])
     get_run_logger().info("trace noise: %.4f (%s)", noise.std, noise.source)
     return noise

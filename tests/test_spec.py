@@ -1,7 +1,9 @@
 """The study specification: one validated value, the flow's parameters exactly its fields."""
 from __future__ import annotations
 
+import dataclasses
 import inspect
+import json
 
 import pytest
 
@@ -10,17 +12,16 @@ from patchgrid.spec import ShardSpec, SpecError, StudySpec
 from patchgrid.sweeps import SweepConfig
 
 
-def test_the_flow_takes_exactly_the_spec_fields_with_its_defaults():
+def test_the_flow_takes_the_spec_as_its_one_typed_parameter():
     from patchgrid.flows.study import study
 
     params = inspect.signature(study.fn).parameters
-    default = StudySpec()
-    assert list(params) == list(StudySpec.__dataclass_fields__)
-    for name, p in params.items():
-        want = getattr(default, name)
-        want = ",".join(want) if isinstance(want, tuple) else want
-        assert p.default == want, name
-    assert StudySpec(**StudySpec(limit=3).flow_parameters()) == StudySpec(limit=3)
+    assert list(params) == ["spec"] and params["spec"].annotation in (StudySpec, "StudySpec")
+    assert params["spec"].default == StudySpec()
+    # as Prefect validates a deployment's JSON parameters: nested settings, lists for lists
+    spec = StudySpec.of(limit=3, sweeps="resid,atp", verify_top=4)
+    as_json = json.loads(json.dumps(dataclasses.asdict(spec)))
+    assert study.validate_parameters({"spec": as_json})["spec"] == spec
 
 
 @pytest.mark.parametrize("change, flow_message, flag_message", [
@@ -38,22 +39,24 @@ def test_the_flow_takes_exactly_the_spec_fields_with_its_defaults():
      "--answer-policy 'whole' is not one of"),
     ({"verify_top": -1}, "verify_top -1 must not be negative", "--verify-top -1 must not be negative"),
     ({"atp_kinds": "heads,trace"}, "unknown atp kind 'trace'", "unknown atp kind 'trace'"),
-    ({"atp_correction": "qk"}, "unknown atp correction 'qk'", "unknown atp correction 'qk'"),
+    ({"atp_correction": "qk"}, "atp_correction 'qk' is not one of", "--atp-correction 'qk' is not one of"),
+    ({"pairs_format": "csv"}, "pairs_format 'csv' is not one of", "--format 'csv' is not one of"),
+    ({"colour": "red"}, "unknown setting 'colour'", "unknown setting 'colour'"),
 ])
 def test_bad_parameters_are_named(change, flow_message, flag_message):
     with pytest.raises(SpecError) as err:
-        StudySpec(**change)
+        StudySpec.of(**change)
     assert flow_message in str(err.value) and flag_message in err.value.flag_message
 
 
 def test_answer_policy_is_recorded_and_keys_the_run():
-    full, single = StudySpec(), StudySpec(answer_policy="single")
+    full, single = StudySpec(), StudySpec.of(answer_policy="single")
     assert full.answer_policy == "full" and full.recorded_params()["answer_policy"] == "full"
     assert fingerprint(full.recorded_params()) != fingerprint(single.recorded_params())
 
 
 def test_sweeps_are_normalised_and_frozen():
-    spec = StudySpec(sweeps=" resid, trace ")
+    spec = StudySpec.of(sweeps=" resid, trace ")
     assert spec.sweeps == ("resid", "trace")
     with pytest.raises(AttributeError):
         spec.limit = 3  # frozen
@@ -68,7 +71,7 @@ def test_outputs_count_by_path_inputs_by_content(tmp_path):
     assert fingerprint(shard) == before
     data = tmp_path / "facts.jsonl"
     data.write_text("a")
-    spec = StudySpec(pairs=str(data))
+    spec = StudySpec.of(pairs=str(data))
     key = fingerprint(spec)
     data.write_text("b")  # the same path, other content: another input
     assert fingerprint(spec) != key
@@ -77,7 +80,81 @@ def test_outputs_count_by_path_inputs_by_content(tmp_path):
 def test_atp_settings_key_the_run_only_when_the_atp_sweep_runs():
     plain = StudySpec()
     assert "verify_top" not in plain.recorded_params()
-    assert fingerprint(plain.recorded_params()) == fingerprint(StudySpec(verify_top=5).recorded_params())
-    atp = StudySpec(sweeps="atp", verify_top=5)
-    assert atp.recorded_params()["verify_top"] == 5 and atp.sweep_config().verify_top == 5
-    assert fingerprint(atp.recorded_params()) != fingerprint(StudySpec(sweeps="atp").recorded_params())
+    assert fingerprint(plain.recorded_params()) == fingerprint(StudySpec.of(verify_top=5).recorded_params())
+    atp = StudySpec.of(sweeps="atp", verify_top=5)
+    assert atp.recorded_params()["verify_top"] == 5 and atp.sweep.verify_top == 5
+    assert fingerprint(atp.recorded_params()) != fingerprint(StudySpec.of(sweeps="atp").recorded_params())
+
+
+def _every_setting():
+    from patchgrid.settings import settings_fields
+
+    return [(cls, f) for cls in (StudySpec, SweepConfig) for f in settings_fields(cls)]
+
+
+def test_every_field_is_a_declared_setting():
+    """One declaration per setting: every field of the spec and the sweep config carries its help,
+    its check and its record rule (the nested sweep config aside)."""
+    from patchgrid.settings import RECORDS
+
+    names = [f.name for _, f in _every_setting()]
+    assert len(names) == len(set(names)), "a setting declared twice"
+    assert set(names) | {"sweep"} == {f.name for f in dataclasses.fields(StudySpec)} | \
+        {f.name for f in dataclasses.fields(SweepConfig)}
+    for _, f in _every_setting():
+        assert f.metadata["help"] and f.metadata["record"] in RECORDS, f.name
+
+
+@pytest.mark.parametrize("command", ["study", "serve", "sweep"])
+def test_the_command_options_are_generated_from_the_settings(command):
+    """study, serve and sweep offer every command-line setting they take, under one flag each, with
+    the declared default and help; parsing a command line gives the declared types."""
+    from patchgrid.cli import build_parser
+    from patchgrid.cli.options import settings_from
+    from patchgrid.settings import flag_of
+
+    parser = build_parser()
+    sub = parser._subparsers._group_actions[0].choices[command]
+    actions = {a.dest: a for a in sub._actions}
+    takes = [(cls, f) for cls, f in _every_setting() if f.metadata["cli"] and
+             (cls is SweepConfig or command != "sweep" or f.name in ("model", "limit", "backend"))]
+    for cls, f in takes:
+        assert f.name in actions, f"{command} lacks {flag_of(f)}"
+        assert flag_of(f) in actions[f.name].option_strings
+        assert f.metadata["help"] in actions[f.name].help
+    extra = ["--cron", "0 3 * * *"] if command == "serve" else []
+    pairs = ["--pairs", "p.parquet"] if command == "sweep" else []
+    args = parser.parse_args([command, *pairs, *extra, "--sweeps", "resid,atp", "--verify-top", "3",
+                              "--no-start-midstack", "--max-requests", "64"])
+    config = SweepConfig(**settings_from(args, SweepConfig))
+    assert config == SweepConfig(sweeps=("resid", "atp"), verify_top=3, start_midstack=False, max_requests=64)
+    if command != "sweep":
+        spec = StudySpec.of(**settings_from(args, StudySpec), **settings_from(args, SweepConfig))
+        assert spec.sweep == config and spec.require_known is True
+
+
+def test_help_shows_every_default(capsys):
+    from patchgrid.cli import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["study", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for needle in ("(default: 2048)", "(default: resid,attn_out,mlp_out,heads)", "(default: True)",
+                   "--no-start-midstack", "(default: 8)", "--max-requests"):
+        assert needle in text, needle
+
+
+def test_recorded_parameters_follow_each_settings_declaration():
+    """always: a change changes the run id; never: it does not; if_used: only when a sweep of the
+    run reads it; if_changed: absent at its default."""
+    from patchgrid.sweeps import settings_of
+
+    base = StudySpec.of(sweeps="resid,atp,paths")
+    for cls, f in _every_setting():
+        rule = f.metadata["record"]
+        present = f.name in base.recorded_params()
+        used = f.name in settings_of(base.sweeps)
+        assert present == (rule == "always" or (rule == "if_used" and used)), f.name
+    assert "trace_window" in StudySpec.of(trace_window=4).recorded_params()
+    assert fingerprint(StudySpec.of(shard_size=3).recorded_params()) == fingerprint(StudySpec().recorded_params())
+    assert fingerprint(StudySpec.of(seed=3).recorded_params()) != fingerprint(StudySpec().recorded_params())

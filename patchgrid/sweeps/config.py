@@ -4,9 +4,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..rows import DIRECTIONS
+from ..settings import SpecError, at_least, not_negative, normalise_and_check, setting
 from ..sites import QKV
-from .kinds import SWEEP_KINDS
 from .paths import check_ends
+from .registry import SWEEP_KINDS
 
 SWEEPS = tuple(SWEEP_KINDS)
 DEFAULT_SWEEPS = ("resid", "attn_out", "mlp_out", "heads")
@@ -23,62 +24,62 @@ ATP_CORRECTIONS = ("none", "graddrop")
 
 @dataclass(frozen=True)
 class SweepConfig:
-    sweeps: tuple[str, ...] = DEFAULT_SWEEPS
-    resid_directions: tuple[str, ...] = DIRECTIONS
-    head_position_roles: tuple[str, ...] = HEAD_POSITION_ROLES
-    head_positions: str = "roles"
-    trace_samples: int = 10
-    trace_window: int = 10
-    trace_noise_scale: float = TRACE_NOISE_SCALE
-    trace_sites: tuple[str, ...] = TRACE_SITES  # hidden state, and MLP / attention over a window
-    seed: int = 0
-    max_requests: int = 2048  # patched runs per engine call: bounds memory
+    """The settings of a sweep run, each declared once (patchgrid.settings): a study's and the
+    `sweep` command's options are generated from these fields."""
+
+    sweeps: tuple[str, ...] = setting(DEFAULT_SWEEPS, "the sweep kinds to run, a comma list", choices=SWEEPS)
+    resid_directions: tuple[str, ...] = setting(
+        DIRECTIONS, "resid: denoise (clean into corrupt) and noise (corrupt into clean)", choices=DIRECTIONS,
+        item="direction", record="if_changed", cli=False)
+    head_position_roles: tuple[str, ...] = setting(
+        HEAD_POSITION_ROLES, "heads, neurons, qkv and paths: the position roles patched one by one besides every "
+        "position at once", record="if_changed", cli=False)
+    head_positions: str = setting(
+        "roles", "heads, neurons, qkv and paths: every position at once plus the subject's last token and the last "
+        "token (roles), or each position one by one (every)", choices=HEAD_POSITIONS, record="if_changed")
+    trace_samples: int = setting(10, "trace: noise samples per fact", check=at_least(1))
+    trace_window: int = setting(10, "trace: layers restored around each layer for mlp_out and attn_out",
+                                check=at_least(1), record="if_changed", cli=False)
+    trace_noise_scale: float = setting(TRACE_NOISE_SCALE, "trace: the noise std in stds of the subjects' embeddings",
+                                       check=not_negative, record="if_changed", cli=False)
+    trace_sites: tuple[str, ...] = setting(TRACE_SITES, "trace: the sites restored: the hidden state, and the MLP "
+                                           "and attention outputs over a window", choices=TRACE_SITES,
+                                           record="if_changed", cli=False)
+    seed: int = setting(0, "seed for drawing subject-swap partners, trace noise and atp's random sites")
+    max_requests: int = setting(2048, "patched runs per engine call (bounds memory; the numbers do not change)",
+                                check=at_least(1), record="never")
     # Patch only these positions, each on its own (every sweep but heads' defaults: all positions;
     # heads: every position at once and the head_position_roles).
-    positions: tuple[int, ...] | None = None
-    # Start each patched run at its lowest patched layer from the cached stream of the run it
-    # equals below there (plan.Start); False: every patched run computes every layer.
-    start_midstack: bool = True
-    # atp: the sweep kinds screened, the cells per pair and kind patched exactly (the top K by the
-    # ranking score, and R sampled from the rest), and the ranking score: |estimate| (none) or
-    # AtP*'s GradDrop score (graddrop)
-    atp_kinds: tuple[str, ...] = DEFAULT_ATP_KINDS
-    verify_top: int = 20
-    verify_random: int = 20
-    atp_correction: str = "none"
-    # paths: the senders (heads, attn_out, mlp_out: every one of that site; or head.L.H, attn_out.L,
-    # mlp_out.L), the receivers (logits; heads: every head of a later layer; or head.L.H), the
-    # receiver inputs patched (q, k, v), and whether MLPs after the sender are frozen (direct paths
-    # only) or recompute (Wang et al.'s freeze-and-patch): sweeps.paths
-    path_senders: tuple[str, ...] = ("heads",)
-    path_receivers: tuple[str, ...] = ("logits",)
-    path_inputs: tuple[str, ...] = QKV
-    path_mlps: str = "frozen"
+    positions: tuple[int, ...] | None = setting(None, "patch only these positions, each on its own",
+                                                record="if_changed", cli=False)
+    start_midstack: bool = setting(
+        True, "start each patched run at its lowest patched layer from the cached stream below it (plan.Start); "
+        "--no-start-midstack runs every layer of every patched run (the numbers are the same)")
+    atp_kinds: tuple[str, ...] = setting(DEFAULT_ATP_KINDS, "atp: the sweep kinds it screens, a comma list",
+                                         choices=ATP_KINDS, record="if_used")
+    verify_top: int = setting(20, "atp: per pair and kind, patch the K sites with the largest scores exactly",
+                              check=not_negative, record="if_used")
+    verify_random: int = setting(20, "atp: and R sites sampled from the rest (seeded by --seed)",
+                                 check=not_negative, record="if_used")
+    atp_correction: str = setting("none", "atp: rank sites by |estimate| (none) or by AtP*'s GradDrop score "
+                                  "(graddrop)", choices=ATP_CORRECTIONS, record="if_used")
+    path_senders: tuple[str, ...] = setting(
+        ("heads",), "paths: senders, a comma list: heads, attn_out, mlp_out (every one) or head.L.H, attn_out.L, "
+        "mlp_out.L", record="if_used")
+    path_receivers: tuple[str, ...] = setting(
+        ("logits",), "paths: receivers, a comma list: logits, heads (every head of a later layer) or head.L.H",
+        record="if_used")
+    path_inputs: tuple[str, ...] = setting(QKV, "paths: the receiver heads' inputs patched, a comma list of q, k, v",
+                                           record="if_used")
+    path_mlps: str = setting("frozen", "paths: MLPs after the sender frozen (direct paths only) or recomputed "
+                             "(Wang et al.'s freeze-and-patch: paths through MLPs count)", record="if_used")
 
     def __post_init__(self):
-        bad = [s for s in self.sweeps if s not in SWEEPS]
-        if bad or not self.sweeps:
-            raise ValueError(f"unknown sweep {bad[0] if bad else '(none)'!r}; use some of {', '.join(SWEEPS)}")
-        bad = [d for d in self.resid_directions if d not in DIRECTIONS]
-        if bad:
-            raise ValueError(f"unknown direction {bad[0]!r}; use {' or '.join(DIRECTIONS)}")
-        bad = [t for t in self.trace_sites if t not in TRACE_SITES]
-        if bad or not self.trace_sites:
-            raise ValueError(f"unknown trace site {bad[0] if bad else '(none)'}; use some of {', '.join(TRACE_SITES)}")
-        if self.trace_samples < 1 or self.trace_window < 1 or self.max_requests < 1:
-            raise ValueError("trace_samples, trace_window and max_requests must be at least 1")
-        if self.head_positions not in HEAD_POSITIONS:
-            raise ValueError(f"unknown head positions {self.head_positions!r}; use one of {', '.join(HEAD_POSITIONS)}")
-        bad = [k for k in self.atp_kinds if k not in ATP_KINDS]
-        if bad or not self.atp_kinds:
-            raise ValueError(f"unknown atp kind {bad[0] if bad else '(none)'!r}; use some of {', '.join(ATP_KINDS)}")
-        if self.verify_top < 0 or self.verify_random < 0:
-            raise ValueError(f"verify_top {self.verify_top} and verify_random {self.verify_random} must not be negative")
-        if self.atp_correction not in ATP_CORRECTIONS:
-            raise ValueError(f"unknown atp correction {self.atp_correction!r}; use one of {', '.join(ATP_CORRECTIONS)}")
-        check_ends(self.path_senders, self.path_receivers, self.path_inputs, self.path_mlps)
-        if not self.trace_noise_scale >= 0:
-            raise ValueError(f"trace_noise_scale {self.trace_noise_scale} must be >= 0")
+        normalise_and_check(self)
+        try:
+            check_ends(self.path_senders, self.path_receivers, self.path_inputs, self.path_mlps)
+        except ValueError as exc:
+            raise SpecError(None, str(exc)) from None
 
 
 DEFAULT_PATHS = SweepConfig()  # the paths sweep's defaults (path_*)

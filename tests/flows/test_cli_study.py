@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import needs_vllm
-from tests.study_helpers import DATA
+from tests.support.engines import needs_vllm
+from tests.support.pairs import DATA
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -127,9 +127,11 @@ def test_prefect_yaml_deploys_the_study_flow_on_cron_schedules():
         assert dep["work_pool"]["name"] == "patchgrid-local"
         for sched in dep["schedules"]:
             CronSim(sched["cron"], __import__("datetime").datetime(2026, 1, 1))
-        assert dep["parameters"]["pairs"] == "data/pairs/facts.jsonl"
+        assert dep["parameters"]["spec"]["pairs"] == "data/pairs/facts.jsonl"
     from patchgrid.flows.study import study
 
-    params = set(study.parameters.properties)
+    # the flow's parameters as Prefect validates them for a deployment: every setting a StudySpec
     for dep in spec["deployments"]:
-        assert set(dep["parameters"]) <= params
+        assert set(dep["parameters"]) == set(study.parameters.properties) == {"spec"}
+        checked = study.validate_parameters(dep["parameters"])["spec"]
+        assert checked.sweeps == tuple(dep["parameters"]["spec"]["sweep"]["sweeps"])

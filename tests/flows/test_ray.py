@@ -5,21 +5,14 @@ import json
 
 import pytest
 
-from tests.conftest import needs_vllm
-from tests.reliability.helpers import tables
-from tests.study_helpers import DATA
+from patchgrid.spec import StudySpec
+from tests.support.engines import needs_vllm
+from tests.support.pairs import DATA
+from tests.support.processes import tables
 
 pytestmark = needs_vllm
 ray = pytest.importorskip("ray", reason="Ray is not installed (make install brings ray and prefect-ray)")
 pytest.importorskip("prefect_ray", reason="prefect-ray is not installed")
-
-
-@pytest.fixture(scope="module")
-def prefect_api():
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
 
 
 def test_ray_study_equals_local_study(prefect_api, tmp_path):
@@ -27,9 +20,10 @@ def test_ray_study_equals_local_study(prefect_api, tmp_path):
 
     common = dict(model="tiny-llama", pairs=str(DATA), sweeps="resid,heads", limit=4, require_known=False,
                   shard_size=1)
-    ray_id = study(warehouse=str(tmp_path / "ray.duckdb"), workdir=str(tmp_path / "ray-work"), runner="ray",
-                   ray_workers=2, **common)
-    local_id = study(warehouse=str(tmp_path / "local.duckdb"), workdir=str(tmp_path / "local-work"), **common)
+    ray_id = study(StudySpec.of(warehouse=str(tmp_path / "ray.duckdb"), workdir=str(tmp_path / "ray-work"),
+                                runner="ray", ray_workers=2, **common))
+    local_id = study(StudySpec.of(warehouse=str(tmp_path / "local.duckdb"), workdir=str(tmp_path / "local-work"),
+                                  **common))
     assert ray_id != local_id or True  # the runner is part of neither result: compare the data itself
     a, b = tables(tmp_path / "ray.duckdb"), tables(tmp_path / "local.duckdb")
     for table in ("effects", "pairs", "baselines"):

@@ -20,12 +20,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import needs_vllm
-from tests.study_helpers import DATA
+from tests.support.engines import needs_vllm
+from tests.support.pairs import DATA
 
 REPO = Path(__file__).resolve().parents[2]
 EVERY_MINUTE = "* * * * *"
-STUDY = {"model": "tiny-llama", "pairs": str(DATA), "limit": 1, "require_known": False, "sweeps": "resid"}
+STUDY = {"model": "tiny-llama", "pairs": str(DATA), "limit": 1, "require_known": False, "sweep": {"sweeps": ["resid"]}}
 UP_TIMEOUT_S = 120  # a server answering, a deployment registered
 START_TIMEOUT_S = 150  # from registration to the first run starting: the next minute boundary, and polling
 RUN_TIMEOUT_S = 240  # the study itself
@@ -192,7 +192,7 @@ def deployment_file(tmp_path: Path, warehouse: Path) -> Path:
     dep = next(d for d in shipped["deployments"] if d["name"] == "nightly-study")
     assert dep["entrypoint"] == "flows/study.py:study"
     dep["schedules"] = [{"cron": EVERY_MINUTE, "timezone": "UTC"}]
-    dep["parameters"] = {**STUDY, "warehouse": str(warehouse), "workdir": str(tmp_path / "work")}
+    dep["parameters"] = {"spec": {**STUDY, "warehouse": str(warehouse), "workdir": str(tmp_path / "work")}}
     spec = {"name": shipped["name"], "prefect-version": shipped["prefect-version"], "pull": shipped["pull"],
             "deployments": [dep]}
     path = tmp_path / "prefect.yaml"

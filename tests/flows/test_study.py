@@ -7,20 +7,13 @@ import asyncio
 import pytest
 
 from patchgrid.metrics import METRICS
+from patchgrid.spec import StudySpec
 from patchgrid.sweeps import SweepConfig, count_runs
 from patchgrid.warehouse.loader import query
-from tests.conftest import needs_vllm
-from tests.study_helpers import DATA
+from tests.support.engines import needs_vllm
+from tests.support.pairs import DATA
 
 pytestmark = needs_vllm
-
-
-@pytest.fixture(scope="module")
-def prefect_api():
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
 
 
 def _artifacts():
@@ -61,7 +54,7 @@ def test_study_end_to_end_then_rerun_replaces(prefect_api, tmp_path):
     wh = str(tmp_path / "w.duckdb")
     params = dict(model="tiny-llama", pairs=str(DATA), sweeps="resid,heads,trace", limit=4, warehouse=wh,
                   workdir=str(tmp_path / "work"), require_known=False, trace_samples=2, shard_size=3)
-    state = study(**params, return_state=True)
+    state = study(StudySpec.of(**params), return_state=True)
     run_id = state.result()
     assert run_id.startswith("run-")
 
@@ -101,15 +94,15 @@ def test_study_end_to_end_then_rerun_replaces(prefect_api, tmp_path):
     assert "study-summary" in keys and any(k.startswith("sweeps-") for k in keys)
 
     # the same study again: the same run, found in the caches, replacing its rows
-    state2 = study(**params, return_state=True)
+    state2 = study(StudySpec.of(**params), return_state=True)
     assert state2.result() == run_id
     tasks = _task_states(state2.state_details.flow_run_id, ("cache_activations", "align_pairs"))
     assert tasks["cache_activations"] == "CACHED" and tasks["align_pairs"] == "CACHED"
     assert query(wh, "SELECT count(*) FROM effects WHERE run_id = ?", [run_id])[1][0][0] == n_effects
     assert query(wh, "SELECT count(*) FROM runs")[1][0][0] == 1
 
-    # every layer of every patched run (--no-skip): a run of its own, the same numbers (exactly, in float32)
-    full_id = study(**params, skip=False)
+    # every layer of every patched run (--no-start-midstack): a run of its own, the same numbers (exactly, in float32)
+    full_id = study(StudySpec.of(**params, start_midstack=False))
     assert full_id != run_id
     same = " AND ".join(f"a.{c} IS NOT DISTINCT FROM b.{c}" for c in
                         ("pair_id", "sweep", "site", "direction", "layer", "position", "head", "window"))
@@ -117,13 +110,18 @@ def test_study_end_to_end_then_rerun_replaces(prefect_api, tmp_path):
     n, *worst = query(wh, f"SELECT count(*), {worst} FROM effects a JOIN effects b ON {same} "
                           f"WHERE a.run_id = ? AND b.run_id = ?", [run_id, full_id])[1][0]
     assert n == n_effects and all(w == 0 for w in worst if w is not None) and worst.count(None) <= 1
-    assert query(wh, "SELECT params->>'skip' FROM runs WHERE run_id = ?", [full_id])[1][0][0] == "false"
+    assert query(wh, "SELECT params->>'start_midstack' FROM runs WHERE run_id = ?", [full_id])[1][0][0] == "false"
 
 
 def test_flow_parameters_are_checked_at_the_edge(prefect_api, tmp_path):
+    from prefect.exceptions import ParameterTypeError
+
     from patchgrid.flows.study import study
 
-    with pytest.raises(ValueError, match="unknown sweep 'bogus'"):
-        study(model="tiny-llama", sweeps="resid,bogus", warehouse=str(tmp_path / "w.duckdb"))
-    with pytest.raises(ValueError, match="limit 0 must be at least 1"):
-        study(model="tiny-llama", limit=0, warehouse=str(tmp_path / "w.duckdb"))
+    # the flow's one parameter, as a deployment or the API gives it: JSON, checked when the spec is built
+    with pytest.raises(ParameterTypeError, match="unknown sweep 'bogus'"):
+        study({"model": "tiny-llama", "sweep": {"sweeps": ["resid", "bogus"]}, "warehouse": str(tmp_path / "w.duckdb")})
+    with pytest.raises(ParameterTypeError, match="limit 0 must be at least 1"):
+        study({"model": "tiny-llama", "limit": 0, "warehouse": str(tmp_path / "w.duckdb")})
+    with pytest.raises(ParameterTypeError, match="colour"):  # a setting that does not exist is named too
+        study({"model": "tiny-llama", "colour": "red"})

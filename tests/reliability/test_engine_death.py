@@ -1,11 +1,10 @@
 """An engine that dies mid-sweep is rebuilt by the task's retry; the study completes, nothing missing."""
 from __future__ import annotations
 
-import pytest
-
+from patchgrid.spec import StudySpec
 from patchgrid.warehouse.loader import query
-from tests.conftest import needs_vllm
-from tests.study_helpers import DATA
+from tests.support.engines import needs_vllm
+from tests.support.pairs import DATA
 
 pytestmark = needs_vllm
 
@@ -28,14 +27,6 @@ class DyingEngine:
         self.engine.close()
 
 
-@pytest.fixture(scope="module")
-def prefect_api():
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
-
-
 def test_engine_death_is_retried_with_a_fresh_engine(prefect_api, tmp_path, monkeypatch):
     import patchgrid.engine as engine_module
     from patchgrid.flows.study import study
@@ -53,10 +44,10 @@ def test_engine_death_is_retried_with_a_fresh_engine(prefect_api, tmp_path, monk
     monkeypatch.setattr(engine_module, "load_engine", load_engine)
     common = dict(model="tiny-llama", pairs=str(DATA), sweeps="resid,mlp_out", limit=4, require_known=False,
                   shard_size=2)
-    run_id = study(warehouse=str(tmp_path / "w.duckdb"), workdir=str(tmp_path / "work"), **common)
+    run_id = study(StudySpec.of(warehouse=str(tmp_path / "w.duckdb"), workdir=str(tmp_path / "work"), **common))
     assert len(built) == 2, "the retry did not start a fresh engine"
     monkeypatch.setattr(engine_module, "load_engine", real)
-    ref_id = study(warehouse=str(tmp_path / "ref.duckdb"), workdir=str(tmp_path / "ref"), **common)
+    ref_id = study(StudySpec.of(warehouse=str(tmp_path / "ref.duckdb"), workdir=str(tmp_path / "ref"), **common))
     assert run_id == ref_id
     sql = "SELECT pair_id, sweep, layer, position, patched_logit_diff FROM effects ORDER BY ALL"
     got, want = query(tmp_path / "w.duckdb", sql)[1], query(tmp_path / "ref.duckdb", sql)[1]

@@ -1,0 +1,55 @@
+"""The `patchgrid` command line. Input is validated here; the library takes plain values. The
+options of the settings (patchgrid.settings) are generated from their declarations (options.py);
+each command group is a module of its own:
+
+    common.py     the usage error, positions, a model's tokenizer
+    options.py    options from the settings' declarations
+    pair.py       patch, paths and the demo's one-pair sweep
+    data.py       models prepare, pairs check, sweep
+    study.py      study, serve, the demo's study
+    warehouse.py  report, query
+"""
+from __future__ import annotations
+
+import signal
+import sys
+
+from ..console import quiet_engine_logs
+from .common import UsageError
+from .parser import build_parser
+
+__all__ = ["UsageError", "build_parser", "main"]
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    quiet_engine_logs()
+    from .stopping import Cancelled, cancel_on_signals, one_line, signalled
+
+    try:
+        with cancel_on_signals():
+            try:
+                return args.func(args)
+            except Exception:
+                if signalled():  # the signal's exception was replaced on its way out
+                    raise Cancelled(signalled()) from None
+                raise
+    # ModelError, PairError, PlanError, SourceError, SpecError, RowError and WarehouseError are
+    # ValueErrors: each names what is wrong in the user's input.
+    except (UsageError, ValueError, OSError) as exc:
+        text = " ".join(str(exc).split())  # one line, whatever the library wrote
+        print(f"patchgrid: error: {text}", file=sys.stderr)
+        return 2
+    except (Cancelled, KeyboardInterrupt) as exc:
+        signame = exc.signame if isinstance(exc, Cancelled) else "SIGINT"
+        print(f"patchgrid: stopped by {signame}; a running study is recorded as cancelled", file=sys.stderr)
+        return 128 + int(getattr(signal, signame))
+    except Exception as exc:
+        if getattr(args, "verbose", False):
+            raise
+        print(f"patchgrid: error: {' '.join(one_line(exc).split())} (--verbose shows the traceback)", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""The command line's parser: every command, its options generated from the settings' declarations
+where a setting has one (options.add_settings), and the command's own options beside them."""
+from __future__ import annotations
+
+import argparse
+
+from ..engine import DTYPES
+from ..models import BUILTIN
+from ..sites import PATCHABLE
+from ..spec import StudySpec
+from ..sweeps import SweepConfig
+from . import data, pair, study, warehouse
+from .options import HelpFormatter, add_settings
+
+DEFAULT_STUDY = StudySpec()
+# The settings that describe one pair's engine, shared by the one-pair commands
+ENGINE_SETTINGS = ("model", "backend")
+PAIR = ("--clean", "--corrupt", "--clean-answer", "--corrupt-answer")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="patchgrid", description="Activation-patching studies on vLLM.",
+                                     formatter_class=HelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def command(name, func, help):
+        p = sub.add_parser(name, help=help, formatter_class=HelpFormatter)
+        p.set_defaults(func=func)
+        return p
+
+    _models(sub)
+    _patch(command("patch", pair.cmd_patch, "patch one clean/corrupt pair at every layer and position"))
+    _paths(command("paths", pair.cmd_paths, "path patching on one clean/corrupt pair: senders to receivers"))
+    _pairs(sub)
+    _sweep(command("sweep", data.cmd_sweep, "cache clean activations and run sweeps over a pairs table"))
+    _study(command("study", study.cmd_study, "a whole study: data set -> pairs -> cache -> sweeps -> warehouse"))
+    srv = command("serve", study.cmd_serve, "serve the study flow on a cron schedule from this process")
+    _study(srv)
+    srv.add_argument("--cron", required=True, help='e.g. "0 3 * * *"')
+    srv.add_argument("--name", default="patchgrid-study")
+    srv.add_argument("--port", type=int, default=4200, help="for the local Prefect server, when PREFECT_API_URL is unset")
+    rep = command("report", warehouse.cmd_report, "an HTML page and PNGs of a study's heatmaps, from the warehouse")
+    add_settings(rep, StudySpec, only=("warehouse",))
+    rep.add_argument("--run", default=None, help="a run id (default: the latest run)")
+    rep.add_argument("--out", required=True, help="folder for report.html and the PNGs")
+    q = command("query", warehouse.cmd_query, "run SQL on the warehouse, read-only")
+    add_settings(q, StudySpec, only=("warehouse",))
+    q.add_argument("sql")
+    _demo(command("demo", pair.cmd_demo, "the France/Germany example, then a study of the shipped pairs"))
+    return parser
+
+
+def _models(sub) -> None:
+    models = sub.add_parser("models", help="model folders")
+    msub = models.add_subparsers(dest="models_command", required=True)
+    prep = msub.add_parser("prepare", help="build a model folder if missing and print its path")
+    prep.add_argument("name", help=f"{', '.join(BUILTIN)}, a folder or a hub id")
+    prep.set_defaults(func=data.cmd_models_prepare)
+
+
+def _one_pair(p) -> None:
+    for name in PAIR:
+        p.add_argument(name, required=True)
+    add_settings(p, StudySpec, only=ENGINE_SETTINGS)
+    p.add_argument("--dtype", default="auto", choices=DTYPES)
+
+
+def _patch(p) -> None:
+    _one_pair(p)
+    p.add_argument("--site", required=True, choices=PATCHABLE)
+    p.add_argument("--position", default="all", help="a position, a comma list, or all (each separately)")
+    p.add_argument("--top", type=int, default=None,
+                   help="show only the N rows that move the metric most (neurons: 20 unless given)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+def _paths(p) -> None:
+    _one_pair(p)
+    add_settings(p, SweepConfig, only=pair.PATH_SETTINGS)
+    p.add_argument("--position", default="roles",
+                   help="roles (every position at once, the subject's last token, the last token), a position, "
+                        "a comma list, or all (each separately)")
+    p.add_argument("--top", type=int, default=20, help="the table shows the paths that move the metric most")
+    p.add_argument("--json", action="store_true", help="print every path as JSON")
+
+
+def _pairs(sub) -> None:
+    pairs = sub.add_parser("pairs", help="prompt pairs")
+    psub = pairs.add_subparsers(dest="pairs_command", required=True)
+    check = psub.add_parser("check", help="pair and align a data set; print counts by status and reason",
+                            formatter_class=HelpFormatter)
+    check.set_defaults(func=data.cmd_pairs_check)
+    check.add_argument("--source", required=True, help="a .jsonl, .json or .parquet file, or a hub data-set name")
+    add_settings(check, StudySpec, only=("model", "pairs_format", "require_known", "answer_policy", "backend"),
+                 defaults={"require_known": False})
+    add_settings(check, SweepConfig, only=("seed",))
+    check.add_argument("--out", default="pairs.parquet")
+
+
+def _sweep(p) -> None:
+    add_settings(p, StudySpec, only=("model", "limit", "backend"))
+    p.add_argument("--pairs", required=True, help="a pairs table written by `patchgrid pairs check`")
+    add_settings(p, SweepConfig)
+    p.add_argument("--cache", default=".patchgrid-cache", help="activation cache folder")
+    p.add_argument("--out", default="effects.parquet")
+
+
+def _study(p) -> None:
+    add_settings(p, StudySpec)
+    add_settings(p, SweepConfig)
+    p.add_argument("--verbose", action="store_true", help="Prefect's run log on the console")
+
+
+def _demo(p) -> None:
+    add_settings(p, StudySpec, only=("model", "backend", "limit", "warehouse"), defaults={"limit": 20})
+    add_settings(p, SweepConfig, only=("trace_samples",), defaults={"trace_samples": 3})
+    p.add_argument("--quick", action="store_true", help="only the France/Germany sweep")

@@ -1,0 +1,130 @@
+"""Commands that run the study flow: study, serve, and the demo's study."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..console import ProgressBar, format_rows, one_line_failures, quiet_prefect
+from ..spec import SpecError, StudySpec
+from ..sweeps import SweepConfig
+from .common import UsageError
+from .options import settings_from
+
+DEMO_SWEEPS = ("resid", "attn_out", "mlp_out", "heads", "trace")
+
+
+def study_spec(args, **overrides) -> StudySpec:
+    """The study the command line asks for, checked before anything runs."""
+    params = {**settings_from(args, StudySpec), **settings_from(args, SweepConfig)}
+    source = Path(params["pairs"])
+    if source.exists():
+        params["pairs"] = str(source.resolve())
+    params.update(overrides)
+    try:
+        spec = StudySpec.of(**params)
+        spec.check_inputs()
+    except SpecError as exc:
+        raise UsageError(exc.flag_message) from None
+    from ..models import prepare
+
+    prepare(spec.model)  # a bad model name fails here, before Prefect starts
+    return spec
+
+
+def _run_study(spec: StudySpec, verbose: bool = False) -> str:
+    from ..flows.study import study
+    from ..progress import reporting_to
+
+    if not verbose:
+        one_line_failures()
+    _migrate_prefect_database()
+    with reporting_to(ProgressBar()):
+        return study(spec)
+
+
+def _migrate_prefect_database() -> None:
+    """Bring the ephemeral Prefect server's database up to date, one process at a time. Two studies
+    started at once with one PREFECT_HOME would otherwise both migrate a fresh database as their
+    servers start, and alembic fails one of them; an up-to-date database migrates no further."""
+    import fcntl
+
+    from prefect.settings import PREFECT_API_URL, PREFECT_HOME
+
+    if PREFECT_API_URL.value():  # a server of its own keeps its database
+        return
+    home = Path(PREFECT_HOME.value())
+    home.mkdir(parents=True, exist_ok=True)
+    with open(home / ".patchgrid-migrate.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        from prefect.server.database import provide_database_interface
+        from prefect.utilities.asyncutils import run_coro_as_sync
+
+        run_coro_as_sync(provide_database_interface().create_db())
+
+
+def cmd_study(args) -> int:
+    spec = study_spec(args)
+    quiet_prefect(args.verbose)
+    print(_run_study(spec, args.verbose))
+    return 0
+
+
+def cmd_demo_study(args) -> int:
+    from ..report import write_report
+    from ..warehouse.queries import every_metric, stream_by_layer, trace_by_bucket
+
+    spec = StudySpec.of(model=args.model, sweeps=DEMO_SWEEPS, limit=args.limit, warehouse=args.warehouse,
+                        trace_samples=args.trace_samples, backend=args.backend)
+    quiet_prefect(False)
+    run_id = _run_study(spec)
+    print(f"\nrun {run_id} -> {args.warehouse}")
+    print("\nresid patched clean into corrupt: recovery of the log-probability difference of the answers, scored "
+          "whole (the logit difference for one-token answers), mean over pairs (effect_summary, every 4th layer):")
+    print(format_rows(*stream_by_layer(args.warehouse, run_id, every=4)))
+    print("\nthe same patch on every metric, at an early and a late layer (effect_summary; kl and logp_corrupt fall "
+          "as the clean run comes back, rank has no recovery):")
+    n_layers = _n_layers(args.model)
+    print(format_rows(*every_metric(args.warehouse, run_id, (n_layers // 4, n_layers - 2))))
+    print("\ncausal tracing, hidden state restored: average indirect effect on p(answer), in Meng et al.'s "
+          "buckets (trace_buckets, every 4th layer):")
+    print(format_rows(*trace_by_bucket(args.warehouse, run_id, every=4)))
+    print(f"\nmore: patchgrid query --warehouse {args.warehouse} \"SELECT * FROM effect_summary LIMIT 20\"")
+    page = write_report(args.warehouse, Path(args.warehouse).resolve().parent / "report", run_id)
+    print(f"report: {page}")
+    return 0
+
+
+def _n_layers(model: str) -> int:
+    from transformers import AutoConfig
+
+    from ..models import prepare
+    from ..sites import shape_of
+
+    return shape_of(AutoConfig.from_pretrained(prepare(model), trust_remote_code=False)).n_layers
+
+
+def cmd_serve(args) -> int:
+    spec = study_spec(args)
+    _check_cron(args.cron)
+    quiet_prefect(True)
+    from ..serving import local_prefect_server
+
+    # Prefect's ephemeral mode cannot schedule: without a server to talk to, start one on loopback,
+    # before Prefect is imported here so that its settings see the server's address.
+    with local_prefect_server(args.port):
+        from ..flows.study import study
+
+        study.serve(name=args.name, cron=args.cron, parameters={"spec": spec})
+    return 0
+
+
+def _check_cron(expr: str) -> None:
+    from datetime import datetime
+
+    from cronsim import CronSim, CronSimError  # what Prefect itself parses cron with
+
+    try:
+        CronSim(expr, datetime(2026, 1, 1))
+    except CronSimError:
+        raise UsageError(f"--cron {expr!r} is not a cron expression (five fields, e.g. \"0 3 * * *\")") from None
+
+

@@ -1,0 +1,140 @@
+"""A setting is declared once: a dataclass field whose metadata carries its help text, its
+command-line flag, its check, and whether it enters a run's recorded parameters. The command-line
+options, the checks, the recorded parameters and the flow's parameter are derived from these
+declarations (patchgrid.spec, patchgrid.cli.options); nothing lists the settings by hand.
+"""
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Callable
+from dataclasses import field
+
+# When a setting enters a run's recorded parameters (and so its default run id):
+#   always      every run records it
+#   if_changed  only when it differs from its default (run ids of studies that leave it stay as they were)
+#   if_used     only when a sweep kind of the run reads it (patchgrid.sweeps.settings_of)
+#   never       it changes how the work is done (sharding, engine placement, outputs), not its numbers
+RECORDS = ("always", "if_changed", "if_used", "never")
+
+Check = Callable[[object], "str | None"]  # a message template ({name}: the setting) or None
+
+
+class SpecError(ValueError):
+    """A setting that cannot work. The message names the setting as the flow calls it;
+    `flag_message` names it as the command line does."""
+
+    def __init__(self, name: str | None, detail: str, flag: str | None = None):
+        self.name, self.detail = name, detail
+        self.flag = flag or (f"--{name.replace('_', '-')}" if name else None)
+        super().__init__(detail.format(name=name) if "{name}" in detail else
+                         (f"{name} {detail}" if name else detail))
+
+    @property
+    def flag_message(self) -> str:
+        if not self.name:
+            return self.detail
+        return self.detail.format(name=self.flag) if "{name}" in self.detail else f"{self.flag} {self.detail}"
+
+
+def setting(default, help: str, *, choices: tuple | None = None, check: Check | None = None,
+            record: str = "always", flag: str | None = None, cli: bool = True, output: bool = False,
+            item: str | None = None):
+    """A settings field. `choices`: the values it may take (each item of a list setting);
+    `check`: a further check; `flag`: the command-line flag when not --<name>; `cli`: False for a
+    setting the command line does not offer (the flow and Python callers may set it); `output`: the
+    value is where something is written (cache keys count it by its path); `item`: what one item of
+    a list setting is called in messages (default: the name, singular)."""
+    if record not in RECORDS:
+        raise ValueError(f"record {record!r} is not one of {', '.join(RECORDS)}")
+    meta = dict(help=help, choices=choices, check=check, record=record, flag=flag, cli=cli, output=output, item=item)
+    if isinstance(default, (list, dict, set)):
+        raise TypeError("a setting's default must be immutable (use a tuple)")
+    return field(default=default, metadata=meta)
+
+
+def at_least(low) -> Check:
+    return lambda v: None if v is None or v >= low else f"{{name}} {v} must be at least {low}"
+
+
+def not_negative(v) -> str | None:
+    return None if v is None or v >= 0 else f"{{name}} {v} must not be negative"
+
+
+def above_zero(v) -> str | None:
+    return None if v is None or v > 0 else f"{{name}} {v} must be above 0"
+
+
+def comma_list(value) -> tuple:
+    """`a,b` or a sequence of names, as a tuple of names (spaces and empty items dropped)."""
+    items = value.split(",") if isinstance(value, str) else list(value)
+    return tuple(str(n).strip() for n in items if str(n).strip())
+
+
+def is_list(cls, name: str) -> bool:
+    """Whether the field holds a tuple of names (a comma list on the command line)."""
+    return typing.get_origin(_hints(cls)[name]) is tuple and typing.get_args(_hints(cls)[name])[:1] == (str,)
+
+
+def scalar_type(cls, name: str) -> type:
+    """The field's type, without `| None`."""
+    hint = _hints(cls)[name]
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    return args[0] if typing.get_origin(hint) in (typing.Union, types.UnionType) else hint
+
+
+def _hints(cls) -> dict:
+    if "_hints" not in cls.__dict__:
+        cls._hints = typing.get_type_hints(cls)
+    return cls._hints
+
+
+def settings_fields(cls) -> list[dataclasses.Field]:
+    """The fields of `cls` declared with `setting()`."""
+    return [f for f in dataclasses.fields(cls) if "record" in f.metadata]
+
+
+def flag_of(f: dataclasses.Field) -> str:
+    return f.metadata["flag"] or f"--{f.name.replace('_', '-')}"
+
+
+def normalise_and_check(obj) -> None:
+    """For a frozen settings dataclass: lists from comma strings, then every field's choices and
+    check; the first failure is raised as a SpecError naming the setting."""
+    cls = type(obj)
+    for f in settings_fields(cls):
+        value = getattr(obj, f.name)
+        if is_list(cls, f.name) and value is not None:
+            value = comma_list(value)
+            object.__setattr__(obj, f.name, value)
+        problem = _problem(f, value, is_list(cls, f.name))
+        if problem:
+            raise SpecError(f.name, problem, flag_of(f))
+
+
+def _problem(f: dataclasses.Field, value, listed: bool) -> str | None:
+    choices = f.metadata["choices"]
+    if choices is not None and value is not None:
+        items = value if listed else (value,)
+        bad = [v for v in items if v not in choices]
+        if bad or (listed and not items):
+            what = f.metadata.get("item") or f.name.replace("_", " ").rstrip("s")
+            got = repr(bad[0]) if bad else "(none)"
+            return (f"{{name}}: unknown {what} {got}; use some of {', '.join(map(str, choices))}" if listed else
+                    f"{{name}} {value!r} is not one of {', '.join(map(str, choices))}")
+    check = f.metadata["check"]
+    return check(value) if check else None
+
+
+def recorded(obj, used: set[str]) -> dict:
+    """The recorded parameters of a settings dataclass (lists as lists); `used`: the settings the
+    run's sweep kinds read (for `if_used`)."""
+    out = {}
+    for f in settings_fields(type(obj)):
+        value, rule = getattr(obj, f.name), f.metadata["record"]
+        if rule == "never" or (rule == "if_used" and f.name not in used) or \
+                (rule == "if_changed" and value == f.default):
+            continue
+        out[f.name] = list(value) if isinstance(value, tuple) else value
+    return out
