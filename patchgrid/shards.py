@@ -5,6 +5,7 @@ from pathlib import Path
 
 from .cache import ActivationCache
 from .effects import write_effects
+from .fingerprint import fingerprint
 from .progress import Progress
 from .rows import BASELINE
 from .spec import ShardSpec
@@ -14,10 +15,16 @@ from .sweeps import SweepConfig, run_sweeps
 
 def split(pairs, size: int, cache_folder: str, sweeps: SweepConfig, noise_std: float, out_dir: Path, *,
           first: int = 0, name: str = "shard", writes_baselines: bool = True) -> list[ShardSpec]:
-    """Shards of `size` pairs, numbered from `first`, written as out_dir/<name>-<index>.parquet."""
-    return [ShardSpec(first + k, tuple(pairs[start:start + size]), cache_folder, sweeps, noise_std,
-                      str(out_dir / f"{name}-{first + k:05d}.parquet"), writes_baselines)
-            for k, start in enumerate(range(0, len(pairs), size))]
+    """Shards of `size` pairs, numbered from `first`, written as out_dir/<name>-<index>-<inputs>.parquet:
+    <inputs> is a fingerprint of what the shard computes (its pairs, cache and sweep settings), so
+    that a rerun whose shards hold other pairs (another shard size) never takes an earlier file."""
+    shards = []
+    for k, start in enumerate(range(0, len(pairs), size)):
+        chunk = tuple(pairs[start:start + size])
+        inputs = fingerprint(list(chunk), cache_folder, sweeps, noise_std, writes_baselines)[:10]
+        shards.append(ShardSpec(first + k, chunk, cache_folder, sweeps, noise_std,
+                                str(out_dir / f"{name}-{first + k:05d}-{inputs}.parquet"), writes_baselines))
+    return shards
 
 
 def compute_shard(engine, shard: ShardSpec, progress: Progress | None = None) -> int:
