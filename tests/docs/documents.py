@@ -1,0 +1,11 @@
+"""The documents the docs tests read: README.md, CONTRIBUTING.md and every page of docs/."""
+from __future__ import annotations
+
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def name(path: Path) -> str:
+    return path.relative_to(ROOT).as_posix()

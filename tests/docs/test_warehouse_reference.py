@@ -1,0 +1,33 @@
+"""docs/warehouse.md's "Every column" lists every view of a fresh warehouse with exactly its columns,
+in order; and every view is described in the page's text too."""
+from __future__ import annotations
+
+import re
+
+from patchgrid.warehouse.loader import ensure, query
+from tests.docs.documents import ROOT
+
+PAGE = ROOT / "docs" / "warehouse.md"
+
+
+def listed() -> dict[str, list[str]]:
+    """The page's column list: `- `view`: `col`, `col`, ...` lines under "## Every column"."""
+    text = PAGE.read_text().split("\n## Every column\n", 1)[1].split("\n## ", 1)[0]
+    views = {}
+    for m in re.finditer(r"^- `(\w+)`: (.+)$", text, re.MULTILINE):
+        views[m.group(1)] = re.findall(r"`(\w+)`", m.group(2))
+    return views
+
+
+def test_every_view_and_column_is_listed(tmp_path):
+    path = tmp_path / "warehouse.duckdb"
+    ensure(path)
+    _, rows = query(path, "SELECT table_name FROM information_schema.tables ORDER BY table_name")
+    actual = {v: [c[0] for c in query(path, f'DESCRIBE "{v}"')[1]] for (v,) in rows}
+    assert listed() == actual
+
+
+def test_every_view_is_described():
+    body = PAGE.read_text().split("\n## Every column\n", 1)[0]
+    missing = [v for v in listed() if v != "published" and f"`{v}`" not in body]
+    assert not missing, f"views in the column list that the page does not describe: {missing}"
