@@ -140,118 +140,26 @@ class HFEngine:
     @torch.no_grad()
     def _forward(self, batch, sources) -> list[dict]:
         """One batch of forwards of equal length: each one's part of its request's Result."""
-        fam, m = self.shape.family, self.model
-        captures = [dict() for _ in batch]
-        # site key -> [(row, positions, value)] and head key -> [(row, positions, head, value)]
-        writes, noise = defaultdict(list), []
-        for b, (r, f) in enumerate(batch):
-            n = len(r.tokens)  # patches and noise address the prompt (a whole patch: the forward's every row)
-            for p in r.patches:
-                pos, rows = patch_rows(p, n, len(f.tokens), f.branch)
-                val = sources[p.source][p.key][rows].to(self.device, self.dtype)
-                if p.unit is not None:
-                    uw = self.shape.unit_width(p.site)
-                    val = val[:, p.unit * uw:(p.unit + 1) * uw]
-                writes[p.key].append((b, pos, p.unit, val))
-            for z in r.noise:
-                noise.append((b, list(z.positions), gaussian_noise(z, self.shape.d_model).to(self.device, self.dtype)))
-
-        def write(key, t):  # t: [batch, tokens, width]
-            for b, pos, unit, val in writes.get(key, ()):
-                if unit is None:
-                    t[b, pos] = val
-                else:  # a head's head_dim columns, or a neuron's one
-                    t.view(t.shape[0], t.shape[1], -1, val.shape[1])[b, pos, unit] = val
-
-        def capture(key, t):
-            for b, (r, _) in enumerate(batch):
-                if key in r.capture:
-                    captures[b][key] = t[b].detach().to("cpu", copy=True)
-
-        def on_embed(module, args, out):
-            write("embed", out)
-            for b, pos, val in noise:
-                out[b, pos] = out[b, pos] + val
-            capture("embed", out)
-            return out
-
-        def on_output(key):
-            def hook(module, args, out):
-                t = out[0] if isinstance(out, tuple) else out
-                write(key, t)
-                capture(key, t)
-            return hook
-
-        def on_input(key):
-            def hook(module, args):
-                write(key, args[0])
-                capture(key, args[0])
-            return hook
-
-        def on_attention(layer):
-            keys = {site: f"{site}.{layer}" for site in QKV}
-
-            def hook(query, key, value, scaling, window, softcap):  # [batch, heads, tokens, head_dim]
-                out = []
-                for site, t in zip(QKV, (query, key, value)):
-                    k = keys[site]
-                    if k in writes:
-                        t = t.clone()
-                        write(k, t.transpose(1, 2))
-                    capture(k, t.transpose(1, 2).flatten(2))
-                    out.append(t)
-                pattern = f"pattern.{layer}"
-                if any(pattern in r.capture for r, _ in batch):
-                    w = causal_pattern(out[0], out[1], scaling, window, softcap)  # [batch, heads, q, k]
-                    capture(pattern, w.transpose(1, 2).flatten(2).to(self.dtype))
-                return tuple(out)
-            return hook
-
-        keys = set(writes) | {k for r, _ in batch for k in r.capture}
-        # the embedding's hook also adds noise, so it is installed whatever the keys
-        handles = [get_module(m, fam.embed).register_forward_hook(on_embed)]
-        attention = set()  # the layers whose q, k, v or pattern are read or written
-        for key in keys - {"embed"}:
-            site, layer = parse_key(key)
-            module = site_module(m, fam, site, layer)
-            if SITES[site].at == "attention":
-                attention.add(layer)
-            elif SITES[site].at == "input":
-                handles.append(module.register_forward_pre_hook(on_input(key)))
-            else:
-                handles.append(module.register_forward_hook(on_output(key)))
-        attention_modules = [site_module(m, fam, "q", layer) for layer in attention]
-        for layer, module in zip(attention, attention_modules):
-            setattr(module, HOOK, on_attention(layer))
+        hooks = _BatchHooks(batch, sources, self.shape, self.device, self.dtype)
         n_prompt = [len(r.tokens) for r, _ in batch]
         length = len(batch[0][1].tokens)
+        hooks.install(self.model)
         try:
             ids = torch.tensor([list(f.tokens) for _, f in batch], dtype=torch.long, device=self.device)
             # every position from the earliest last prompt token on
             keep = length - min(n_prompt) + 1
-            logits = m(input_ids=ids, logits_to_keep=keep).logits[..., : self.shape.vocab_size].float().cpu()
+            logits = self.model(input_ids=ids, logits_to_keep=keep).logits[..., : self.shape.vocab_size].float().cpu()
         finally:
-            for h in handles:
-                h.remove()
-            for module in attention_modules:
-                setattr(module, HOOK, None)
+            hooks.remove()
         out = []
         for b, (r, f) in enumerate(batch):
             n = n_prompt[b]
             rows = logits[b, keep - (length - n + 1):]  # positions n - 1 .. length - 1
             logprobs = torch.log_softmax(rows, dim=-1)
-            part = {"captures": captures[b],
+            part = {"captures": hooks.captures[b],
                     "scores": {j: [float(logprobs[k, t]) for k, t in enumerate(r.continuations[j])] for j in f.scores}}
             if f.first:
-                lg = rows[0]
-                part.update(answer_logits=lg[list(r.answers)].clone(), logsumexp=float(torch.logsumexp(lg, 0)),
-                            answer_ranks=answer_ranks(lg, list(r.answers)).tolist() if r.answers else [], top_ids=[], top_logits=[],
-                            kl=None if r.reference is None else float(kl_divergence(sources[r.reference][LOGPROBS],
-                                                                                     logprobs[0])),
-                            logprobs=logprobs[0].clone() if r.logprobs else None)
-                if r.top_k:
-                    vals, ids_ = torch.topk(lg, min(r.top_k, lg.shape[0]))
-                    part["top_ids"], part["top_logits"] = ids_.tolist(), vals.tolist()
+                part.update(_first_readout(r, rows[0], logprobs[0], sources))
             out.append(part)
         return out
 
@@ -261,3 +169,115 @@ class HFEngine:
 
     def close(self):
         self.model = None
+
+
+def _first_readout(r, lg, logprobs, sources) -> dict:
+    """A request's readout at its last prompt position, from its logits `lg` there."""
+    part = dict(answer_logits=lg[list(r.answers)].clone(), logsumexp=float(torch.logsumexp(lg, 0)),
+                answer_ranks=answer_ranks(lg, list(r.answers)).tolist() if r.answers else [], top_ids=[],
+                top_logits=[],
+                kl=None if r.reference is None else float(kl_divergence(sources[r.reference][LOGPROBS], logprobs)),
+                logprobs=logprobs.clone() if r.logprobs else None)
+    if r.top_k:
+        vals, ids_ = torch.topk(lg, min(r.top_k, lg.shape[0]))
+        part["top_ids"], part["top_logits"] = ids_.tolist(), vals.tolist()
+    return part
+
+
+class _BatchHooks:
+    """The hooks of one batch's forward: each request's patches and noise written with plain
+    indexing, its captures copied to the CPU."""
+
+    def __init__(self, batch, sources, shape, device, dtype):
+        self.batch, self.shape, self.dtype = batch, shape, dtype
+        self.captures = [dict() for _ in batch]
+        # site key -> [(row, positions, unit, value)]; noise: [(row, positions, value)]
+        self.writes, self.noise = defaultdict(list), []
+        for b, (r, f) in enumerate(batch):
+            n = len(r.tokens)  # patches and noise address the prompt (a whole patch: the forward's every row)
+            for p in r.patches:
+                pos, rows = patch_rows(p, n, len(f.tokens), f.branch)
+                val = sources[p.source][p.key][rows].to(device, dtype)
+                if p.unit is not None:
+                    uw = shape.unit_width(p.site)
+                    val = val[:, p.unit * uw:(p.unit + 1) * uw]
+                self.writes[p.key].append((b, pos, p.unit, val))
+            for z in r.noise:
+                self.noise.append((b, list(z.positions), gaussian_noise(z, shape.d_model).to(device, dtype)))
+        self.handles, self.attention_modules = [], []
+
+    def install(self, m) -> None:
+        fam = self.shape.family
+        keys = set(self.writes) | {k for r, _ in self.batch for k in r.capture}
+        # the embedding's hook also adds noise, so it is installed whatever the keys
+        self.handles.append(get_module(m, fam.embed).register_forward_hook(self.on_embed))
+        attention = set()  # the layers whose q, k, v or pattern are read or written
+        for key in keys - {"embed"}:
+            site, layer = parse_key(key)
+            module = site_module(m, fam, site, layer)
+            if SITES[site].at == "attention":
+                attention.add(layer)
+            elif SITES[site].at == "input":
+                self.handles.append(module.register_forward_pre_hook(self.on_input(key)))
+            else:
+                self.handles.append(module.register_forward_hook(self.on_output(key)))
+        self.attention_modules = [site_module(m, fam, "q", layer) for layer in attention]
+        for layer, module in zip(attention, self.attention_modules):
+            setattr(module, HOOK, self.on_attention(layer))
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+        for module in self.attention_modules:
+            setattr(module, HOOK, None)
+
+    def write(self, key, t):  # t: [batch, tokens, width]
+        for b, pos, unit, val in self.writes.get(key, ()):
+            if unit is None:
+                t[b, pos] = val
+            else:  # a head's head_dim columns, or a neuron's one
+                t.view(t.shape[0], t.shape[1], -1, val.shape[1])[b, pos, unit] = val
+
+    def capture(self, key, t):
+        for b, (r, _) in enumerate(self.batch):
+            if key in r.capture:
+                self.captures[b][key] = t[b].detach().to("cpu", copy=True)
+
+    def on_embed(self, module, args, out):
+        self.write("embed", out)
+        for b, pos, val in self.noise:
+            out[b, pos] = out[b, pos] + val
+        self.capture("embed", out)
+        return out
+
+    def on_output(self, key):
+        def hook(module, args, out):
+            t = out[0] if isinstance(out, tuple) else out
+            self.write(key, t)
+            self.capture(key, t)
+        return hook
+
+    def on_input(self, key):
+        def hook(module, args):
+            self.write(key, args[0])
+            self.capture(key, args[0])
+        return hook
+
+    def on_attention(self, layer):
+        keys = {site: f"{site}.{layer}" for site in QKV}
+
+        def hook(query, key, value, scaling, window, softcap):  # [batch, heads, tokens, head_dim]
+            out = []
+            for site, t in zip(QKV, (query, key, value)):
+                k = keys[site]
+                if k in self.writes:
+                    t = t.clone()
+                    self.write(k, t.transpose(1, 2))
+                self.capture(k, t.transpose(1, 2).flatten(2))
+                out.append(t)
+            pattern = f"pattern.{layer}"
+            if any(pattern in r.capture for r, _ in self.batch):
+                w = causal_pattern(out[0], out[1], scaling, window, softcap)  # [batch, heads, q, k]
+                self.capture(pattern, w.transpose(1, 2).flatten(2).to(self.dtype))
+            return tuple(out)
+        return hook
