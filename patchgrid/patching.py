@@ -94,7 +94,8 @@ def sweep_pair(engine, tokens: PairTokens, site: str, positions: list[int] | Non
         "baseline": {"metric": metric, "clean": base[f"clean_{metric}"], "corrupt": base[f"corrupt_{metric}"],
                      "runs": {run: {m: base[f"{run}_{m}"] for m in METRICS} for run in ("clean", "corrupt")}},
         "effects": [{"site": r["site"], "layer": r["layer"], "position": r["position"], "head": r["head"],
-                     "neuron": r["neuron"], **{m: r[f"patched_{m}"] for m in METRICS}, "recovery": r["recovery"]} for r in rows],
+                     "neuron": r["neuron"], **{m: r[f"patched_{m}"] for m in METRICS}, "recovery": r["recovery"]}
+                    for r in rows],
     }
 
 

@@ -11,7 +11,6 @@ unknown sweep, site or status never reaches a file.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -30,9 +29,13 @@ STATUSES = ("accepted", "rejected")
 # Why a record was rejected: read errors, alignment, pairing and the model's knowledge.
 REASONS = (
     "missing_field", "bad_field", "empty_subject", "empty_answer", "subject_not_in_prompt", "duplicate_id",
-    "subject_not_found", "answer_multi_token", "answer_too_long", "answer_tokenization", "too_long", "length_mismatch", "differs_outside_subject",
+    "subject_not_found", "answer_multi_token", "answer_too_long", "answer_tokenization", "too_long", "length_mismatch",
+    "differs_outside_subject",
     "identical_prompts", "same_answer", "no_partner", "not_known_clean", "not_known_corrupt",
 )
+# The sweep kinds (patchgrid.sweeps.registry registers a kind by each name, in this order)
+SWEEP_NAMES = ("resid", "resid_pre", "resid_mid", "attn_out", "mlp_out", "embed", "heads", "neurons", "qkv", "trace",
+               "atp", "paths")
 DIRECTIONS = ("denoise", "noise")  # clean into corrupt | corrupt into clean
 VERIFY = ("top", "random")  # why an atp row's site was patched exactly
 POSITION_ROLES = ROLES + ("all",)  # `all`: a patch over every position at once
@@ -47,9 +50,7 @@ class RowError(ValueError):
 class RowShape:
     name: str
     schema: pa.Schema
-    # column -> its allowed values, or a function giving them (for sets defined by a registry
-    # that imports this module)
-    closed: dict[str, tuple[str, ...] | Callable[[], tuple[str, ...]]] = field(default_factory=dict)
+    closed: dict[str, tuple[str, ...]] = field(default_factory=dict)  # column -> its allowed values
 
     @property
     def columns(self) -> list[str]:
@@ -69,7 +70,6 @@ class RowShape:
         """Refuse a value outside its closed set in any of `columns` (default: all closed ones)."""
         for column in self.closed if columns is None else columns:
             allowed = self.closed[column]
-            allowed = allowed() if callable(allowed) else allowed
             values = table.column(column)
             ok = pc.or_(pc.is_in(values, pa.array(allowed, pa.string())), pc.is_null(values))
             bad = pc.filter(values, pc.invert(ok))
@@ -80,12 +80,6 @@ class RowShape:
         """The same shape restricted to `columns`, in that order."""
         return RowShape(name, pa.schema([self.schema.field(c) for c in columns]),
                         {c: v for c, v in self.closed.items() if c in columns})
-
-
-def _sweep_names() -> tuple[str, ...]:
-    from .sweeps.kinds import SWEEP_KINDS  # the registry imports this module
-
-    return tuple(SWEEP_KINDS)
 
 
 def _metric_columns(prefixes) -> list[tuple[str, pa.DataType]]:
@@ -125,7 +119,7 @@ EFFECT = RowShape("effect", pa.schema([
     ("verify", pa.string()),
     # every metric of the patched run and the pair's baselines (trace: corrupt is the noised run's)
     *_metric_columns(("patched", "clean", "corrupt")),
-]), {"sweep": _sweep_names, "site": SITE_KINDS, "direction": DIRECTIONS,
+]), {"sweep": SWEEP_NAMES, "site": SITE_KINDS, "direction": DIRECTIONS,
      "metric": tuple(METRICS), "position_role": POSITION_ROLES, "verify": VERIFY})
 
 PAIR = RowShape("pair", pa.schema([

@@ -8,7 +8,7 @@ from patchgrid.effects import to_table as effects_table
 from patchgrid.effects import write_effects
 from patchgrid.metrics import METRICS
 from patchgrid.pairs import to_table as pairs_table
-from patchgrid.rows import EFFECT, PAIR, WAREHOUSE_TABLES, RowError, warehouse_columns
+from patchgrid.rows import EFFECT, PAIR, SWEEP_NAMES, WAREHOUSE_TABLES, RowError, warehouse_columns
 from patchgrid.sites import SITE_KINDS
 from patchgrid.sweeps import SWEEP_KINDS
 from patchgrid.warehouse.loader import connect, ensure, load_run, start_run
@@ -38,7 +38,7 @@ def effect(**change):
 
 
 def test_closed_sets_are_the_registries():
-    assert EFFECT.closed["sweep"]() == tuple(SWEEP_KINDS)
+    assert EFFECT.closed["sweep"] == SWEEP_NAMES == tuple(SWEEP_KINDS)  # every kind registered, in order
     assert EFFECT.closed["site"] == SITE_KINDS
     assert EFFECT.closed["metric"] == tuple(METRICS)
 

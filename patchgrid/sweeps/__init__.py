@@ -1,16 +1,28 @@
 """Sweeps over many pairs, read from the activation cache, batched across pairs.
 
-    kinds.py   each sweep kind's grid of patched runs, its requests and its effect rows
-    config.py  the settings of a sweep run
-    run.py     running them: cells -> batched engine calls -> effect rows
-    noise.py   the noise causal tracing adds, measured over a data set's subjects
+    base.py         what a sweep kind is: Cell, SweepContext, SweepRun (what its phases work with), SweepKind
+    registry.py     SWEEP_KINDS: every kind, registered once; what the kinds of a run declare together
+    position.py     PositionSweep: one site at one (layer, position) per run (resid, attn_out, mlp_out, ...)
+    units.py        UnitSweep: one head, neuron or q/k/v slice per run (heads, neurons, qkv)
+    trace.py        TraceSweep: causal tracing
+    atp.py          AtpSweep: attribution patching, verified by exact patching
+    paths.py        PathSweep: path patching
+    populations.py  what a study runs a kind on (accepted pairs, or the facts the model knows alone)
+    config.py       the settings of a sweep run
+    run.py          running them: phases, cells -> batched engine calls -> effect rows
+    noise.py        the noise causal tracing adds, measured over a data set's subjects
 """
+from ..plan import trace_seed
+from .base import Cell, SweepContext, SweepKind, SweepRun
 from .config import DEFAULT_SWEEPS, HEAD_POSITION_ROLES, SWEEPS, TRACE_NOISE_SCALE, TRACE_SITES, SweepConfig
-from .kinds import SWEEP_KINDS, Cell, SweepContext, SweepKind, kind_for_site, settings_of, trace_seed, trace_window
 from .noise import TraceNoise, subject_noise
-from .run import cache_spec, check_family, count_runs, patched_runs, run_sweeps, trace_noise_std
+from .populations import POPULATIONS, Population
+from .registry import SWEEP_KINDS, aligning_asks_model, by_population, kind_for_site, noised, settings_of
+from .run import cache_spec, check_family, count_runs, patched_runs, run_sweeps
+from .trace import trace_noise_std, trace_window
 
-__all__ = ["DEFAULT_SWEEPS", "HEAD_POSITION_ROLES", "SWEEPS", "SWEEP_KINDS", "TRACE_NOISE_SCALE", "TRACE_SITES", "Cell", "check_family",
-           "SweepConfig", "SweepContext", "SweepKind", "TraceNoise", "subject_noise", "cache_spec", "count_runs", "kind_for_site", "patched_runs",
-           "run_sweeps", "settings_of",
-           "trace_noise_std", "trace_seed", "trace_window"]
+__all__ = ["DEFAULT_SWEEPS", "HEAD_POSITION_ROLES", "POPULATIONS", "SWEEPS", "SWEEP_KINDS", "TRACE_NOISE_SCALE",
+           "TRACE_SITES", "Cell", "Population", "SweepConfig", "SweepContext", "SweepKind", "SweepRun", "TraceNoise",
+           "aligning_asks_model", "by_population", "cache_spec", "check_family", "count_runs", "kind_for_site",
+           "noised", "patched_runs", "run_sweeps", "settings_of", "subject_noise", "trace_noise_std", "trace_seed",
+           "trace_window"]

@@ -31,9 +31,10 @@ from __future__ import annotations
 import dataclasses
 
 from ..cache import CacheSpec, layer_keys, stream_keys
+from ..metrics import Reading
 from ..plan import Patch, Request
 from ..sites import LOGITS, QKV, parse_unit_name, site_key, unit_name
-from .kinds import Cell, SweepKind, _scored, unit_positions
+from .base import Cell, SweepKind, as_run, scored, unit_positions
 
 SENDER_SITES = ("head", "attn_out", "mlp_out")
 SENDER_KINDS = {"heads": "head", "attn_out": "attn_out", "mlp_out": "mlp_out"}  # every one of a site
@@ -116,7 +117,6 @@ class PathSweep(SweepKind):
                 for pos in unit_positions(pair, ctx.config) for site, layer, head in self.senders(ctx)
                 for r in self.receivers(layer, ctx)]
 
-
     def needs(self, ctx):
         n = ctx.n_layers
         sites = {SENDER_KINDS[s] if s in SENDER_KINDS else parse_unit_name(s)[0] for s in ctx.config.path_senders}
@@ -126,6 +126,26 @@ class PathSweep(SweepKind):
         return CacheSpec(clean, ("clean",), (("corrupt", frozen + streams),))
 
     # ---- pass 1: the sender patched, everything after it frozen ----
+    def prepare(self, ctx, run):
+        """The first pass: per pair, sender and position, the sender patched and what follows it
+        frozen; its readings and captures go into the context."""
+        first, derived, runs = {p.pair_id: {} for p in run.pairs}, {}, []
+        for i, p in enumerate(run.pairs):
+            change = self.first_change(p)
+            for cell in self.first_cells(p, ctx):
+                if ctx.config.start_midstack and self.unchanged(cell, change):
+                    continue  # every path of it equals the corrupt run: its cells are unchanged too
+                req = self.first_request(p, cell, ctx, f"{i}:clean", f"{i}:corrupt")
+                runs.append((i, self, cell, as_run(req, cell, i, ctx)))
+
+        def read(r, res):
+            i, _, cell, _ = r
+            first[run.pairs[i].pair_id][cell] = Reading.of(res)
+            derived[(run.pairs[i].pair_id, self.first_run(cell))] = res.captures
+
+        run.run(runs, read, ctx)
+        return ctx.with_prepared(self.name, first, derived)
+
     def first_cells(self, pair, ctx) -> list[Cell]:
         """One first-pass run per (sender, position) with any receiver (its reading is the
         sender -> logits path)."""
@@ -143,7 +163,7 @@ class PathSweep(SweepKind):
             first_mlp = layer + 1 if site == "mlp_out" else layer
             patches += [Patch("mlp_out", L, corrupt, whole=True) for L in range(first_mlp, n)]
         capture = sorted({site_key(*parse_unit_name(r)[:2]) for r in self.receivers(layer, ctx) if r != LOGITS})
-        return Request(tokens=pair.corrupt_ids, patches=tuple(patches), capture=tuple(capture), **_scored(pair))
+        return Request(tokens=pair.corrupt_ids, patches=tuple(patches), capture=tuple(capture), **scored(pair))
 
     @staticmethod
     def first_run(cell: Cell) -> str:
@@ -155,18 +175,18 @@ class PathSweep(SweepKind):
     def source_run(self, cell: Cell) -> str:
         return cell.source if cell.receiver == LOGITS else self.first_run(cell)
 
-    def known(self, cell: Cell, ctx, pair):
+    def reading_without_run(self, cell: Cell, ctx, pair):
         """A sender -> logits cell's reading is its first pass's."""
         if cell.receiver == LOGITS:
-            return ctx.first_pass[pair.pair_id][dataclasses.replace(cell, receiver=None)]
+            return ctx.prepared_by(self.name)[pair.pair_id][dataclasses.replace(cell, receiver=None)]
         return None
 
     def request(self, pair, cell, ctx, source):
-        if cell.receiver == LOGITS:  # the first pass (known() holds its reading)
+        if cell.receiver == LOGITS:  # the first pass (reading_without_run() has its reading)
             pair_index = source.partition(":")[0]  # sources are named `{pair index}:{run}` (sweeps.run)
             return self.first_request(pair, dataclasses.replace(cell, receiver=None), ctx, source,
                                       f"{pair_index}:corrupt")
         site, layer, unit = parse_unit_name(cell.receiver)
         positions = None if cell.position is None else (cell.position,)
-        return Request(tokens=pair.corrupt_ids, patches=(Patch(site, layer, source, positions, unit),), **_scored(pair))
+        return Request(tokens=pair.corrupt_ids, patches=(Patch(site, layer, source, positions, unit),), **scored(pair))
 

@@ -1,19 +1,18 @@
 """Running sweeps over many pairs: every kind's cells become requests, grouped by the layer they
 start at (plan.Start) and batched across pairs into engine calls of at most `max_requests`,
-patched from the activation store."""
+patched from the activation store. The runner calls every kind's phases (sweeps.base) in the
+run's order and names no kind."""
 from __future__ import annotations
 
-import dataclasses
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 
-import torch
-
 from ..cache import CacheError, CacheSpec
 from ..metrics import Reading
-from ..plan import LOGPROBS, Request, Start, latest_start
+from ..plan import LOGPROBS, Request
+from .base import Cell, SweepContext, SweepKind, SweepRun, as_run, baselines
 from .config import SweepConfig
-from .kinds import SWEEP_KINDS, Cell, SweepContext, SweepKind, kind_sites
+from .registry import SWEEP_KINDS
 
 Progress = Callable[[int, int], None]  # (patched runs done, total)
 
@@ -32,8 +31,7 @@ def check_family(config: SweepConfig, family) -> None:
     """Refuse, before anything runs, a sweep of a site the model's family does not have
     (sites.Family.missing: resid_mid in a parallel block, neurons in a mixture of experts)."""
     for name in config.sweeps:
-        kinds = config.atp_kinds if name == "atp" else (name,)
-        for site in (site for kind in kinds for site in kind_sites(SWEEP_KINDS[kind])):
+        for site in SWEEP_KINDS[name].family_sites(config):
             why = family.missing(site)
             if why:
                 raise ValueError(f"sweep {name}: site {site}: {why}")
@@ -53,17 +51,40 @@ def patched_runs(pairs, ctx: SweepContext) -> Iterator[tuple[int, SweepKind, Cel
         for name in ctx.config.sweeps:
             kind = SWEEP_KINDS[name]
             for cell in kind.cells(p, ctx):
-                req = kind.request(p, cell, ctx, f"{i}:{kind.source_run(cell)}")
-                layer = latest_start(req.patches, ctx.n_layers) if ctx.config.start_midstack else 0
-                start = Start(layer, f"{i}:{cell.stream}") if layer > 0 else None
-                yield i, kind, cell, dataclasses.replace(req, start=start, reference=f"{i}:clean")
+                yield i, kind, cell, as_run(kind.request(p, cell, ctx, f"{i}:{kind.source_run(cell)}"), cell, i, ctx)
 
 
-def trace_noise_std(store, pairs, scale: float) -> float:
-    """scale x the std of the subject tokens' embeddings over `pairs`."""
-    rows = [store.captures(p.pair_id, "clean", ["embed"])["embed"][p.subject_start:p.subject_end].float()
-            for p in pairs]
-    return scale * float(torch.cat(rows).std())
+class _Calls:
+    """Engine calls over runs [(pair index, kind, cell, request)], the progress counted in cells."""
+
+    def __init__(self, engine, pairs, store, max_requests: int, progress: Progress | None, total: int):
+        self.engine, self.pairs, self.store, self.max_requests = engine, pairs, store, max_requests
+        self.progress, self.total, self.done = progress, total, 0
+
+    def counted(self, n: int, report: bool = True) -> None:
+        self.done += n
+        if report and self.progress:
+            self.progress(self.done, self.total)
+
+    def run(self, runs, read, ctx: SweepContext, counted: bool = True) -> None:
+        """Each result handed to `read`. `counted`: runs that are cells of the grid (a phase's are
+        not). Sorted by the layer they start at, so that an engine call holds few start layers (a
+        call computes from one layer up; plan.Start); a shard's requests are small, its results are not."""
+        runs = sorted(runs, key=lambda run: run[-1].start.layer if run[-1].start else 0)
+        for k in range(0, len(runs), self.max_requests):
+            buffer = runs[k:k + self.max_requests]
+            sources = {}
+            for *_, req in buffer:
+                names = {p.source for p in req.patches} | {req.reference} | ({req.start.source} if req.start else set())
+                for name in names - set(sources):
+                    sources[name] = _source(self.store, ctx, self.pairs, name)
+            for run, res in zip(buffer, self.engine.run([req for *_, req in buffer], sources)):
+                read(run, res)
+            if counted:
+                self.counted(len(buffer))
+
+    def uncounted(self, runs, read, ctx: SweepContext) -> None:
+        self.run(runs, read, ctx, counted=False)
 
 
 def run_sweeps(engine, pairs, store, config: SweepConfig, progress: Progress | None = None,
@@ -77,85 +98,61 @@ def run_sweeps(engine, pairs, store, config: SweepConfig, progress: Progress | N
     on the engine's model, in float32.
     """
     shape = engine.shape
-    std = 0.0
-    if "trace" in config.sweeps:
-        if noise_std is not None:
-            std = noise_std
-        elif store.spec.noised():  # the noise the cached noised runs were drawn with
-            std = store.spec.noise[0]
-        else:
-            std = trace_noise_std(store, pairs, config.trace_noise_scale)
-    need = cache_spec(config, shape.n_layers, std)
+    kinds = [SWEEP_KINDS[name] for name in config.sweeps]
+    total = count_runs(pairs, config, shape.n_layers, shape.n_heads, shape.d_mlp, shape.kv_heads)
+    calls = _Calls(engine, pairs, store, config.max_requests, progress, total)
+    phase = SweepRun(engine, pairs, store, noise_std, attributor, calls.uncounted)
+    ctx = SweepContext(config, shape.n_layers, shape.n_heads, 0.0, shape.d_mlp, shape.kv_heads)
+    for kind in kinds:
+        ctx = kind.settle(ctx, phase)
+    need = cache_spec(config, shape.n_layers, ctx.noise_std)
     if not need.covered_by(store.spec):
         raise CacheError(f"the activation store holds {_described(store.spec)}; these sweeps need "
                          f"{_described(need)}: build it with cache_spec() of the same sweep settings")
-    ctx = SweepContext(config, shape.n_layers, shape.n_heads, std, shape.d_mlp, shape.kv_heads)
-    if "atp" in config.sweeps:
-        from ..attribution import attributor_for
-
-        estimates = SWEEP_KINDS["atp"].estimates(attributor or attributor_for(engine), pairs, ctx)
-        ctx = dataclasses.replace(ctx, estimates=estimates)
-    total = count_runs(pairs, config, shape.n_layers, shape.n_heads, shape.d_mlp, shape.kv_heads)
+    for kind in kinds:
+        ctx = kind.prepare(ctx, phase)
     readings: dict[tuple[int, str], list] = defaultdict(list)
-    done = 0
+    runs, unchanged = _sorted_cells(pairs, ctx, readings)
+    calls.counted(sum(len(got) for got in readings.values()), report=False)  # read by a phase
+    calls.run(runs, lambda run, res: readings[(run[0], run[1].name)].append((run[2], Reading.of(res))), ctx)
+    if unchanged:
+        _fill_unchanged(unchanged, readings, pairs, store)
+        calls.counted(len(unchanged))
+    return _rows(pairs, ctx, kinds, readings, store)
 
-    def run_all(runs, read, counted=True):
-        """Engine calls over `runs` [(pair index, kind, cell, request)], each result handed to `read`.
-        `counted`: runs that are cells of the grid (progress counts cells; a first pass is not one).
-        Sorted by the layer they start at, so that an engine call holds few start layers (a call
-        computes from one layer up; plan.Start); a shard's requests are small, its results are not."""
-        nonlocal done
-        runs = sorted(runs, key=lambda run: run[-1].start.layer if run[-1].start else 0)
-        for k in range(0, len(runs), config.max_requests):
-            buffer = runs[k:k + config.max_requests]
-            sources = {}
-            for *_, req in buffer:
-                names = {p.source for p in req.patches} | {req.reference} | ({req.start.source} if req.start else set())
-                for name in names - set(sources):
-                    sources[name] = _source(store, ctx, pairs, name)
-            for run, res in zip(buffer, engine.run([req for *_, req in buffer], sources)):
-                read(run, res)
-            if counted:
-                done += len(buffer)
-                if progress:
-                    progress(done, total)
 
-    if "paths" in config.sweeps:
-        ctx = _first_pass(SWEEP_KINDS["paths"], pairs, ctx, run_all)
-
+def _sorted_cells(pairs, ctx: SweepContext, readings) -> tuple[list, list]:
+    """The grid's runs: those to run, and those that change nothing (config.start_midstack); the
+    readings a phase already has go into `readings`."""
     runs, unchanged = [], []
     first_change = {}  # (pair index, kind) -> the pair's first position where the kind's runs differ
     for run in patched_runs(pairs, ctx):
         i, kind, cell, _ = run
         if (i, kind.name) not in first_change:
             first_change[i, kind.name] = kind.first_change(pairs[i])
-        if config.start_midstack and kind.unchanged(cell, first_change[i, kind.name]):
+        if ctx.config.start_midstack and kind.unchanged(cell, first_change[i, kind.name]):
             unchanged.append(run)
-        elif (got := kind.known(cell, ctx, pairs[i])) is not None:  # read by a first pass
+        elif (got := kind.reading_without_run(cell, ctx, pairs[i])) is not None:
             readings[(i, kind.name)].append((cell, got))
-            done += 1
         else:
             runs.append(run)
-    run_all(runs, lambda run, res: readings[(run[0], run[1].name)].append((run[2], Reading.of(res))))
-    if unchanged:
-        _fill_unchanged(unchanged, readings, pairs, store)
-        done += len(unchanged)
-        if progress:
-            progress(done, total)
+    return runs, unchanged
+
+
+def _rows(pairs, ctx: SweepContext, kinds, readings, store) -> list[dict]:
     rows: list[dict] = []
     for i, p in enumerate(pairs):
-        for name in config.sweeps:
-            kind = SWEEP_KINDS[name]
+        for kind in kinds:
             # cells arrive grouped by start layer: back in grid order, so that averages add up alike
             order = {cell: k for k, cell in enumerate(kind.cells(p, ctx))}
-            got = sorted(readings[(i, name)], key=lambda cr, order=order: order[cr[0]])
+            got = sorted(readings[(i, kind.name)], key=lambda cr, order=order: order[cr[0]])
             rows += kind.rows(p, got, store.baselines[p.pair_id], ctx)
     return rows
 
 
 def _source(store, ctx: SweepContext, pairs, name: str) -> dict:
     """The activations a request names `{pair index}:{run}`: a cached run's (the clean run's with
-    its log-probabilities, which KL divergences are measured from), or a first pass's (ctx.derived)."""
+    its log-probabilities, which KL divergences are measured from), or a phase's (ctx.derived)."""
     i, _, run = name.partition(":")
     pair_id = pairs[int(i)].pair_id
     if ctx.derived and (pair_id, run) in ctx.derived:
@@ -166,33 +163,8 @@ def _source(store, ctx: SweepContext, pairs, name: str) -> dict:
     return caps
 
 
-def _first_pass(kind, pairs, ctx: SweepContext, run_all) -> SweepContext:
-    """Path patching's first pass (sweeps.paths): per pair, sender and position, the sender patched
-    and what follows it frozen; its readings and captures go into the context."""
-    first, derived, runs = {p.pair_id: {} for p in pairs}, {}, []
-    for i, p in enumerate(pairs):
-        change = kind.first_change(p)
-        for cell in kind.first_cells(p, ctx):
-            if ctx.config.start_midstack and kind.unchanged(cell, change):
-                continue  # every path of it equals the corrupt run: its cells are unchanged too
-            req = kind.first_request(p, cell, ctx, f"{i}:clean", f"{i}:corrupt")
-            layer = latest_start(req.patches, ctx.n_layers) if ctx.config.start_midstack else 0
-            start = Start(layer, f"{i}:{cell.stream}") if layer > 0 else None
-            runs.append((i, kind, cell, dataclasses.replace(req, start=start, reference=f"{i}:clean")))
-
-    def read(run, res):
-        i, _, cell, _ = run
-        first[pairs[i].pair_id][cell] = Reading.of(res)
-        derived[(pairs[i].pair_id, kind.first_run(cell))] = res.captures
-
-    run_all(runs, read, counted=False)
-    return dataclasses.replace(ctx, first_pass=first, derived=derived)
-
-
 def _fill_unchanged(unchanged, readings, pairs, store) -> None:
     """Readings of the cells that change nothing: the runs they equal, already read."""
-    from .kinds import baselines
-
     read = {(i, kind, cell): r for (i, kind), got in readings.items() for cell, r in got}
     for i, kind, cell, _ in unchanged:
         same = kind.same_run(cell)

@@ -10,7 +10,7 @@ import pytest
 
 from patchgrid.pairs import to_table as pairs_table
 from patchgrid.warehouse.loader import load_run, query, start_run
-from tests.effect_rows import CLEAN, CORRUPT, atp_row, make_pair, row, shifted, write_and_read_back
+from tests.support.effect_rows import CLEAN, CORRUPT, atp_row, make_pair, row, shifted, write_and_read_back
 
 ROLES = ("subject_first", "subject_last", "further", "further", "last")
 N_LAYERS, N_HEADS, N_NEURONS = 3, 4, 8
@@ -333,7 +333,7 @@ def test_atp_views_unique_and_not_null(study):
 
 
 def test_exact_sweeps_are_the_kinds_that_patch_each_site(study):
-    from patchgrid.sweeps.kinds import kind_for_site
+    from patchgrid.sweeps import kind_for_site
 
     wh, _ = study
     for site, sweep in query(wh, "SELECT site, sweep FROM atp_exact_sweeps")[1]:

@@ -1,0 +1,68 @@
+"""Every sweep kind, registered once: SWEEP_KINDS is the only place kinds are listed (the runner,
+the flow, the spec and the report read their declarations from here).
+
+To add a sweep kind: a `SweepKind` subclass in its own file of patchgrid/sweeps/ (sweeps.base says
+what it may declare and which phases it may have), its entry below, and its name in
+rows.SWEEP_NAMES (the effect rows' closed set of sweeps).
+"""
+from __future__ import annotations
+
+from ..rows import SWEEP_NAMES
+from .atp import AtpSweep
+from .base import SweepKind
+from .paths import PathSweep
+from .populations import POPULATIONS, Population
+from .position import PositionSweep
+from .trace import TraceSweep
+from .units import UnitSweep
+
+SWEEP_KINDS: dict[str, SweepKind] = {}
+SWEEP_KINDS.update((kind.name, kind) for kind in (
+    PositionSweep("resid", both_directions=True),
+    PositionSweep("resid_pre"),
+    PositionSweep("resid_mid"),
+    PositionSweep("attn_out"),
+    PositionSweep("mlp_out"),
+    PositionSweep("embed", layered=False),
+    UnitSweep("heads", "head"),
+    UnitSweep("neurons", "neuron", drawing="none"),
+    UnitSweep("qkv", "q", "k", "v"),
+    TraceSweep(),
+    AtpSweep(SWEEP_KINDS),  # screens the kinds above, by name
+    PathSweep(),
+))
+
+_unnamed = [name for name in SWEEP_KINDS if name not in SWEEP_NAMES]
+if _unnamed:
+    raise ImportError(f"sweep kind {_unnamed[0]!r} is not in rows.SWEEP_NAMES: its effect rows would be refused")
+
+
+def settings_of(names) -> tuple[str, ...]:
+    """The SweepConfig fields the sweep kinds `names` read beyond the common ones, in order."""
+    return tuple(dict.fromkeys(s for name in names for s in SWEEP_KINDS[name].settings))
+
+
+def by_population(names) -> list[tuple[Population, tuple[str, ...]]]:
+    """The sweep kinds `names` grouped by what a study runs them on, in the order of POPULATIONS."""
+    order = list(dict.fromkeys([*POPULATIONS, *(SWEEP_KINDS[n].population for n in names)]))
+    groups = [(p, tuple(n for n in names if SWEEP_KINDS[n].population is p)) for p in order]
+    return [(p, group) for p, group in groups if group]
+
+
+def aligning_asks_model(names) -> bool:
+    """Whether choosing what the sweep kinds `names` run on needs the model's predictions."""
+    return any(SWEEP_KINDS[name].population.asks_model for name in names)
+
+
+def noised(names) -> bool:
+    """Whether any of the sweep kinds `names` adds noise (whose std a study measures over its data set)."""
+    return any(SWEEP_KINDS[name].noised for name in names)
+
+
+def kind_for_site(site: str) -> SweepKind:
+    """The sweep that patches `site` one run per coordinate (what `patchgrid patch` runs; qkv patches
+    k and v beside q)."""
+    for kind in SWEEP_KINDS.values():
+        if site in kind.sites:
+            return kind
+    raise ValueError(f"no sweep patches site {site!r}")
