@@ -68,7 +68,7 @@ def run_study(spec: StudySpec, engines: EnginePool) -> str:
     from patchgrid.fingerprint import fingerprint
     from patchgrid.models import prepare
     from patchgrid.sites import shape_of
-    from patchgrid.sweeps import check_family
+    from patchgrid.sweeps import by_population, check_family, noised
     from patchgrid.warehouse.loader import finish_run
 
     folder = prepare(spec.model)
@@ -77,15 +77,15 @@ def run_study(spec: StudySpec, engines: EnginePool) -> str:
     # The same inputs give the same run id: a rerun resumes and replaces, never duplicates.
     spec = spec.with_run_id(spec.run_id or "run-" + fingerprint(model_sha, spec.recorded_params())[:12])
     noise = None
-    if "trace" in spec.sweeps:
+    if noised(spec.sweeps):  # a kind whose runs add noise: its std is set over the whole data set
         from patchgrid.sweeps import TraceNoise
 
         noise = (TraceNoise(spec.trace_noise, "--trace-noise") if spec.trace_noise is not None
                  else measure_trace_noise(spec, model_sha))
     measured = None
     if noise:
-        measured = {**noise.recorded(), "traced": "facts whose top-1 prediction is the answer (known_alone), "
-                                                  "with or without a partner"}
+        measured = {**noise.recorded(), **{key: what for population, _ in by_population(spec.sweeps)
+                                           for key, what in population.recorded}}
     record_run(spec, str(flow_run.get_id() or ""), model_sha, code_version(), _now(), measured)
     try:
         return _sweep_and_load(spec, engines, model_sha, noise.std if noise else 0.0)
@@ -98,37 +98,34 @@ def run_study(spec: StudySpec, engines: EnginePool) -> str:
 
 def _sweep_and_load(spec: StudySpec, engines: EnginePool, model_sha: str, noise_std: float) -> str:
     from patchgrid.cache import damage
-    from patchgrid.pairs import accepted_pairs, read_pairs, traced_facts
+    from patchgrid.pairs import read_pairs
     from patchgrid.shards import split
+    from patchgrid.sweeps import POPULATIONS, by_population, noised
 
     logger = get_run_logger()
     work = Path(spec.workdir).resolve()
     run_dir = work / "runs" / spec.run_id
     logger.info("run %s: model %s, pairs %s, sweeps %s", spec.run_id, spec.model, spec.pairs, ",".join(spec.sweeps))
     table = _produced(align_pairs, spec, model_sha, str(run_dir / "pairs.parquet"), engines)
-    patching = tuple(name for name in spec.sweeps if name != "trace")
-    accepted = accepted_pairs(read_pairs(table), spec.limit) if patching else []
-    if patching and not accepted:
-        raise ValueError(f"no accepted pairs in {spec.pairs}: see the rejections in {table}")
-    # causal tracing runs on the facts the model knows alone, partner or not (Meng et al.)
-    facts = traced_facts(read_pairs(table), spec.limit) if "trace" in spec.sweeps else []
-    if "trace" in spec.sweeps and not facts:
-        raise ValueError(f"no fact in {spec.pairs} that the model knows alone (its top prediction the answer): "
-                         f"nothing to trace; see {table}")
+    # each group of sweep kinds runs on its own population (accepted pairs; the facts the model
+    # knows alone, partner or not, for causal tracing): every population is chosen before any work
+    groups = []
+    for population, names in by_population(spec.sweeps):
+        members = population.select(read_pairs(table), spec.limit)
+        if not members:
+            raise ValueError(population.missing.format(pairs=spec.pairs, table=table))
+        groups.append((population, names, members))
+
     def sound(folder):  # a cache folder damaged since it was written: found by its checksums, rebuilt
         return damage(folder) is None
 
-    config = spec.sweep
     shards = []
-    if accepted:
-        folder = _produced(cache_activations, spec, accepted, str(work / "cache"), model_sha, engines, patching,
+    for population, names, members in groups:
+        std = noise_std if noised(names) else 0.0
+        folder = _produced(cache_activations, spec, members, str(work / "cache"), model_sha, engines, names, std,
                            sound=sound)
-        shards += split(accepted, spec.shard_size, folder, replace(config, sweeps=patching), 0.0, run_dir / "effects")
-    if facts:
-        folder = _produced(cache_activations, spec, facts, str(work / "cache"), model_sha, engines, ("trace",),
-                           noise_std, sound=sound)
-        shards += split(facts, spec.shard_size, folder, replace(config, sweeps=("trace",)), noise_std,
-                        run_dir / "effects", first=len(shards), name="trace-shard", writes_baselines=False)
+        shards += split(members, spec.shard_size, folder, replace(spec.sweep, sweeps=names), std, run_dir / "effects",
+                        first=len(shards), name=population.shard_name, writes_baselines=population.writes_baselines)
     if spec.runner == "ray":
         engines.close()  # the shards' engines live in Ray actors; free this process's engine
         effect_files = sweep_shards_on_ray_with(spec, shards, model_sha)
@@ -141,8 +138,9 @@ def _sweep_and_load(spec: StudySpec, engines: EnginePool, model_sha: str, noise_
             update_progress_artifact(progress, progress=100.0 * (k + 1) / len(shards))
     load_warehouse(spec, table, [s.baselines_out for s in shards if s.writes_baselines], effect_files, _now())
     top = summarize(spec)
-    logger.info("run %s done: %d pairs, %d traced facts, in %d shards; strongest: %s", spec.run_id, len(accepted),
-                len(facts), len(shards), top[:1])
+    chosen = {population: len(members) for population, _, members in groups}
+    logger.info("run %s done: %s, in %d shards; strongest: %s", spec.run_id,
+                ", ".join(f"{chosen.get(p, 0)} {p.counted_as}" for p in POPULATIONS), len(shards), top[:1])
     return spec.run_id
 
 
