@@ -33,6 +33,7 @@ def align_pairs(spec: StudySpec, model_sha256: str, out: str, engines: EnginePoo
                                            require_known=v["require_known"], answer_policy=v["answer_policy"])
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     write_pairs(rows, out)
-    counts = ", ".join(f"{status}{'/' + reason if reason else ''}: {n}" for (status, reason), n in summary(rows).items())
+    counts = ", ".join(f"{status}{'/' + reason if reason else ''}: {n}"
+                       for (status, reason), n in summary(rows).items())
     get_run_logger().info("%s: %d records (format %s; %s) -> %s", v["source"], len(records), fmt, counts, out)
     return out

@@ -16,9 +16,9 @@ import sys
 
 from ..console import quiet_engine_logs
 from .common import UsageError
-from .parser import build_parser
+from .parser import DEFAULT_STUDY, build_parser
 
-__all__ = ["UsageError", "build_parser", "main"]
+__all__ = ["DEFAULT_STUDY", "UsageError", "build_parser", "main"]
 
 
 def main(argv=None) -> int:

@@ -38,7 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     _study(srv)
     srv.add_argument("--cron", required=True, help='e.g. "0 3 * * *"')
     srv.add_argument("--name", default="patchgrid-study")
-    srv.add_argument("--port", type=int, default=4200, help="for the local Prefect server, when PREFECT_API_URL is unset")
+    srv.add_argument("--port", type=int, default=4200,
+                     help="for the local Prefect server, when PREFECT_API_URL is unset")
     rep = command("report", warehouse.cmd_report, "an HTML page and PNGs of a study's heatmaps, from the warehouse")
     add_settings(rep, StudySpec, only=("warehouse",))
     rep.add_argument("--run", default=None, help="a run id (default: the latest run)")

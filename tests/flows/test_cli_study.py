@@ -48,7 +48,8 @@ def test_study_with_the_atp_sweep_fills_the_warehouse_and_the_report(tmp_path):
     run_id = res.stdout.strip().splitlines()[-1]
     q = cli("query", "--warehouse", str(wh),
             "SELECT site, count(DISTINCT pair_id) AS pairs, count(*) FILTER (WHERE verify = 'top') AS top, "
-            "count(*) FILTER (WHERE verify = 'random') AS sampled, count(*) FILTER (WHERE effect IS NULL) AS unpatched, "
+            "count(*) FILTER (WHERE verify = 'random') AS sampled, "
+            "count(*) FILTER (WHERE effect IS NULL) AS unpatched, "
             "count(*) FILTER (WHERE estimate IS NULL OR estimate_graddrop IS NULL) AS no_estimate "
             f"FROM effects WHERE run_id = '{run_id}' AND sweep = 'atp' GROUP BY site ORDER BY site")
     assert q.returncode == 0, q.stderr
