@@ -31,6 +31,7 @@ browser:
 # pyflakes, bugbear, import order and pyupgrade (configured in pyproject.toml)
 lint: install
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 
 test: install browser
 	$(BIN)/python -m pytest -q -ra tests
