@@ -133,4 +133,5 @@ def align(clean: Prompt, corrupt: Prompt) -> None:
     start, end = clean.span
     outside = [p for p, (a, b) in enumerate(zip(clean.ids, corrupt.ids)) if a != b and not start <= p < end]
     if outside:
-        raise Rejection("differs_outside_subject", f"clean and corrupt differ outside the subject at positions {outside}")
+        raise Rejection("differs_outside_subject",
+                        f"clean and corrupt differ outside the subject at positions {outside}")

@@ -69,7 +69,8 @@ def read_source(source: str, fmt: str | None = None) -> tuple[str, list[Record]]
         rec = convert(row, i, line)
         if rec.problem is None:
             if rec.record_id in first_line:
-                rec = _reject(rec, "duplicate_id", f"id {rec.record_id!r} already used on line {first_line[rec.record_id]}")
+                rec = _reject(rec, "duplicate_id",
+                              f"id {rec.record_id!r} already used on line {first_line[rec.record_id]}")
                 # keep pair ids unique in the output, so the duplicate's row can still be found
                 rec = replace(rec, record_id=f"{rec.record_id}@line{line}")
             else:
@@ -128,7 +129,8 @@ def _prescan_json(path: Path) -> list[int] | None:
             raise SourceError(f"{path.name} line {exc.lineno}: not valid JSON ({exc.msg})") from None
         for i, item in enumerate(data):
             if not isinstance(item, dict):
-                raise SourceError(f"{path.name} record {i + 1}: a record must be a JSON object, not {type(item).__name__}")
+                raise SourceError(f"{path.name} record {i + 1}: a record must be a JSON object, "
+                                  f"not {type(item).__name__}")
         return None
     lines = []
     for n, line in enumerate(text.splitlines(), start=1):
