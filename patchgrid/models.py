@@ -214,6 +214,33 @@ def _train_tokenizer(out: Path, bos: bool = False):
 
 def _build_tiny(name: str, out: Path) -> dict:
     import torch
+
+    gemma = name.startswith("tiny-gemma")
+    tokenizer = _train_tokenizer(out, bos=gemma)
+    vocab = len(tokenizer)
+    eos = tokenizer.eos_token_id
+    torch.manual_seed({"tiny-llama": 1, "tiny-qwen3": 2, "tiny-gpt2": 3, "tiny-phi3": 4, "tiny-qwen3-moe": 5,
+                       "tiny-gemma2": 6, "tiny-gemma3": 7, "tiny-gptj": 8, "tiny-neox": 10, "tiny-olmo2": 11}[name])
+    config_class, model_class, arguments = _tiny_architecture(name, vocab, tokenizer.bos_token_id, eos)
+    model = model_class(config_class(**arguments))
+    # Random init leaves the stream tiny relative to the logits' scale; widen it so patches move
+    # the answer by amounts that a 1e-4 comparison can see.
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.08)
+            elif gemma and pname.endswith("norm.weight"):
+                # Gemma's norms scale by (1 + weight), weight 0 at init: vary them, or a norm
+                # put in the wrong place would go unseen
+                p.normal_(0.0, 0.3)
+    model = model.to(torch.float32)
+    model.config.dtype = "float32"
+    model.save_pretrained(out)
+    return {"source": "seeded random weights", "vocab_size": vocab}
+
+
+def _tiny_architecture(name: str, vocab: int, bos: int | None, eos: int) -> tuple[type, type, dict]:
+    """(config class, model class, config arguments) of a built-in tiny model."""
     from transformers import (
         Gemma2Config,
         Gemma2ForCausalLM,
@@ -237,86 +264,59 @@ def _build_tiny(name: str, out: Path) -> dict:
         Qwen3MoeForCausalLM,
     )
 
-    gemma = name.startswith("tiny-gemma")
-    tokenizer = _train_tokenizer(out, bos=gemma)
-    vocab = len(tokenizer)
-    eos = tokenizer.eos_token_id
     # head_dim 32: vLLM's CPU attention kernels refuse 16.
-    common = dict(vocab_size=vocab, bos_token_id=tokenizer.bos_token_id, eos_token_id=eos)
-    torch.manual_seed({"tiny-llama": 1, "tiny-qwen3": 2, "tiny-gpt2": 3, "tiny-phi3": 4, "tiny-qwen3-moe": 5,
-                       "tiny-gemma2": 6, "tiny-gemma3": 7, "tiny-gptj": 8, "tiny-neox": 10, "tiny-olmo2": 11}[name])
+    common = dict(vocab_size=vocab, bos_token_id=bos, eos_token_id=eos)
     # Gemma: sliding-window layers (window 8, shorter than the tests' prompts) between global ones
     gemma_common = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
                         num_key_value_heads=2, head_dim=32, sliding_window=8, max_position_embeddings=1024,
                         tie_word_embeddings=True, pad_token_id=eos, **common)
-    if name == "tiny-llama":
-        config = LlamaConfig(
+    architectures = {
+        "tiny-llama": (LlamaConfig, LlamaForCausalLM, dict(
             hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
             num_key_value_heads=2, head_dim=32, max_position_embeddings=1024,
             tie_word_embeddings=False, **common,
-        )
-        model = LlamaForCausalLM(config)
-    elif name == "tiny-qwen3":
-        config = Qwen3Config(
+        )),
+        "tiny-qwen3": (Qwen3Config, Qwen3ForCausalLM, dict(
             hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
             num_key_value_heads=2, head_dim=32, max_position_embeddings=1024,
             tie_word_embeddings=True, **common,
-        )
-        model = Qwen3ForCausalLM(config)
-    elif name == "tiny-phi3":  # fused qkv and gate/up projections
-        config = Phi3Config(
+        )),
+        # fused qkv and gate/up projections
+        "tiny-phi3": (Phi3Config, Phi3ForCausalLM, dict(
             hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=1024, tie_word_embeddings=False,
             pad_token_id=eos, **common,
-        )
-        model = Phi3ForCausalLM(config)
-    elif name == "tiny-qwen3-moe":  # 4 experts, 2 routed per token: more than one expert is used
-        config = Qwen3MoeConfig(
+        )),
+        # 4 experts, 2 routed per token: more than one expert is used
+        "tiny-qwen3-moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM, dict(
             hidden_size=128, intermediate_size=256, moe_intermediate_size=64, num_experts=4, num_experts_per_tok=2,
             norm_topk_prob=True, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
             max_position_embeddings=1024, tie_word_embeddings=False, **common,
-        )
-        model = Qwen3MoeForCausalLM(config)
-    elif name == "tiny-gemma2":  # layers 0 and 2 slide; both soft-caps on, tight enough to bite
-        config = Gemma2Config(attn_logit_softcapping=2.0, final_logit_softcapping=3.0, query_pre_attn_scalar=32,
-                              **gemma_common)
-        model = Gemma2ForCausalLM(config)
-    elif name == "tiny-gemma3":  # q/k norms; three sliding layers then a global one, as Gemma 3's 5:1
-        config = Gemma3TextConfig(layer_types=["sliding_attention"] * 3 + ["full_attention"], **gemma_common)
-        model = Gemma3ForCausalLM(config)
-    elif name == "tiny-gptj":  # parallel block, rotary on 8 of 32 dims per head; vLLM needs untied embeddings
-        config = GPTJConfig(n_embd=128, n_layer=4, n_head=4, n_positions=1024, n_inner=256, rotary_dim=8,
-                            tie_word_embeddings=False, **common)
-        model = GPTJForCausalLM(config)
-    elif name == "tiny-neox":  # Pythia's layout: parallel block, rotary over a quarter of each head
-        config = GPTNeoXConfig(
+        )),
+        # layers 0 and 2 slide; both soft-caps on, tight enough to bite
+        "tiny-gemma2": (Gemma2Config, Gemma2ForCausalLM, dict(
+            attn_logit_softcapping=2.0, final_logit_softcapping=3.0, query_pre_attn_scalar=32, **gemma_common)),
+        # q/k norms; three sliding layers then a global one, as Gemma 3's 5:1
+        "tiny-gemma3": (Gemma3TextConfig, Gemma3ForCausalLM, dict(
+            layer_types=["sliding_attention"] * 3 + ["full_attention"], **gemma_common)),
+        # parallel block, rotary on 8 of 32 dims per head; vLLM needs untied embeddings
+        "tiny-gptj": (GPTJConfig, GPTJForCausalLM, dict(
+            n_embd=128, n_layer=4, n_head=4, n_positions=1024, n_inner=256, rotary_dim=8,
+            tie_word_embeddings=False, **common)),
+        # Pythia's layout: parallel block, rotary over a quarter of each head
+        "tiny-neox": (GPTNeoXConfig, GPTNeoXForCausalLM, dict(
             hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4, rotary_pct=0.25,
             use_parallel_residual=True, max_position_embeddings=1024, tie_word_embeddings=False, **common,
-        )
-        model = GPTNeoXForCausalLM(config)
-    elif name == "tiny-olmo2":  # norms after attention and MLP, q/k norms over all heads
-        config = Olmo2Config(
+        )),
+        # norms after attention and MLP, q/k norms over all heads
+        "tiny-olmo2": (Olmo2Config, Olmo2ForCausalLM, dict(
             hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=1024, tie_word_embeddings=False, pad_token_id=eos,
             **common,
-        )
-        model = Olmo2ForCausalLM(config)
-    elif name == "tiny-gpt2":
-        config = GPT2Config(n_embd=128, n_layer=4, n_head=4, n_positions=1024, n_inner=256, **common)
-        model = GPT2LMHeadModel(config)
-    else:  # pragma: no cover - guarded by BUILTIN
+        )),
+        "tiny-gpt2": (GPT2Config, GPT2LMHeadModel, dict(
+            n_embd=128, n_layer=4, n_head=4, n_positions=1024, n_inner=256, **common)),
+    }
+    if name not in architectures:  # pragma: no cover - guarded by BUILTIN
         raise ModelError(f"unknown tiny model {name!r}")
-    # Random init leaves the stream tiny relative to the logits' scale; widen it so patches move
-    # the answer by amounts that a 1e-4 comparison can see.
-    with torch.no_grad():
-        for pname, p in model.named_parameters():
-            if p.dim() >= 2:
-                p.normal_(0.0, 0.08)
-            elif gemma and pname.endswith("norm.weight"):
-                # Gemma's norms scale by (1 + weight), weight 0 at init: vary them, or a norm
-                # put in the wrong place would go unseen
-                p.normal_(0.0, 0.3)
-    model = model.to(torch.float32)
-    model.config.dtype = "float32"
-    model.save_pretrained(out)
-    return {"source": "seeded random weights", "vocab_size": vocab}
+    return architectures[name]
