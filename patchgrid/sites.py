@@ -265,7 +265,8 @@ def shape_of(config) -> ModelShape:
     """ModelShape from a transformers config."""
     family = family_of(config.model_type)
     if family.requires and not getattr(config, family.requires, False):
-        raise ValueError(f"model type {config.model_type!r} with {family.requires}={getattr(config, family.requires, None)}"
+        value = getattr(config, family.requires, None)
+        raise ValueError(f"model type {config.model_type!r} with {family.requires}={value}"
                          f" is not supported: patchgrid maps only {family.requires}=True models of this family")
     n_heads = config.num_attention_heads
     d_model = config.hidden_size
