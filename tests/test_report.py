@@ -11,7 +11,7 @@ from patchgrid.metrics import METRICS
 from patchgrid.pairs import to_table
 from patchgrid.report import write_report
 from patchgrid.warehouse.loader import load_run, query, start_run
-from tests.effect_rows import (
+from tests.support.effect_rows import (
     CLEAN,
     CORRUPT,
     atp_row,
@@ -76,6 +76,45 @@ def path_rows(pair, clean, corrupt, jitter):
     return out
 
 
+def position_rows(pair, layer, pos, role, clean, corrupt, jitter, paths):
+    """The pair's rows at one (layer, position): resid, attn_out and mlp_out patching, with `paths`
+    resid_pre and resid_mid, noising, and causal tracing of each of resid, mlp_out and attn_out."""
+    r = importance(layer, role) + jitter
+    out = [row(pair, r, sweep=sweep, site=sweep, layer=layer, position=pos, clean=clean, corrupt=corrupt)
+           for sweep in ("resid", "attn_out", "mlp_out")]
+    if paths:  # the stream entering the layer and between attention and MLP
+        for sweep, shift in (("resid_pre", -0.1), ("resid_mid", 0.1)):
+            out.append(row(pair, r + shift, sweep=sweep, site=sweep, layer=layer, position=pos,
+                           clean=clean, corrupt=corrupt))
+    # noising: patching an important site makes the clean run corrupt (recovery 0 at the last
+    # layer's last position, exactly)
+    out.append(row(pair, 1 - importance(layer, role), direction="noise", layer=layer, position=pos,
+                   clean=clean, corrupt=corrupt))
+    for site in ("resid", "mlp_out", "attn_out"):
+        noised = shifted(corrupt, p=0.03)
+        restored = shifted(between(r, clean, noised), p=0.03 + 0.5 * importance(layer, role))
+        out.append(row(pair, 0, sweep="trace", site=site, layer=layer, position=pos,
+                       window=None if site == "resid" else 3, metric="p", clean=clean, corrupt=noised,
+                       patched=restored))
+    return out
+
+
+def head_rows(pair, layer, clean, corrupt, jitter, paths):
+    """The pair's heads rows of one layer (every position at once, and the last), with `paths` qkv's."""
+    out = []
+    for head in range(N_HEADS):
+        for position in (None, len(ROLES) - 1):
+            out.append(row(pair, head_importance(layer, head) + jitter / 10, sweep="heads",
+                           site="head", layer=layer, position=position, head=head, clean=clean,
+                           corrupt=corrupt))
+            if paths:
+                for site, scale in QKV_SCALE.items():
+                    out.append(row(pair, scale * head_importance(layer, head) + jitter / 10, sweep="qkv",
+                                   site=site, layer=layer, position=position, head=head, clean=clean,
+                                   corrupt=corrupt))
+    return out
+
+
 def build(tmp, atp=False, paths=False):
     """A synthetic study with every sweep kind (rows made by patchgrid.effects.effect_row), loaded
     into a real warehouse through the loader; `atp`: with attribution-patching rows beside them;
@@ -92,34 +131,8 @@ def build(tmp, atp=False, paths=False):
         jitter = (i - 2.5) / 50
         for layer in range(N_LAYERS):
             for pos, role in enumerate(ROLES):
-                r = importance(layer, role) + jitter
-                for sweep in ("resid", "attn_out", "mlp_out"):
-                    rows.append(row(pair, r, sweep=sweep, site=sweep, layer=layer, position=pos, clean=clean,
-                                    corrupt=corrupt))
-                if paths:  # the stream entering the layer and between attention and MLP
-                    for sweep, shift in (("resid_pre", -0.1), ("resid_mid", 0.1)):
-                        rows.append(row(pair, r + shift, sweep=sweep, site=sweep, layer=layer, position=pos,
-                                        clean=clean, corrupt=corrupt))
-                # noising: patching an important site makes the clean run corrupt (recovery 0 at the last
-                # layer's last position, exactly)
-                rows.append(row(pair, 1 - importance(layer, role), direction="noise", layer=layer, position=pos,
-                                clean=clean, corrupt=corrupt))
-                for site in ("resid", "mlp_out", "attn_out"):
-                    noised = shifted(corrupt, p=0.03)
-                    restored = shifted(between(r, clean, noised), p=0.03 + 0.5 * importance(layer, role))
-                    rows.append(row(pair, 0, sweep="trace", site=site, layer=layer, position=pos,
-                                    window=None if site == "resid" else 3, metric="p", clean=clean, corrupt=noised,
-                                    patched=restored))
-            for head in range(N_HEADS):
-                for position in (None, len(ROLES) - 1):
-                    rows.append(row(pair, head_importance(layer, head) + jitter / 10, sweep="heads",
-                                    site="head", layer=layer, position=position, head=head, clean=clean,
-                                    corrupt=corrupt))
-                    if paths:
-                        for site, scale in QKV_SCALE.items():
-                            rows.append(row(pair, scale * head_importance(layer, head) + jitter / 10, sweep="qkv",
-                                            site=site, layer=layer, position=position, head=head, clean=clean,
-                                            corrupt=corrupt))
+                rows += position_rows(pair, layer, pos, role, clean, corrupt, jitter, paths)
+            rows += head_rows(pair, layer, clean, corrupt, jitter, paths)
         if atp:
             rows += atp_rows(pair, i, clean, corrupt, jitter)
         if paths:
@@ -337,14 +350,14 @@ def test_head_panels_scale_to_their_own_largest_effect(warehouse):
 
 def test_a_run_without_atp_rows_has_no_atp_section(warehouse, tmp_path):
     data = _figures(warehouse)
-    assert data["atp"] is None
+    assert data["sections"]["atp"] is None
     text = write_report(warehouse, tmp_path / "out").read_text()
     assert "AtP" not in text and "atp" not in text and not list((tmp_path / "out").glob("atp-*.png"))
 
 
 def test_atp_figures_draw_the_estimates_labelled_by_their_metric(atp_warehouse):
     data = _figures(atp_warehouse)
-    atp = data["atp"]
+    atp = data["sections"]["atp"]
     assert atp["metrics"] == ["logit_diff"]
     figures = {f.key: f for f in atp["figures"]}
     assert set(figures) == {"atp-resid-logit_diff", "atp-attn_out-logit_diff", "atp-mlp_out-logit_diff",
@@ -376,7 +389,7 @@ def test_atp_figures_draw_the_estimates_labelled_by_their_metric(atp_warehouse):
 
 
 def test_atp_scatter_plots_and_tables(atp_warehouse):
-    atp = _figures(atp_warehouse)["atp"]
+    atp = _figures(atp_warehouse)["sections"]["atp"]
     verified = _rows(atp_warehouse, "SELECT site, verify, estimate, effect FROM effects WHERE sweep = 'atp' "
                                     "AND verify IS NOT NULL")
     agreement = {a["site"]: a for a in atp["agreement"]}
@@ -406,7 +419,7 @@ def test_atp_section_on_the_page(atp_warehouse, tmp_path):
         assert f"{key}.png" in pngs
     section = text[text.index("<h2>Attribution patching"):text.index("<h2>By relation")]
     assert "Estimate against exact patching" in section and "Top neurons per layer" in section
-    agreement = {a["site"]: a for a in _figures(atp_warehouse)["atp"]["agreement"]}
+    agreement = {a["site"]: a for a in _figures(atp_warehouse)["sections"]["atp"]["agreement"]}
     table = section[section.index("<table class='atp-agreement'>"):]
     for site, a in agreement.items():
         cells = f"<tr><td>{site}</td><td>logit_diff</td><td>{a['n_pairs']}</td><td>{a['n_sites']}</td>"
@@ -422,10 +435,10 @@ def test_atp_section_on_the_page(atp_warehouse, tmp_path):
 
 
 def test_atp_scatter_shows_a_fixed_sample_of_many_points(atp_warehouse, monkeypatch):
-    import patchgrid.report as report
+    import patchgrid.report.estimates as estimates
 
-    monkeypatch.setattr(report, "ATP_SCATTER_POINTS", 10)
-    first, again = (_figures(atp_warehouse)["atp"]["scatters"] for _ in range(2))
+    monkeypatch.setattr(estimates, "SCATTER_POINTS", 10)
+    first, again = (_figures(atp_warehouse)["sections"]["atp"]["scatters"] for _ in range(2))
     for s, t in zip(first, again):
         assert len(s.points) == 10 and s.points == t.points
         assert f"10 of the {6 * (ATP_K + ATP_R)} verified sites are shown" in s.caption
@@ -433,7 +446,7 @@ def test_atp_scatter_shows_a_fixed_sample_of_many_points(atp_warehouse, monkeypa
 
 def test_a_run_without_paths_rows_has_no_path_section(warehouse, tmp_path):
     data = _figures(warehouse)
-    assert data["paths"] is None
+    assert data["sections"]["paths"] is None
     text = write_report(warehouse, tmp_path / "out").read_text()
     assert "Path patching" not in text and "path_summary" not in text
     assert not list((tmp_path / "out").glob("paths-*.png")) and not list((tmp_path / "out").glob("qkv-*.png"))
@@ -476,7 +489,7 @@ def test_resid_pre_resid_mid_and_qkv_draw_like_their_kin(paths_warehouse, wareho
 
 def test_path_matrices(paths_warehouse):
     data = _figures(paths_warehouse)
-    paths = data["paths"]
+    paths = data["sections"]["paths"]
     figures = {f.key: f for f in paths["figures"]}
     # per metric (the page's order, the headline first) and position role
     assert list(figures) == [f"paths-{role}-{m}" for m in data["metrics"] for role in ("last", "all")]
@@ -503,10 +516,10 @@ def test_path_matrices(paths_warehouse):
 
 
 def test_path_matrices_show_the_largest_senders_and_receivers(paths_warehouse, monkeypatch):
-    import patchgrid.report as report
+    import patchgrid.report.path_matrices as path_matrices
 
-    monkeypatch.setattr(report, "PATH_TOP", 3)
-    f = next(f for f in _figures(paths_warehouse)["paths"]["figures"] if f.key == "paths-all-logit_diff")
+    monkeypatch.setattr(path_matrices, "PATH_TOP", 3)
+    f = next(f for f in _figures(paths_warehouse)["sections"]["paths"]["figures"] if f.key == "paths-all-logit_diff")
     assert len(f.rows) == 3 and len(f.cols) == 3
     assert "the 3 of 18 senders and the 3 of 13 receivers with the largest |mean effect|" in f.caption
     assert "head.1.2" in f.rows and "mlp_out.2" in f.rows and {"q.3.0", "logits"} <= set(f.cols)
@@ -519,7 +532,8 @@ def test_path_section_on_the_page(paths_warehouse, tmp_path):
     pngs = sorted(p.name for p in (tmp_path / "out").glob("*.png"))
     assert text.count("<figure") == len(pngs)
     for metric in METRICS:
-        for key in (f"paths-all-{metric}", f"paths-last-{metric}", f"qkv-k-all-{metric}", f"resid_pre-denoise-{metric}"):
+        for key in (f"paths-all-{metric}", f"paths-last-{metric}", f"qkv-k-all-{metric}",
+                    f"resid_pre-denoise-{metric}"):
             assert f"{key}.png" in pngs
     section = text[text.index("<h2>Path patching</h2>"):text.index("<h2>By relation")]
     assert "MLPs recomputed" in section and "senders: heads, attn_out, mlp_out" in section
@@ -535,8 +549,8 @@ def test_path_section_on_the_page(paths_warehouse, tmp_path):
 
 
 def test_path_caption_says_direct_paths_when_mlps_are_frozen(tmp_path):
-    from patchgrid.report import _path_mlps
+    from patchgrid.report.path_matrices import mlps_caption
 
-    assert "direct paths only" in _path_mlps({"path_mlps": "frozen"})
-    assert "MLPs recomputed" in _path_mlps({"path_mlps": "recomputed"})
-    assert "not recorded" in _path_mlps({})
+    assert "direct paths only" in mlps_caption({"path_mlps": "frozen"})
+    assert "MLPs recomputed" in mlps_caption({"path_mlps": "recomputed"})
+    assert "not recorded" in mlps_caption({})

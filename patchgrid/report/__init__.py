@@ -1,0 +1,47 @@
+"""A study's pictures: one self-contained HTML page and a PNG of each figure, from the warehouse's views.
+
+The page has its styles, data and figures (inline SVG) inside it and makes no network request.
+Every heatmap's colour scale is centred at zero, its axes are labelled with layer numbers and role
+names, and each cell's hover text gives the mean, its metric, its 95% interval and the pair count.
+
+Each sweep kind declares how the report draws it (`patchgrid.sweeps.SWEEP_KINDS[name].drawing`),
+and the page has one section per drawing (sections.py), a drawing's kinds in registry order:
+
+    layer_by_role  layer x position role per (sweep, site, direction): the position sweeps
+    layer_by_head  layer x head per position role and site: heads, and q, k and v one panel each
+    trace_buckets  causal tracing as Meng et al. draw it: token bucket x layer on p(answer)
+    paths          per metric and position role, a sender x receiver matrix of each path's mean
+                   effect (path_summary), its caption saying whether the MLPs were frozen (direct
+                   paths) or recomputed (the run's path_mlps)
+    atp            on the metric the estimates are on (each pair's headline metric), whichever
+                   metric is selected: the estimates' layer x role and layer x head heatmaps
+                   (atp_summary), estimate-against-exact scatter plots of the sites also patched
+                   exactly, the top neurons per layer, and the agreement numbers (atp_agreement)
+    none           not drawn (a cell per neuron)
+
+A run without a drawing's rows has no such section. The patching and head heatmaps and the path
+matrices are drawn once per metric the run has (`patchgrid.metrics`), and the page shows one metric
+at a time: a row of radio buttons selects it with CSS alone (no script), the headline metric
+(logprob_diff, else logit_diff for older loads) first. The small multiples by relation are of the
+first kind drawn layer_by_role, on the headline metric.
+
+    queries.py        what the report reads from the warehouse's views
+    sections.py       one section per drawing: which kinds it draws, its figures; collect()
+    patching.py       exact patching's layer x role and layer x head heatmaps, the small multiples
+    buckets.py        causal tracing by token bucket
+    path_matrices.py  path patching's sender x receiver matrices
+    estimates.py      attribution patching's heatmaps, scatter plots and neuron table
+    figures.py        the figures as data (Heatmap, Scatter) and the grid helpers
+    colours.py        the diverging colour scale
+    svg.py, png.py    drawing a figure inline and as a file
+    page.py           the HTML page: write_report
+"""
+from .colours import colour
+from .figures import Heatmap, Scatter
+from .page import write_report
+from .png import png_heatmap, png_scatter
+from .sections import collect
+from .svg import svg_heatmap, svg_scatter
+
+__all__ = ["Heatmap", "Scatter", "collect", "colour", "png_heatmap", "png_scatter", "svg_heatmap", "svg_scatter",
+           "write_report"]

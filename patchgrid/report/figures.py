@@ -1,0 +1,111 @@
+"""The report's figures as data: a heatmap or a scatter plot with its labels, hover texts and
+caption, and the helpers that lay rows of a view out as a grid. Drawn by svg.py and png.py."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..metrics import METRICS
+from ..rows import POSITION_ROLES as ROLE_ORDER
+
+# The metric shown first (and the only one for the small multiples): the first of these the run has.
+# logprob_diff: every pair has it (answers of any length), and for one-token answers it equals logit_diff
+HEADLINE = ("logprob_diff", "logit_diff")
+
+
+@dataclass
+class Heatmap:
+    key: str  # file stem of its PNG
+    title: str
+    rows: list  # row labels (top to bottom)
+    cols: list  # column labels (left to right)
+    values: list  # [row][col] -> float | None
+    notes: list  # [row][col] -> hover text
+    row_axis: str
+    col_axis: str
+    units: str
+    limit: float  # colour scale from -limit to +limit
+    caption: str = ""
+    small: bool = False
+    metric: str | None = None  # set: one of a figure's versions per metric, shown when it is selected
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass
+class Scatter:
+    """Estimate against exact effect, one point per verified site of a pair."""
+
+    key: str  # file stem of its PNG
+    title: str
+    points: list  # (estimate, exact effect, verify) per verified atp row
+    x_label: str
+    y_label: str
+    groups: tuple = ("top", "random")  # verify values, in legend order
+    caption: str = ""
+    metric: str | None = None  # never switched by the metric buttons (atp figures are on their own metric)
+    on: str = ""  # the metric both axes are on
+    note: str = ""  # the correlation in a few words, under the PNG's title
+
+
+def note(row, what="recovery"):
+    """Hover text: the mean, its t interval (pairs as independent) and the pairs behind it."""
+    if what == "recovery":
+        mean, lo, hi, n = row["mean_recovery"], row["ci95_low"], row["ci95_high"], row["n_recovery"]
+    else:
+        mean, lo, hi, n = row["mean_effect"], row["effect_ci95_low"], row["effect_ci95_high"], row["n_pairs"]
+    if mean is None:
+        return f"no {what} ({row['metric']}): every pair's span is below the threshold"
+    text = f"{what} ({row['metric']}) {mean:+.3f}"
+    if lo is not None:
+        text += f" (95% t interval {lo:+.3f} to {hi:+.3f})"
+    return text + f", {n} pairs"
+
+
+def effect_note(row):
+    return note(row, "effect")
+
+
+def symmetric_limit(values) -> float:
+    """A colour scale symmetric about zero that reaches the panel's largest magnitude."""
+    flat = [abs(v) for row in values for v in row if v is not None]
+    return max(flat + [1e-6])
+
+
+def grid(rows, row_key, col_key, row_labels, col_labels, value, hover):
+    """rows laid out by (row_key, col_key): the values and hover texts of each cell, None where none."""
+    index = {(r[row_key], r[col_key]): r for r in rows}
+    values = [[None if (a, b) not in index else value(index[(a, b)]) for b in col_labels] for a in row_labels]
+    notes = [[None if (a, b) not in index else hover(index[(a, b)]) for b in col_labels] for a in row_labels]
+    return values, notes
+
+
+def roles_present(rows):
+    present = {r["position_role"] for r in rows}
+    return [r for r in ROLE_ORDER if r in present]
+
+
+def role_order(role: str) -> int:
+    return ROLE_ORDER.index(role)
+
+
+def where(role: str) -> str:
+    """Where a patch at position role `role` is, in words."""
+    return "every position at once" if role == "all" else f"the {role.replace('_', ' ')} position"
+
+
+def towards(metric: str) -> str:
+    """Which way a rise of `metric` goes."""
+    return " (towards the clean run's value)" if METRICS[metric].better > 0 else " (away from the clean run's value)"
+
+
+def slug(text: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in text.lower()).strip("-") or "none"
+
+
+def scatter_range(points) -> tuple[float, float]:
+    """One range for both axes (so that y = x is the diagonal), padded by 5%."""
+    values = [v for x, y, _ in points for v in (x, y)]
+    lo, hi = min(values), max(values)
+    if hi - lo < 1e-9:
+        lo, hi = lo - 1.0, hi + 1.0
+    pad = (hi - lo) * 0.05
+    return lo - pad, hi + pad

@@ -1,0 +1,239 @@
+"""The report's page: one self-contained HTML file (styles, data and inline SVG figures inside it,
+no network request, no script) and a PNG of each figure beside it, from `sections.collect`."""
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+
+from ..metrics import METRICS
+from .estimates import TOP_NEURONS, estimate_note
+from .figures import Heatmap, Scatter
+from .png import png_heatmap, png_scatter
+from .queries import latest_run, run_params
+from .sections import DRAWINGS, collect
+from .svg import svg_heatmap, svg_scatter
+
+CSS = """
+body { font-family: system-ui, sans-serif; margin: 24px auto; max-width: 1200px; color: #222; padding: 0 16px; }
+h1 { font-size: 22px; margin-bottom: 4px; } h2 { font-size: 17px; margin-top: 28px; border-bottom: 1px solid #ddd; }
+figure { display: inline-block; margin: 10px 18px 18px 0; vertical-align: top; }
+figcaption { font-size: 13px; max-width: 560px; } figcaption b { display: block; font-size: 14px; }
+table { border-collapse: collapse; font-size: 13px; } \
+td, th { border: 1px solid #ddd; padding: 3px 8px; text-align: left; }
+.multiples figure { margin-right: 8px; } .note { color: #555; font-size: 13px; }
+figure.by-metric { display: none; } .metric-choice { margin: 0 2px 0 12px; }
+label.metric-label { font-size: 14px; font-family: ui-monospace, monospace; cursor: pointer; }
+"""
+
+
+def _metric_css(metrics) -> str:
+    """Rules showing the selected metric's figures: a checked radio button shows the figures of
+    its class that follow it (as siblings or inside a sibling), so the page needs no script."""
+    rules = []
+    for k, _ in enumerate(metrics):
+        rules.append(f"#metric-{k}:checked ~ figure.m-{k}, #metric-{k}:checked ~ * figure.m-{k} "
+                     f"{{ display: inline-block; }} #metric-{k}:checked + label {{ font-weight: 700; }}")
+    return "\n".join(rules)
+
+
+def _number(v, fmt=".3f") -> str:
+    return "—" if v is None else format(v, fmt)
+
+
+class FigureWriter:
+    """Each figure as a <figure> of the page, its PNG written beside it; figures with a metric are
+    switched by the metric buttons."""
+
+    def __init__(self, out: Path, metrics):
+        self.out, self.index, self.n = out, {m: k for k, m in enumerate(metrics)}, 0
+
+    def __call__(self, h: Heatmap | Scatter) -> str:
+        self.n += 1
+        scatter = isinstance(h, Scatter)
+        (png_scatter if scatter else png_heatmap)(h, self.out / f"{h.key}.png")
+        switched = (f" class='by-metric m-{self.index[h.metric]}' data-metric='{h.metric}'"
+                    if h.metric in self.index else "")
+        return (f"<figure id='fig-{self.n}'{switched} data-png='{h.key}.png'>"
+                f"{svg_scatter(h) if scatter else svg_heatmap(h)}"
+                f"<figcaption><b>{html.escape(h.title)}</b>{html.escape(h.caption)}</figcaption></figure>")
+
+
+def _neuron_table(neurons) -> list[str]:
+    parts = [f"<h3>Top neurons per layer by |mean AtP estimate|</h3><p class='note'>The "
+             f"{TOP_NEURONS} neurons of each layer with the largest mean AtP estimate in magnitude, "
+             f"each as neuron: mean estimate of its effect (patched − corrupt) on the metric named, "
+             f"over its pairs (atp_summary).</p>",
+             "<table class='atp-neurons'><tr><th>metric</th><th>layer</th><th>position role</th>"
+             + "".join(f"<th>#{k + 1}</th>" for k in range(TOP_NEURONS)) + "</tr>"]
+    for row in neurons:
+        cells = "".join(f"<td title='{html.escape(estimate_note(r), quote=True)}'>n{r['neuron']}: "
+                        f"{r['mean_estimate']:+.3f}</td>" for r in row["top"])
+        cells += "<td></td>" * (TOP_NEURONS - len(row["top"]))
+        parts.append(f"<tr><td>{row['metric']}</td><td>{row['layer']}</td>"
+                     f"<td>{html.escape(row['position_role'].replace('_', ' '))}</td>{cells}</tr>")
+    parts.append("</table>")
+    return parts
+
+
+def atp_html(atp: dict, figure) -> list[str]:
+    """The attribution-patching section: heatmaps of the estimates, estimate against exact effect,
+    the top neurons per layer, and the agreement table."""
+    on = ", ".join(atp["metrics"])
+    parts = [f"<h2>{DRAWINGS['atp'][0]}</h2>",
+             f"<p class='note'>Every site's effect estimated from one forward and backward pass per pair "
+             f"(sweep {html.escape(atp['sweep'])}, on {html.escape(on)}: each pair's headline metric; these figures "
+             f"are shown whichever metric is selected above). Per pair and site kind, the top K sites by the ranking "
+             f"score and a random sample of the others were also patched exactly.</p>"]
+    parts += [figure(h) for h in atp["figures"]]
+    if atp["scatters"]:
+        parts.append("<h3>Estimate against exact patching</h3>")
+        parts += [figure(s) for s in atp["scatters"]]
+    if atp["neurons"]:
+        parts += _neuron_table(atp["neurons"])
+    return parts + _agreement_table(atp["agreement"])
+
+
+AGREEMENT_NOTE = (
+    "<h3>Agreement with exact patching</h3><p class='note'>Per site kind and metric (atp_agreement): "
+    "the sites screened and patched exactly; the Pearson correlation of estimate and exact effect over "
+    "the verified sites (top and random pooled; the top sites have the largest estimates, so it is "
+    "not the correlation over every site); the missed share, the estimated share of the sites with "
+    "|recovery| ≥ the threshold on that metric that the estimates ranked outside the top K (from the "
+    "random sample); and where the run also holds the exhaustive exact sweep, the recall of the exact "
+    "top K and top 10 sites by |effect| among the estimates' top K, averaged over pairs (the top-10 "
+    "recall is at most K / 10). —: not available.</p>")
+AGREEMENT_HEAD = (
+    "<table class='atp-agreement'><tr><th>site</th><th>metric</th><th>pairs</th><th>sites screened</th>"
+    "<th>top</th><th>random</th><th>ranked by</th><th>correlation</th><th>threshold (|recovery|)</th>"
+    "<th>missed share</th><th>pairs with the exact sweep</th><th>recall of the exact top K</th>"
+    "<th>recall of the exact top 10</th></tr>")
+
+
+def _agreement_table(agreement) -> list[str]:
+    parts = [AGREEMENT_NOTE, AGREEMENT_HEAD]
+    for a in agreement:
+        ranked = "GradDrop score" if a["ranked_by"] == "graddrop" else "|estimate|"
+        parts.append(f"<tr><td>{a['site']}</td><td>{a['metric']}</td><td>{a['n_pairs']}</td><td>{a['n_sites']}</td>"
+                     f"<td>{a['n_top']}</td><td>{a['n_random']}</td><td>{ranked}</td>"
+                     f"<td>{_number(a['correlation'])}</td><td>{a['threshold']:g} ({a['metric']})</td>"
+                     f"<td>{_number(a['missed_share'])}</td><td>{a['n_pairs_exact']}</td>"
+                     f"<td>{_number(a['recall_top_k'])}</td><td>{_number(a['recall_top_10'])}</td></tr>")
+    parts.append("</table>")
+    return parts
+
+
+def paths_html(paths: dict, figure) -> list[str]:
+    """The path-patching section: one sender x receiver matrix per metric and position role."""
+    params = paths["params"]
+    ends = "; ".join(f"{k.removeprefix('path_')}: {', '.join(map(str, v)) if isinstance(v, list) else v}"
+                     for k in ("path_senders", "path_receivers", "path_inputs") if (v := params.get(k)) is not None)
+    parts = [f"<h2>{DRAWINGS['paths'][0]}</h2>",
+             f"<p class='note'>Sweep {html.escape(paths['sweep'])} (path_summary): each sender's clean output "
+             f"patched into the corrupt run along one path only, to the logits or to a later head's query, key or "
+             f"value input; every other reader of the stream sees the corrupt run. {html.escape(paths['mlps'])}"
+             + (f" Run settings: {html.escape(ends)}." if ends else "")
+             + " Rows: senders by layer (heads, then attn_out, then mlp_out); columns: logits first, then "
+             "receivers by layer, head and input. The matrices follow the metric chosen above.</p>"]
+    parts += [figure(h) for h in paths["figures"]]
+    return parts
+
+
+def grid_html(drawing: str, figures, figure) -> list[str]:
+    """A section of heatmaps under the drawing's heading; nothing when it has none."""
+    if not figures:
+        return []
+    return [f"<h2>{DRAWINGS[drawing][0]}</h2>", *(figure(h) for h in figures)]
+
+
+# drawing -> how its section is written (every other drawing: grid_html)
+SECTION_HTML = {"paths": paths_html, "atp": atp_html}
+
+INTRO = (" Hover a cell for its mean and metric, 95% t interval and pair count. Red marks what matters: "
+         "denoising, the patch restores the clean answer; noising, the site carries it; tracing, restoring "
+         "the state raises p(answer); rank, which has no recovery, is drawn as its mean effect. Each "
+         "figure's caption says what it plots.</p>")
+
+
+def _head(run_id: str, info: dict, metrics) -> list[str]:
+    """The page's head, title, run line and the metric buttons."""
+    parts = [f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>patchgrid report "
+             f"{html.escape(run_id)}</title><style>{CSS}{_metric_css(metrics)}</style></head><body>",
+             f"<h1>patchgrid study {html.escape(run_id)}</h1>",
+             f"<p class='note'>Model <b>{html.escape(str(info['model']))}</b>; "
+             f"{info['n_accepted']} pairs accepted of {info['n_records']} records; "
+             f"{info['n_swept']} pairs swept; status {html.escape(str(info['status']))}; "
+             f"started {info['started']}, finished {info['finished']}; code {html.escape(str(info['code_version']))}."
+             + INTRO]
+    if metrics:
+        # the radio buttons come before every figure they switch: CSS selects only later siblings
+        parts.append("<p class='note'>The patching and head figures are drawn on every metric the run has; choose "
+                     "one (hover its name for what it is; the Metrics table below lists them):</p>")
+        for k, m in enumerate(metrics):
+            parts.append(f"<input type='radio' name='metric' class='metric-choice' id='metric-{k}' value='{m}'"
+                         f"{' checked' if k == 0 else ''}><label class='metric-label' for='metric-{k}' "
+                         f"title='{html.escape(METRICS[m].meaning, quote=True)}'>{m}</label>")
+    return parts
+
+
+def _sections(data: dict, figure) -> list[str]:
+    """Every drawing's section in DRAWINGS order, then the small multiples by relation."""
+    parts = []
+    for drawing, section in data["sections"].items():
+        if drawing in SECTION_HTML:
+            parts += SECTION_HTML[drawing](section, figure) if section else []
+        else:
+            parts += grid_html(drawing, section, figure)
+    if data["multiples"]:
+        parts.append(f"<h2>By relation: {html.escape(data['multiples_sweep'])} patching, clean into corrupt</h2>"
+                     "<div class='multiples'>")
+        parts += [figure(h) for h in data["multiples"]]
+        parts.append("</div>")
+    return parts
+
+
+def _tables(info: dict, metrics, rejections) -> list[str]:
+    """The run's params, the metrics and the rejected records."""
+    parts = ["<h2>Run</h2><table>"]
+    for k, v in run_params(info["params"]).items():
+        parts.append(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(json.dumps(v))}</td></tr>")
+    parts.append("</table><h2>Metrics</h2><table><tr><th>metric</th><th>what it is</th><th>the clean run's value is"
+                 "</th><th>recovery</th></tr>")
+    for m in metrics:
+        spec = METRICS[m]
+        recovery = "none" if spec.min_span is None else f"pairs with span ≥ {spec.min_span:g}"
+        parts.append(f"<tr><td>{m}</td><td>{html.escape(spec.meaning)}</td>"
+                     f"<td>{'larger' if spec.better > 0 else 'smaller'}</td><td>{recovery}</td></tr>")
+    parts.append("</table><h2>Rejected records by reason</h2><table><tr><th>reason</th><th>records</th></tr>")
+    for r in rejections:
+        parts.append(f"<tr><td>{html.escape(str(r['reason']))}</td><td>{r['n']}</td></tr>")
+    parts.append("</table></body></html>")
+    return parts
+
+
+def read_run(warehouse: str | Path, run_id: str | None) -> tuple[str, dict]:
+    """The run (default: the latest started) and everything its page shows."""
+    from ..warehouse.loader import connect
+
+    con = connect(warehouse)
+    try:
+        if run_id is None:
+            run_id = latest_run(con)
+            if run_id is None:
+                raise ValueError(f"warehouse {warehouse} holds no runs")
+        return run_id, collect(con, run_id)
+    finally:
+        con.close()
+
+
+def write_report(warehouse: str | Path, out: str | Path, run_id: str | None = None) -> Path:
+    """The run's page (report.html) and its figures' PNGs in `out`; returns the page's path."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    run_id, data = read_run(warehouse, run_id)
+    figure = FigureWriter(out, data["metrics"])
+    parts = _head(run_id, data["info"], data["metrics"]) + _sections(data, figure)
+    parts += _tables(data["info"], data["metrics"], data["rejections"])
+    page = out / "report.html"
+    page.write_text("".join(parts), encoding="utf-8")
+    return page

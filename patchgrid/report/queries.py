@@ -1,0 +1,77 @@
+"""What the report reads from the warehouse: its views, one function per question, each answer as
+a list of rows (dicts). No figure is made here, and no sweep kind is named: the views select rows
+by their shape, and a caller asking for one sweep's rows names it."""
+from __future__ import annotations
+
+import json
+
+
+def rows(con, sql, params=()) -> list[dict]:
+    cur = con.execute(sql, list(params))
+    cols = [d[0] for d in cur.description]
+    return [dict(zip(cols, r)) for r in cur.fetchall()]
+
+
+def latest_run(con) -> str | None:
+    """The run started last (None: the warehouse holds no runs)."""
+    latest = con.execute("SELECT run_id FROM run_overview ORDER BY started DESC NULLS LAST LIMIT 1").fetchone()
+    return None if latest is None else latest[0]
+
+
+def run_overview(con, run_id: str) -> dict | None:
+    found = rows(con, "SELECT * FROM run_overview WHERE run_id = ?", [run_id])
+    return found[0] if found else None
+
+
+def run_params(params) -> dict:
+    """The run's params (runs.params, JSON) as a dict."""
+    try:
+        params = json.loads(params) if isinstance(params, str) else (params or {})
+    except ValueError:
+        params = {"params": params}
+    return params if isinstance(params, dict) else {"params": params}
+
+
+def effect_summary(con, run_id: str) -> list[dict]:
+    return rows(con, "SELECT * FROM effect_summary WHERE run_id = ?", [run_id])
+
+
+def relation_summary(con, run_id: str, sweep: str, direction: str = "denoise") -> list[dict]:
+    return rows(con, "SELECT * FROM relation_summary WHERE run_id = ? AND sweep = ? AND direction = ?",
+                [run_id, sweep, direction])
+
+
+def rejections(con, run_id: str) -> list[dict]:
+    return rows(con, "SELECT reason, n FROM rejections WHERE run_id = ? ORDER BY n DESC", [run_id])
+
+
+def trace_buckets(con, run_id: str, metric: str) -> list[dict]:
+    return rows(con, "SELECT * FROM trace_buckets WHERE run_id = ? AND metric = ?", [run_id, metric])
+
+
+def path_summary(con, run_id: str) -> list[dict]:
+    return rows(con, "SELECT * FROM path_summary WHERE run_id = ?", [run_id])
+
+
+def atp_summary(con, run_id: str) -> list[dict]:
+    return rows(con, "SELECT * FROM atp_summary WHERE run_id = ?", [run_id])
+
+
+def atp_agreement(con, run_id: str, sites) -> list[dict]:
+    """atp_agreement's rows of the run, by site in the order of `sites`, then metric."""
+    return rows(con, "SELECT * FROM atp_agreement WHERE run_id = ? ORDER BY list_position(?, site), metric",
+                [run_id, list(sites)])
+
+
+def verified_estimates(con, run_id: str, limit: int) -> list[dict]:
+    """The estimated rows also patched exactly (estimate and effect both set), a deterministic
+    sample of `limit` per site kind and metric at most, each with n_rows, how many there were."""
+    return rows(con, """
+        SELECT site, metric, verify, estimate, effect, n_rows FROM (
+            SELECT site, metric, verify, estimate::DOUBLE AS estimate, effect::DOUBLE AS effect,
+                   count(*) OVER (PARTITION BY site, metric) AS n_rows,
+                   row_number() OVER (PARTITION BY site, metric
+                                      ORDER BY hash(pair_id, layer, position, head, neuron)) AS k
+            FROM effects WHERE run_id = ? AND verify IS NOT NULL
+              AND effect IS NOT NULL AND estimate IS NOT NULL)
+        WHERE k <= ? ORDER BY site, metric, verify DESC, k""", [run_id, limit])
