@@ -124,8 +124,8 @@ def test_new_sites_validate_by_their_own_units():
             validate([Request(tokens=TOKENS, patches=(patch,))], sources, shape)
     # k of a model with 2 key/value heads is 64 wide, not 128
     with pytest.raises(PlanError, match="k.1 has shape \\(5, 128\\), expected \\[tokens, 64\\]"):
-        validate([Request(tokens=TOKENS, patches=(Patch("k", 1, "wide", (0,), 0),))], {"wide": {"k.1": torch.zeros(5, 128)}},
-                 shape)
+        validate([Request(tokens=TOKENS, patches=(Patch("k", 1, "wide", (0,), 0),))],
+                 {"wide": {"k.1": torch.zeros(5, 128)}}, shape)
 
 
 def test_a_whole_patch_needs_the_request_tree_and_crosses_the_wire():
