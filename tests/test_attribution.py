@@ -13,8 +13,8 @@ from patchgrid.cache import load_or_build
 from patchgrid.models import prepare
 from patchgrid.sites import get_module, shape_of, site_module
 from patchgrid.sweeps import SweepConfig, cache_spec, count_runs, run_sweeps
-from tests.conftest import TINY, needs_vllm
-from tests.study_helpers import shipped_pairs
+from tests.support.engines import TINY, needs_vllm
+from tests.support.pairs import shipped_pairs
 
 SITES = ("resid", "attn_out", "mlp_out", "head", "neuron")
 

@@ -6,8 +6,8 @@ import torch
 
 from patchgrid.cache import ActivationCache, CacheSpec, layer_keys, load_or_build
 from patchgrid.plan import Request
-from tests.conftest import needs_vllm
-from tests.study_helpers import shipped_pairs
+from tests.support.engines import needs_vllm
+from tests.support.pairs import shipped_pairs
 
 MODEL = "tiny-llama"
 

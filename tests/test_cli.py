@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from patchgrid.metrics import METRICS
-from tests.conftest import needs_vllm
+from tests.support.engines import needs_vllm
 
 PAIR = ["--clean", "The capital of France is", "--corrupt", "The capital of Spain is",
         "--clean-answer", " Paris", "--corrupt-answer", " Madrid"]

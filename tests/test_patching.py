@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from patchgrid.patching import PairError, recovery, sweep_pair, tokenize_pair
-from tests.conftest import needs_vllm
+from tests.support.engines import needs_vllm
 
 CLEAN, CORRUPT = "The capital of France is", "The capital of Germany is"
 

@@ -14,7 +14,7 @@ from patchgrid.pairs.pair import Pair
 from patchgrid.plan import Patch, Request
 from patchgrid.sites import get_module, site_module
 from patchgrid.sweeps import SweepConfig, cache_spec, run_sweeps
-from tests.conftest import TINY, needs_vllm
+from tests.support.engines import TINY, needs_vllm
 
 TOL = 1e-4
 CLEAN = (21, 7, 143, 88, 301, 12, 9, 40)

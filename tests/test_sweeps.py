@@ -10,8 +10,8 @@ import pytest
 from patchgrid.cache import CacheError, load_or_build
 from patchgrid.metrics import METRICS
 from patchgrid.sweeps import SweepConfig, cache_spec, count_runs, run_sweeps, trace_window
-from tests.conftest import TINY, needs_vllm
-from tests.study_helpers import noise_std_for, shipped_pairs
+from tests.support.engines import TINY, needs_vllm
+from tests.support.pairs import noise_std_for, shipped_pairs
 
 ALL = SweepConfig(sweeps=("resid", "attn_out", "mlp_out", "heads", "trace"), trace_samples=2, max_requests=700)
 
@@ -188,7 +188,7 @@ def test_trace_noise_is_meng_et_al_s_over_the_data_set(tokenizers):
     from patchgrid.spec import StudySpec
     from patchgrid.sweeps import subject_noise
     from patchgrid.tasks.sweeps import measure_trace_noise
-    from tests.study_helpers import DATA
+    from tests.support.pairs import DATA
 
     _, records = read_source(str(DATA))
     subjects = [r.subject for r in records]
@@ -211,7 +211,7 @@ def test_trace_noise_is_meng_et_al_s_over_the_data_set(tokenizers):
 @pytest.mark.parametrize("head_positions", ["roles", "every"])
 def test_each_kind_counts_its_cells(head_positions):
     from patchgrid.sweeps import SWEEP_KINDS, SweepContext
-    from tests.effect_rows import make_pair
+    from tests.support.effect_rows import make_pair
 
     pair = make_pair("p", ["before_subject", "subject_first", "subject_last", "further", "last"], subject=(1, 3))
     config = SweepConfig(sweeps=("resid",), head_positions=head_positions, trace_samples=2)

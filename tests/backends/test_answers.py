@@ -9,9 +9,8 @@ import torch
 
 from patchgrid.metrics import Reading
 from patchgrid.plan import LOGPROBS, Noise, Patch, PlanError, Request, Start, forwards, tree_len
-from tests.conftest import TINY, needs_vllm
-
-from .helpers import all_keys, assert_results_close
+from tests.support.backends import all_keys, assert_results_close
+from tests.support.engines import needs_vllm
 
 pytestmark = needs_vllm
 
@@ -43,12 +42,6 @@ def _sources(engine, continuations):
     clean = engine.run([Request(tokens=CLEAN, answers=answers, continuations=continuations,
                                 capture=tuple(all_keys(engine.shape)), logprobs=True)])[0]
     return {"clean": clean.captures, "ref": {LOGPROBS: clean.logprobs}}
-
-
-@pytest.fixture(scope="module", params=TINY)
-def pair_of_engines(request, engines):
-    model = request.param
-    return engines.get(model, "hf", dtype="float32"), engines.get(model, "vllm", dtype="float32")
 
 
 @pytest.mark.parametrize("continuations", [ONE, LONG, MIXED], ids=["one-token", "several", "mixed"])

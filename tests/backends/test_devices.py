@@ -20,7 +20,7 @@ from patchgrid.backends.vllm_worker.session import Session as _Session
 from patchgrid.models import prepare
 from patchgrid.plan import Noise, Patch, Request, Start, encode_tensor, to_wire
 from patchgrid.sites import LLAMA
-from tests.conftest import needs_vllm
+from tests.support.engines import needs_vllm
 
 CLEAN = (21, 7, 143, 88, 301, 12, 9, 40)
 CORRUPT = (21, 7, 250, 61, 301, 12, 9, 40)
@@ -101,8 +101,9 @@ def test_a_write_from_another_device_is_refused():
 @needs_vllm
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU here: the CPU check above covers the write path")
 def test_on_a_gpu_every_site_started_or_not_matches_hf(engines):
-    from .helpers import all_keys, assert_results_close, every_site_requests, starting
-    from .test_skip import every_layer_requests
+    from tests.support.backends import all_keys, assert_results_close, every_site_requests, starting
+
+    from .test_start_midstack import every_layer_requests
 
     hf = engines.get("tiny-llama", "hf", dtype="float32")
     vl = engines.get("tiny-llama", "vllm", dtype="float32")

@@ -12,9 +12,8 @@ from patchgrid.cache import stream_keys
 from patchgrid.engine import load_engine
 from patchgrid.plan import LOGPROBS, Noise, Patch, PlanError, Request
 from patchgrid.sites import shape_of
-from tests.conftest import needs_vllm
-
-from .helpers import all_keys, assert_results_close, effect_spread, every_site_requests, starting
+from tests.support.backends import all_keys, assert_results_close, effect_spread, every_site_requests, starting
+from tests.support.engines import needs_vllm
 
 pytestmark = needs_vllm
 CLEAN = tuple(range(21, 61))

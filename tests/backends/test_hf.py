@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from patchgrid.plan import Request
-from tests.conftest import TINY
+from tests.support.engines import TINY
 
 
 @pytest.mark.parametrize("model", TINY + ("tiny-gemma2", "tiny-gemma3", "tiny-gptj", "tiny-neox", "tiny-olmo2"))

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from patchgrid.plan import Patch, PlanError, Request
-from tests.conftest import needs_vllm
+from tests.support.engines import needs_vllm
 
 
 @pytest.mark.parametrize("backend", [pytest.param("vllm", marks=needs_vllm), "hf"])

@@ -9,9 +9,8 @@ import torch
 
 from patchgrid.cache import stream_keys
 from patchgrid.plan import Patch, Request
-from tests.conftest import TINY, needs_vllm
-
-from .helpers import all_keys, assert_results_close, effect_spread, starting
+from tests.support.backends import all_keys, assert_results_close, effect_spread, starting
+from tests.support.engines import TINY, needs_vllm
 
 pytestmark = needs_vllm
 
@@ -37,10 +36,7 @@ def every_layer_requests(shape, tokens, source="clean"):
 
 
 # tiny-neox: a decoder that loops over every layer (vLLM's Transformers backend), started by stand-ins
-@pytest.fixture(scope="module", params=TINY + ("tiny-neox",))
-def pair_of_engines(request, engines):
-    model = request.param
-    return engines.get(model, "hf", dtype="float32"), engines.get(model, "vllm", dtype="float32")
+ENGINE_MODELS = TINY + ("tiny-neox",)  # pair_of_engines (tests/backends/conftest.py) runs each
 
 
 def _sources(engine):

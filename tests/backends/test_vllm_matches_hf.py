@@ -1,25 +1,17 @@
 """The vLLM backend gives the Hugging Face reference's numbers, site by site, on every family."""
 from __future__ import annotations
 
-import pytest
 import torch
 
 from patchgrid.plan import Patch, Request
-from tests.conftest import TINY, needs_vllm
-
-from .helpers import all_keys, assert_results_close, effect_spread, every_site_requests
+from tests.support.backends import all_keys, assert_results_close, effect_spread, every_site_requests
+from tests.support.engines import needs_vllm
 
 pytestmark = needs_vllm
 
 CLEAN = (21, 7, 143, 88, 301, 12, 9, 40)
 CORRUPT = (21, 7, 250, 61, 301, 12, 9, 40)
 ANSWERS = (5, 77)
-
-
-@pytest.fixture(scope="module", params=TINY)
-def pair_of_engines(request, engines):
-    model = request.param
-    return engines.get(model, "hf", dtype="float32"), engines.get(model, "vllm", dtype="float32")
 
 
 def test_captures_match(pair_of_engines):

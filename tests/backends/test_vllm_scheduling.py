@@ -9,9 +9,8 @@ import pytest
 import torch
 
 from patchgrid.plan import LOGPROBS, Noise, Patch, Request, Start, latest_start
-from tests.conftest import needs_vllm
-
-from .helpers import all_keys, assert_results_close, effect_spread
+from tests.support.backends import all_keys, assert_results_close, effect_spread
+from tests.support.engines import needs_vllm
 
 pytestmark = needs_vllm
 MODEL = "tiny-llama"

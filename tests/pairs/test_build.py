@@ -12,8 +12,7 @@ from patchgrid.pairs import (
     summary,
     write_pairs,
 )
-
-from .conftest import cf, write_jsonl
+from tests.support.pairs import cf, write_jsonl
 
 CAPITALS = [("France", "Paris"), ("Germany", "Berlin"), ("Japan", "Tokyo"), ("Italy", "Rome"), ("Spain", "Madrid"),
             ("Egypt", "Cairo"), ("Russia", "Moscow"), ("China", "Beijing")]

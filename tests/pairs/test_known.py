@@ -10,9 +10,8 @@ import pytest
 
 from patchgrid.pairs import build_pairs, read_source
 from patchgrid.plan import Request
-from tests.conftest import needs_vllm
-
-from .conftest import write_jsonl
+from tests.support.engines import needs_vllm
+from tests.support.pairs import write_jsonl
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "pairs" / "facts.jsonl"
 

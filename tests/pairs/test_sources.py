@@ -8,8 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from patchgrid.pairs import SourceError, read_source
-
-from .conftest import cf, write_jsonl
+from tests.support.pairs import cf, write_jsonl
 
 
 def test_known_1000(tmp_path):

@@ -3,7 +3,7 @@ with a subject-swap partner or not, as Meng et al. choose them."""
 from __future__ import annotations
 
 from patchgrid.pairs import build_pairs, read_source, to_table, traced_facts
-from tests.study_helpers import DATA
+from tests.support.pairs import DATA
 
 
 def row(pid, status, *, known, usable=True, reason=None, corrupt=(1, 9, 3)):

@@ -9,7 +9,7 @@ import duckdb
 import pytest
 
 from patchgrid.warehouse.loader import SCHEMA_VERSION, ensure
-from tests.study_helpers import DATA
+from tests.support.pairs import DATA
 
 
 def _no_config(tmp):

@@ -5,9 +5,8 @@ from __future__ import annotations
 import shutil
 import subprocess
 
-from tests.conftest import needs_vllm
-
-from .helpers import env_for, study_args, tables
+from tests.support.engines import needs_vllm
+from tests.support.processes import env_for, study_args, tables
 
 pytestmark = needs_vllm
 EXTRA = ("--limit", "2", "--sweeps", "resid,mlp_out", "--shard-size", "2")

@@ -8,9 +8,8 @@ import sys
 import textwrap
 
 from patchgrid.warehouse.loader import ensure, query
-from tests.conftest import needs_vllm
-
-from .helpers import env_for, start, study_args
+from tests.support.engines import needs_vllm
+from tests.support.processes import env_for, start, study_args
 
 pytestmark = needs_vllm
 

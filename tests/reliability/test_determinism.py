@@ -7,8 +7,8 @@ from pathlib import Path
 from patchgrid.cache import load_or_build
 from patchgrid.engine import load_engine
 from patchgrid.sweeps import SweepConfig, cache_spec, run_sweeps
-from tests.conftest import needs_vllm
-from tests.study_helpers import noise_std_for, shipped_pairs
+from tests.support.engines import needs_vllm
+from tests.support.pairs import noise_std_for, shipped_pairs
 
 CFG = SweepConfig(sweeps=("resid", "heads", "trace"), trace_samples=3, seed=7)
 

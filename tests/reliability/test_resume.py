@@ -4,9 +4,8 @@ from __future__ import annotations
 import subprocess
 import time
 
-from tests.conftest import needs_vllm
-
-from .helpers import env_for, kill9, start, study_args, tables, wait_for
+from tests.support.engines import needs_vllm
+from tests.support.processes import env_for, kill9, start, study_args, tables, wait_for
 
 pytestmark = needs_vllm
 EXTRA = ("--limit", "6", "--shard-size", "1", "--sweeps", "resid,heads,trace", "--trace-samples", "3")

@@ -10,10 +10,9 @@ import time
 import pytest
 
 from patchgrid.warehouse.loader import query
-from tests.conftest import needs_vllm
-from tests.study_helpers import DATA
-
-from .helpers import env_for, start, study_args, wait_for
+from tests.support.engines import needs_vllm
+from tests.support.pairs import DATA
+from tests.support.processes import env_for, start, study_args, wait_for
 
 
 def _left_in_session(sid: int) -> list[str]:

@@ -6,8 +6,7 @@ import sys
 import textwrap
 
 from patchgrid.warehouse.loader import connect, query
-
-from .helpers import kill9, wait_for
+from tests.support.processes import kill9, wait_for
 
 LOADER = textwrap.dedent("""
     import sys, time

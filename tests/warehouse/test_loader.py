@@ -13,7 +13,7 @@ from patchgrid.effects import write_effects
 from patchgrid.pairs import to_table as pairs_table
 from patchgrid.warehouse.layout import Layout
 from patchgrid.warehouse.loader import SCHEMA_VERSION, WarehouseError, ensure, load_run, query, start_run
-from tests.effect_rows import CLEAN, CORRUPT, baseline, make_pair, row, shifted
+from tests.support.effect_rows import CLEAN, CORRUPT, baseline, make_pair, row, shifted
 
 ROLES = ["subject_first", "subject_last", "further", "further", "last"]
 # The effect and baseline columns patchgrid wrote before every metric had its own (schema v1, and

@@ -12,7 +12,7 @@ import pytest
 from patchgrid.metrics import METRICS
 from patchgrid.pairs import to_table as pairs_table
 from patchgrid.warehouse.loader import load_run, query, start_run
-from tests.effect_rows import CLEAN, CORRUPT, make_pair, row, shifted, write_and_read_back
+from tests.support.effect_rows import CLEAN, CORRUPT, make_pair, row, shifted, write_and_read_back
 
 ROLES = ("subject_first", "subject_last", "further", "last")
 N_PAIRS = 5

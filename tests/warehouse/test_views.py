@@ -12,7 +12,7 @@ from patchgrid.effects import write_effects
 from patchgrid.metrics import METRICS, MIN_SPAN, Reading, recovery
 from patchgrid.pairs import to_table as pairs_table
 from patchgrid.warehouse.loader import load_run, query, start_run
-from tests.effect_rows import CLEAN, CORRUPT, between, make_pair, row, shifted, write_and_read_back
+from tests.support.effect_rows import CLEAN, CORRUPT, between, make_pair, row, shifted, write_and_read_back
 
 
 def pair(pid, clean="c", corrupt="x", roles=("subject_last", "last"), start=0, end=1):

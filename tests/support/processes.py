@@ -1,4 +1,5 @@
-"""Real processes for reliability tests: the CLI in its own process group, killed with real signals."""
+"""Real processes for reliability and flow tests: the CLI in its own process group, killed with real
+signals; the warehouse read back."""
 from __future__ import annotations
 
 import os
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import duckdb
 
-from tests.study_helpers import DATA
+from tests.support.pairs import DATA
 
 
 def study_args(tmp: Path, warehouse: Path, workdir: Path, *extra: str) -> list[str]:

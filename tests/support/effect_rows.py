@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 from patchgrid.effects import effect_row, write_effects
 from patchgrid.metrics import METRICS, Reading
 from patchgrid.pairs.pair import Pair
-from patchgrid.sweeps.kinds import Cell
+from patchgrid.sweeps import Cell
 
 # A pair's two baselines on every metric: the clean run knows its answer (kl 0, rank 0), the
 # corrupt run prefers the other one. Every span, in its metric's direction, is above min_span.

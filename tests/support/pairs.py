@@ -1,12 +1,14 @@
-"""Pairs from the shipped fact set, for cache and sweep tests."""
+"""Pairs from the shipped fact set, for cache and sweep tests; source records written by hand, for
+the pair-building tests."""
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from pathlib import Path
 
 from patchgrid.pairs import accepted_pairs, build_pairs, read_source, to_table
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "pairs" / "facts.jsonl"
+DATA = Path(__file__).resolve().parents[2] / "data" / "pairs" / "facts.jsonl"
 
 
 def shipped_pairs(tokenizer, n, *, engine=None, max_len=1024, spread=True, answer_policy="single"):
@@ -35,3 +37,14 @@ def noise_std_for(engine, pairs, scale: float = 3.0) -> float:
     from patchgrid.sweeps import trace_noise_std
 
     return trace_noise_std(MemoryStore(engine, pairs, CacheSpec(("embed",))), pairs, scale)
+
+
+def cf(case_id, subject, answer, prompt="The capital of {} is", relation="P36"):
+    """One CounterFact record."""
+    return {"case_id": case_id, "requested_rewrite": {"prompt": prompt, "relation_id": relation, "subject": subject,
+                                                      "target_true": {"str": answer, "id": None}}}
+
+
+def write_jsonl(path, records):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return path

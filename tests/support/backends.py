@@ -39,7 +39,8 @@ def every_site_requests(shape, corrupt, answers, source="clean", layers=None):
                                                                       Patch("v", layer, source, (n - 1,), 1))))
         # neurons at both ends of each tensor-parallel rank's half, and inside
         for neuron in (0, shape.d_mlp // 2 - 1, shape.d_mlp // 2, shape.d_mlp - 1, 37):
-            reqs.append(Request(tokens=corrupt, answers=answers, patches=(Patch("neuron", layer, source, pos, neuron=neuron),)))
+            reqs.append(Request(tokens=corrupt, answers=answers,
+                                patches=(Patch("neuron", layer, source, pos, neuron=neuron),)))
         reqs.append(Request(tokens=corrupt, answers=answers, patches=(Patch("neuron", layer, source, None, neuron=5),)))
     # causal-tracing shape: noise on the subject, restore one layer's stream
     reqs.append(Request(tokens=corrupt, answers=answers, noise=(Noise((1, 2), 0.7, 11),)))
