@@ -27,12 +27,15 @@ def load_warehouse(spec: StudySpec, pairs_table: str, baseline_files: list[str],
 
     from patchgrid.pairs import read_pairs
     from patchgrid.rows import BASELINE
+    from patchgrid.sweeps import SWEEP_KINDS
     from patchgrid.warehouse.loader import load_run
 
     baselines = (pa.concat_tables([pq.read_table(f, schema=BASELINE.schema) for f in baseline_files])
                  if baseline_files else BASELINE.table([]))
+    # how each kind is drawn, so that the views select its rows by their shape, never by its name
+    kinds = {name: kind.drawing for name, kind in SWEEP_KINDS.items()}
     counts = load_run(spec.warehouse, spec.run_id, read_pairs(pairs_table), baselines, effect_files,
-                      finished=finished)
+                      finished=finished, sweep_kinds=kinds)
     get_run_logger().info("warehouse %s: loaded %s", spec.warehouse, counts)
     return counts
 

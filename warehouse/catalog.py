@@ -2,7 +2,8 @@
 and for the in-memory connection patchgrid's own queries and report read through.
 
 Base views (`runs`, `pairs`, `baselines`, `effects`) are generated from the row shapes in
-patchgrid/rows.py: `run_id`, then exactly the shape's columns and types. `metrics` and
+patchgrid/rows.py: `run_id`, then exactly the shape's columns and types; `sweep_kinds` (each load's
+record of how its kinds are drawn and the shape of their rows) from kinds.py. `metrics` and
 `effect_metrics` (the effect rows, one per metric) are generated from patchgrid/metrics.py; the
 summaries on top of them are `views.sql`. `published` lists each run's current load (its
 latest); every data view reads only published loads, so a load being written, or one
@@ -23,6 +24,7 @@ from pathlib import Path
 from patchgrid.metrics import METRICS
 from patchgrid.rows import EFFECT, WAREHOUSE_TABLES, sql_type
 
+from .kinds import SWEEP_KIND
 from .layout import SCHEMA_VERSION, TMP_PREFIX, Layout, stamp
 
 # Neither loads an extension behind the user's back; both hold for every connection opened here.
@@ -44,9 +46,21 @@ def _columns(table: str, alias: str) -> str:
     return ", ".join(cols if table == "runs" else [f"{alias}.run_id::VARCHAR AS run_id", *cols])
 
 
+def _sweep_kinds_view(layout: Layout, snapshot: bool) -> str:
+    """`sweep_kinds`: the published loads' records of their kinds. A reader's snapshot of a warehouse
+    no writer has opened since loads recorded them has no such file: there the view is empty."""
+    cols = ", ".join(f"t.{_q(f.name)}::{sql_type(f)} AS {_q(f.name)}" for f in SWEEP_KIND.schema)
+    if snapshot and next(layout.runs.glob("*/load=*/sweep_kinds.parquet"), None) is None:
+        nulls = ", ".join(f"NULL::{sql_type(f)} AS {_q(f.name)}" for f in SWEEP_KIND.schema)
+        return f"CREATE OR REPLACE VIEW sweep_kinds AS SELECT NULL::VARCHAR AS run_id, {nulls} WHERE false"
+    return (f"CREATE OR REPLACE VIEW sweep_kinds AS SELECT t.run_id::VARCHAR AS run_id, {cols} FROM published p "
+            f"JOIN read_parquet({_lit(layout.glob('sweep_kinds'))}, {HIVE}, union_by_name = true) t "
+            f"ON t.run_id = p.run_id AND t.load = p.load")
+
+
 def base_view_statements(layout: Layout, snapshot: bool) -> list[str]:
-    """SQL creating `published`, `runs`, `pairs`, `baselines` and `effects` (tables for the first
-    two when `snapshot`)."""
+    """SQL creating `published`, `runs`, `pairs`, `baselines`, `effects` and `sweep_kinds` (tables
+    for the first two when `snapshot`)."""
     kind = "TABLE" if snapshot else "VIEW"
     status_files = f"read_parquet({_lit(layout.glob('status'))}, filename = true, union_by_name = true)"
     # a load folder is published when its pairs file is there (the folder appears whole)
@@ -64,6 +78,7 @@ def base_view_statements(layout: Layout, snapshot: bool) -> list[str]:
             f"CREATE OR REPLACE VIEW {table} AS SELECT {_columns(table, 't')} FROM published p "
             f"JOIN read_parquet({_lit(layout.glob(table))}, {HIVE}, union_by_name = true) t "
             f"ON t.run_id = p.run_id AND t.load = p.load")
+    statements.append(_sweep_kinds_view(layout, snapshot))
     return statements
 
 
@@ -72,10 +87,11 @@ IDENTITY = tuple(EFFECT.columns[:EFFECT.columns.index("metric")])
 # A pair's cell: its rows at the positions of one role are averaged into one (a pair may have
 # several `further` positions).
 PAIR_CELL = tuple(c for c in IDENTITY if c != "position")
-# The sweep whose rows are estimates (attribution patching): only the sites its estimates ranked
-# highest, and a random sample, were patched exactly, so its exact effects are a selected subset.
-# The effect views leave its rows out; atp_summary and atp_agreement (views.sql) read them.
-ESTIMATED_SWEEP = "atp"
+# The rows that are patched runs, not estimates (kinds.py): an estimated row (attribution patching)
+# was patched exactly only when its estimate ranked high or it was sampled, so its exact effects are
+# a selected subset. The effect views leave estimated rows out; atp_summary and atp_agreement
+# (views.sql) read them.
+EXACT_ROWS = "estimate IS NULL"
 
 
 def _measures(name: str, metric) -> dict[str, str]:
@@ -99,14 +115,14 @@ def metric_statements() -> list[str]:
 
     A row that has no value on a metric (logit_diff of a multi-token answer; every metric but
     logit_diff and p in a load written before they existed, read as NULL) is no row of that metric.
-    The estimated sweep's rows (`ESTIMATED_SWEEP`, atp) are in none of these views.
+    Estimated rows (attribution patching's, `EXACT_ROWS` false) are in none of these views.
     """
     def span(m):
         return "NULL::DOUBLE" if m.min_span is None else repr(float(m.min_span))
 
     rows = ", ".join(f"({_lit(name)}, {_lit(m.meaning)}, {int(m.better)}, {span(m)})" for name, m in METRICS.items())
     ident = ", ".join(_q(c) for c in IDENTITY)
-    exact = f"sweep <> {_lit(ESTIMATED_SWEEP)}"
+    exact = EXACT_ROWS
     measures = {name: _measures(name, m) for name, m in METRICS.items()}
     # One branch per metric: a filter on `metric` prunes the other branches' Parquet columns unread.
     long = " UNION ALL ".join(

@@ -8,6 +8,7 @@ A warehouse is a folder of Parquet files plus a small DuckDB file of view defini
     warehouse.data/runs/run_id=<id>/load=<stamp>/pairs.parquet      a run's rows, one folder per load
                                                .../baselines.parquet
                                                .../effects/part-<k>.parquet
+                                               .../sweep_kinds.parquet   how its kinds are drawn (kinds.py)
 
 Nothing is ever changed in place. A writer builds a file or a load folder under a name no glob
 matches and renames it into place (atomic on POSIX file systems and NFS), so a reader sees a
@@ -77,11 +78,12 @@ class Layout:
         return sorted((p for p in folder.glob("load=*") if p.is_dir()), key=lambda p: p.name) if folder.is_dir() else []
 
     def glob(self, what: str) -> str:
-        """The absolute glob a view reads (`what`: status, pairs, baselines, effects)."""
+        """The absolute glob a view reads (`what`: status, pairs, baselines, effects, sweep_kinds)."""
         root = self.runs.resolve()
         return str(root / {"status": "*/status/*.parquet", "pairs": "*/load=*/pairs.parquet",
                            "baselines": "*/load=*/baselines.parquet",
-                           "effects": "*/load=*/effects/*.parquet"}[what])
+                           "effects": "*/load=*/effects/*.parquet",
+                           "sweep_kinds": "*/load=*/sweep_kinds.parquet"}[what])
 
     def exists(self) -> bool:
         return self.version_file.is_file()

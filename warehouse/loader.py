@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 from patchgrid.rows import BASELINE, EFFECT, PAIR, PAIR_IN_WAREHOUSE, RUN, RUN_STATUSES, RowError
 
 from .catalog import BASE_CONFIG, catalog_is_current, open_snapshot, write_catalog
+from .kinds import SWEEP_KIND, sweep_kind_table
 from .layout import EMPTY_RUN, SCHEMA_VERSION, Layout, publish_dir, publish_file, remove_superseded, stamp
 
 __all__ = ["SCHEMA_VERSION", "WarehouseError", "check_writable", "connect", "ensure", "finish_run", "load_run",
@@ -82,7 +83,7 @@ def _check_version(layout: Layout) -> None:
 def _shapes_fingerprint() -> str:
     import hashlib
 
-    text = "|".join(str(shape.schema) for shape in (PAIR_IN_WAREHOUSE, BASELINE, EFFECT, RUN))
+    text = "|".join(str(shape.schema) for shape in (PAIR_IN_WAREHOUSE, BASELINE, EFFECT, RUN, SWEEP_KIND))
     return hashlib.sha256(text.encode()).hexdigest()[:8]
 
 
@@ -91,12 +92,11 @@ def _empty_load(folder: Path) -> None:
     pq.write_table(BASELINE.table([]), folder / "baselines.parquet")
     (folder / "effects").mkdir()
     pq.write_table(EFFECT.table([]), folder / "effects" / "part-00000.parquet")
+    pq.write_table(SWEEP_KIND.table([]), folder / "sweep_kinds.parquet")
 
 
-def ensure(path: str | Path) -> Layout:
-    """The warehouse at `path`, ready to be written: created when missing, migrated from schema
-    v1, its dashboard file rewritten when its views are out of date."""
-    layout = Layout.of(path)
+def _check_files(layout: Layout) -> tuple[str | None, tuple | None]:
+    """What the warehouse's DuckDB file is (None: there is none), refusing one that cannot be written."""
     catalog = layout.catalog
     if not catalog.parent.is_dir():
         raise WarehouseError(f"warehouse {catalog}: folder {catalog.parent} does not exist")
@@ -106,6 +106,11 @@ def ensure(path: str | Path) -> Layout:
         raise WarehouseError(f"warehouse {catalog} is read-only (its file mode allows no writing)")
     if layout.data.exists() and not layout.data.is_dir():
         raise WarehouseError(f"warehouse {catalog}: {layout.data} is a file, not the warehouse's data folder")
+    return kind, recorded
+
+
+def _create_or_check(layout: Layout, kind: str | None) -> None:
+    """The data folder there and of a schema this patchgrid knows: created when missing, migrated from v1."""
     if kind == "v1":
         from .migrate import migrate_v1
 
@@ -116,12 +121,15 @@ def ensure(path: str | Path) -> Layout:
         try:
             layout.data.mkdir(exist_ok=True)
         except OSError as exc:
-            raise WarehouseError(f"warehouse {catalog}: cannot create {layout.data} ({exc.strerror})") from None
+            raise WarehouseError(f"warehouse {layout.catalog}: cannot create {layout.data} ({exc.strerror})") from None
         publish_file(lambda tmp: tmp.write_text(json.dumps({"schema": SCHEMA_VERSION}) + "\n"), layout.version_file)
     if not os.access(layout.data, os.W_OK):
-        raise WarehouseError(f"warehouse {catalog} is read-only ({layout.data} cannot be written)")
-    # Empty files in today's shapes: every glob matches a file, and every column of the shapes is
-    # in one (loads written before a column was added read it as NULL).
+        raise WarehouseError(f"warehouse {layout.catalog} is read-only ({layout.data} cannot be written)")
+
+
+def _ensure_empty_files(layout: Layout) -> None:
+    """Empty files in today's shapes: every glob matches a file, and every column of the shapes is
+    in one (loads written before a column was added read it as NULL)."""
     empty = f"load=0-{_shapes_fingerprint()}"
     if not (layout.run_dir(EMPTY_RUN) / empty).is_dir():
         try:
@@ -132,6 +140,15 @@ def ensure(path: str | Path) -> Layout:
     status = layout.status_dir(EMPTY_RUN) / f"0-{_shapes_fingerprint()}.parquet"
     if not status.exists():
         publish_file(lambda tmp: pq.write_table(RUN.table([]), tmp), status)
+
+
+def ensure(path: str | Path) -> Layout:
+    """The warehouse at `path`, ready to be written: created when missing, migrated from schema
+    v1, its dashboard file rewritten when its views are out of date."""
+    layout = Layout.of(path)
+    kind, recorded = _check_files(layout)
+    _create_or_check(layout, kind)
+    _ensure_empty_files(layout)
     if kind != "catalog" or not catalog_is_current(layout, recorded):
         write_catalog(layout)
     return layout
@@ -199,13 +216,16 @@ def _checked_effects(source: Path, target: Path) -> int:
 
 
 def load_run(path: str | Path, run_id: str, pairs, baselines, effect_files, *, finished=None,
-             status: str = "completed") -> dict:
+             status: str = "completed", sweep_kinds: dict[str, str] | None = None) -> dict:
     """Publish a run's pairs table, baselines and effect Parquet files as its new load, replacing
     its earlier one, and record the run as `status`.
 
     pairs: a pyarrow table in the rows.PAIR shape; baselines: rows.BASELINE rows (a list of dicts or
-    a table); effect_files: Parquet files in the rows.EFFECT shape. Returns counts of rows loaded.
+    a table); effect_files: Parquet files in the rows.EFFECT shape; sweep_kinds: {sweep: drawing}
+    (SweepKind.drawing) of the kinds the rows may come from, recorded with the load (kinds.py;
+    None records none, and the views infer what they need). Returns counts of rows loaded.
     """
+    kinds = sweep_kind_table(sweep_kinds)
     PAIR.check(pairs)
     base_table = BASELINE.table(baselines) if isinstance(baselines, list) else baselines.select(BASELINE.columns)
     BASELINE.check(base_table)
@@ -217,6 +237,7 @@ def load_run(path: str | Path, run_id: str, pairs, baselines, effect_files, *, f
         for k, f in enumerate(effect_files):
             counts["effects"] += _checked_effects(Path(f), folder / "effects" / f"part-{k:05d}.parquet")
         pq.write_table(base_table.cast(BASELINE.schema), folder / "baselines.parquet")
+        pq.write_table(kinds, folder / "sweep_kinds.parquet")
         pq.write_table(pairs.select(PAIR_IN_WAREHOUSE.columns).cast(PAIR_IN_WAREHOUSE.schema),
                        folder / "pairs.parquet")
 

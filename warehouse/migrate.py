@@ -68,7 +68,8 @@ def migrate_v1(layout: Layout) -> str:
 
                     publish_dir(fill, layout.run_dir(run_id), f"load={stamp()}")
                 table = RUN.table([{**run, "reason": None}])
-                publish_file(lambda tmp, t=table: pq.write_table(t, tmp), layout.status_dir(run_id) / f"{stamp()}.parquet")
+                publish_file(lambda tmp, t=table: pq.write_table(t, tmp),
+                             layout.status_dir(run_id) / f"{stamp()}.parquet")
         finally:
             con.close()
         publish_file(lambda tmp: tmp.write_text(json.dumps({"schema": SCHEMA_VERSION}) + "\n"), layout.version_file)

@@ -8,6 +8,11 @@ from patchgrid.sites import SITE_KINDS
 
 from .loader import query
 
+# The resid stream patched clean into corrupt, one (layer, position) per run: its exact rows (no
+# sweep kind named: the only exact rows at the resid site that are not noised, views.sql)
+RESID_STREAM = ("s.site = 'resid' AND s.direction = 'denoise' AND NOT EXISTS "
+                "(SELECT 1 FROM noised_sweeps n WHERE n.run_id = s.run_id AND n.sweep = s.sweep)")
+
 # The metric a question is asked on when none is named: logprob_diff, which every pair has (answers
 # of any length) and which equals logit_diff for one-token answers; else logit_diff, for loads
 # written before answers were scored.
@@ -51,7 +56,7 @@ def stream_by_layer(path, run_id: str, every: int = 4, metric: str | None = None
     return query(path, f"""
         SELECT layer, position_role, metric, n_recovery, round(mean_recovery, 3) AS mean_recovery,
                round(ci95_low, 3) AS ci95_low, round(ci95_high, 3) AS ci95_high
-        FROM effect_summary WHERE run_id = ? AND metric = {chosen} AND sweep = 'resid' AND direction = 'denoise'
+        FROM effect_summary s WHERE run_id = ? AND metric = {chosen} AND {RESID_STREAM}
           AND position_role IN ('subject_last', 'last') AND layer % ? = 0
         ORDER BY position_role DESC, layer""", [run_id, *params, int(every)])
 
@@ -66,7 +71,7 @@ def every_metric(path, run_id: str, layers: tuple[int, ...], roles=("subject_las
                s.n_recovery, round(s.mean_recovery, 3) AS mean_recovery, round(s.ci95_low, 3) AS ci95_low,
                round(s.ci95_high, 3) AS ci95_high
         FROM effect_summary s JOIN metrics m USING (metric)
-        WHERE s.run_id = ? AND s.sweep = 'resid' AND s.direction = 'denoise' AND s.layer IN ({marks})
+        WHERE s.run_id = ? AND {RESID_STREAM} AND s.layer IN ({marks})
           AND s.position_role IN ({roles_in})
         ORDER BY s.position_role DESC, s.layer, list_position(?, s.metric)""",
                  [run_id, *layers, *roles, list(METRICS)])

@@ -5,6 +5,16 @@
 -- metric is summarised for every cell, each row naming its `metric`: numbers on different
 -- metrics are never averaged together.
 
+-- The sweeps whose rows are noised (causal tracing: the clean prompt with noise on the subject, the
+-- corrupt readings the noised run's), per run: those its load recorded so (sweep_kinds, row_shape
+-- 'noised'; warehouse/kinds.py). A run whose load recorded no kinds (written before loads recorded
+-- them) has its sweeps on p(answer) as the headline metric taken as noised: only causal tracing's were.
+CREATE OR REPLACE VIEW noised_sweeps AS
+SELECT run_id, sweep FROM sweep_kinds WHERE row_shape = 'noised'
+UNION
+SELECT DISTINCT e.run_id, e.sweep FROM effects e
+WHERE e.metric = 'p' AND NOT EXISTS (SELECT 1 FROM sweep_kinds k WHERE k.run_id = e.run_id);
+
 -- Student's t quantile t_{0.975, df}: exact (4 decimals) below 10 degrees of freedom, the
 -- Cornish-Fisher expansion above (within 1e-5 of the exact value from df = 10 on).
 CREATE OR REPLACE MACRO t975(df) AS CASE
@@ -69,7 +79,7 @@ FROM cell;
 -- effect_summary's means with two intervals side by side: the simple t interval (pairs as
 -- independent) and one that allows for pairs sharing a fact (a fact is the corrupt side of
 -- several pairs, A->B and B->A both exist). Each pair belongs to its two facts, its clean and
--- its corrupt prompt (causal tracing reads the clean prompt alone: one fact). The variance of
+-- its corrupt prompt (a noised sweep, causal tracing, reads the clean prompt alone: one fact). The variance of
 -- the mean adds the residual cross-products of every two pairs that share a fact:
 --   (sum over facts f of (sum of f's pairs' residuals)^2 - sum of squared residuals) / (n (n - 1)),
 -- never below the simple variance, with t on min(n, facts) - 1 degrees of freedom. With
@@ -78,9 +88,10 @@ FROM cell;
 CREATE OR REPLACE VIEW effect_summary_facts AS
 WITH judged AS (
     SELECT j.*, coalesce(p.clean_prompt, j.pair_id) AS clean_fact,
-           CASE WHEN j.sweep = 'trace' THEN coalesce(p.clean_prompt, j.pair_id)
+           CASE WHEN n.sweep IS NOT NULL THEN coalesce(p.clean_prompt, j.pair_id)
                 ELSE coalesce(p.corrupt_prompt, j.pair_id || ' (corrupt)') END AS corrupt_fact
     FROM pair_effects_judged j LEFT JOIN pairs p ON p.run_id = j.run_id AND p.pair_id = j.pair_id
+    LEFT JOIN noised_sweeps n ON n.run_id = j.run_id AND n.sweep = j.sweep  -- one row per (run, sweep)
 ),
 memberships AS (  -- each pair once per distinct fact it belongs to
     SELECT * EXCLUDE (clean_fact, corrupt_fact), clean_fact AS fact FROM judged
@@ -147,7 +158,7 @@ SELECT
 FROM pair_effects_judged
 GROUP BY ALL;
 
--- Path patching (sweep 'paths', denoise): effect_summary's cells of the paths rows, one per (run,
+-- Path patching (the rows with a receiver, denoise): effect_summary's cells of the path rows, one per (run,
 -- metric, sender, receiver, position role), with both ends spelled out: the sender's site (head,
 -- attn_out or mlp_out), layer and head (NULL unless a head); the receiver `logits` (receiver_input,
 -- receiver_layer and receiver_head NULL) or a later head's input `q.5.1`, `k.5.0`, `v.5.0`
@@ -156,7 +167,7 @@ GROUP BY ALL;
 CREATE OR REPLACE VIEW path_summary AS
 WITH paths AS (
     SELECT *, receiver <> 'logits' AS to_head
-    FROM effect_summary WHERE sweep = 'paths' AND direction = 'denoise'
+    FROM effect_summary WHERE receiver IS NOT NULL AND direction = 'denoise'
 )
 SELECT
     run_id, metric, sender, receiver, position_role,
@@ -168,7 +179,8 @@ SELECT
     n_recovery, n_small_span, mean_recovery, sd_recovery, se_recovery, ci95_low, ci95_high, ratio_of_means
 FROM paths;
 
--- Causal tracing averaged as Meng et al. do: every restored (prompt, token) row counts once
+-- Causal tracing (the noised sweeps' rows, noised_sweeps) averaged as Meng et al. do: every restored
+-- (prompt, token) row counts once
 -- (a prompt's middle and further tokens weigh per token), in their buckets; a one-token subject
 -- counts as both first and last subject token; tokens before the subject are left out. Per
 -- metric: aie is the average indirect effect, mean(restored) - mean(noised) on that metric,
@@ -179,7 +191,7 @@ WITH rows AS (
     SELECT e.run_id, e.site, e.layer, e.metric, e.pair_id, e.position_role, e.effect, e.patched, e.corrupt,
            p.subject_end - p.subject_start = 1 AS one_token_subject
     FROM effect_metrics e JOIN pairs p ON p.run_id = e.run_id AND p.pair_id = e.pair_id
-    WHERE e.sweep = 'trace'
+    WHERE EXISTS (SELECT 1 FROM noised_sweeps n WHERE n.run_id = e.run_id AND n.sweep = e.sweep)
 ),
 bucketed AS (
     SELECT *, CASE position_role WHEN 'subject_first' THEN 'first_subject' WHEN 'subject_middle' THEN 'middle_subject'
@@ -210,7 +222,7 @@ SELECT m.run_id, m.site, m.layer, m.bucket, m.metric, c.n_prompts, m.n_tokens, m
        m.mean_restored, m.mean_noised
 FROM means m JOIN clustered c USING (run_id, site, layer, metric, bucket);
 
--- Attribution patching (sweep 'atp'). Each atp row is one screened site of a pair (site: resid,
+-- Attribution patching: the estimated rows (`estimate` set). Each atp row is one screened site of a pair (site: resid,
 -- attn_out, mlp_out, head or neuron; direction denoise; position NULL = every position at once)
 -- on the pair's headline `metric`, with `estimate`, the AtP estimate of `effect` (patched -
 -- corrupt on that metric), and `estimate_graddrop`, AtP*'s unsigned GradDrop score (NULL unless
@@ -218,16 +230,24 @@ FROM means m JOIN clustered c USING (run_id, site, layer, metric, bucket);
 -- GradDrop score when asked for) have verify = 'top', a seeded random sample of R of the others
 -- verify = 'random'; those were patched exactly (effect, recovery, patched_* set), every other
 -- atp row has them NULL. The verified subset is chosen by the estimates, so the effect views
--- above leave atp rows out (catalog.ESTIMATED_SWEEP); these views read them.
+-- above leave atp rows out (catalog.EXACT_ROWS); these views read them.
 
 -- The |recovery| from which atp_agreement counts a site as important.
 CREATE OR REPLACE MACRO atp_threshold() AS 0.1::DOUBLE;
 
--- The exact sweep that patches each site kind on its own, one site per run (kinds.kind_for_site;
--- a test checks the two agree): a run holding it has the exact effect of every site atp screens.
+-- The exact rows that patch one site on its own, one site per run: neither estimated nor a path
+-- (no receiver) nor noised, and no window. A site has one kind that patches it so (kinds.kind_for_site),
+-- and a run holding that sweep has the exact effect of every site atp screens.
+CREATE OR REPLACE VIEW single_site_effects AS
+SELECT x.* FROM effect_metrics x
+WHERE x.receiver IS NULL AND x."window" IS NULL
+  AND NOT EXISTS (SELECT 1 FROM noised_sweeps n WHERE n.run_id = x.run_id AND n.sweep = x.sweep);
+
+-- Per site kind the estimates screen, the exact sweep in the warehouse that patches it alone
+-- (single_site_effects; a test checks it is kinds.kind_for_site's).
 CREATE OR REPLACE VIEW atp_exact_sweeps AS
-SELECT * FROM (VALUES ('resid', 'resid'), ('attn_out', 'attn_out'), ('mlp_out', 'mlp_out'), ('head', 'heads'),
-                      ('neuron', 'neurons')) t(site, sweep);
+SELECT DISTINCT site, sweep FROM single_site_effects
+WHERE direction = 'denoise' AND site IN (SELECT DISTINCT site FROM effects WHERE estimate IS NOT NULL);
 
 -- One row per (run, pair, site, metric, layer, position role, head, neuron): the pair's atp rows
 -- at the positions of that role averaged (a pair may have several `further` positions), as
@@ -244,7 +264,7 @@ SELECT run_id, pair_id, site, metric, layer, position_role, head, neuron,
        avg(effect::DOUBLE)                                        AS effect,
        avg(estimate::DOUBLE) FILTER (WHERE effect IS NOT NULL)    AS verified_estimate
 FROM effects
-WHERE sweep = 'atp'
+WHERE estimate IS NOT NULL
 GROUP BY ALL;
 
 -- The estimates averaged across pairs like every other sweep's effects (effect_summary), per
@@ -297,7 +317,7 @@ FROM cell;
 --   sum(outside) / sum(outside + inside) over pairs, NULL when that is 0. A pair with others
 --   but no random row has no estimate of outside and enters neither sum; n_pairs_missed counts
 --   the pairs that enter. A row whose recovery is NULL (clean = corrupt) counts as not important.
---   recall_top_k: where the run holds the exact sweep of the site kind (atp_exact_sweeps,
+--   recall_top_k: where the run holds the exact sweep of the site kind (single_site_effects,
 --   direction denoise, matched on pair, layer, position, head and neuron) with an effect on
 --   `metric` for every atp row of a pair: per pair, the share of the exact top K sites by
 --   |effect| (K = the pair's n_top; ties broken by layer, position, head, neuron) that atp marked
@@ -310,7 +330,7 @@ WITH atp AS (
     SELECT run_id, pair_id, site, metric, layer, position, head, neuron, verify,
            estimate::DOUBLE AS estimate, estimate_graddrop, effect::DOUBLE AS effect, recovery::DOUBLE AS recovery,
            coalesce(abs(recovery) >= atp_threshold(), false) AS important
-    FROM effects WHERE sweep = 'atp'
+    FROM effects WHERE estimate IS NOT NULL
 ),
 per_pair AS (
     SELECT run_id, site, metric, pair_id,
@@ -349,8 +369,8 @@ missed_stats AS (
 matched AS (  -- each atp row beside the exact effect of its site on its metric, where the run has it
     SELECT a.run_id, a.site, a.metric, a.pair_id, a.layer, a.position, a.head, a.neuron, a.verify,
            x.effect AS exact_effect
-    FROM atp a JOIN atp_exact_sweeps s ON s.site = a.site
-    JOIN effect_metrics x ON x.run_id = a.run_id AND x.pair_id = a.pair_id AND x.sweep = s.sweep
+    FROM atp a
+    JOIN single_site_effects x ON x.run_id = a.run_id AND x.pair_id = a.pair_id
         AND x.site = a.site AND x.direction = 'denoise' AND x.metric = a.metric
         AND x.layer IS NOT DISTINCT FROM a.layer AND x.position IS NOT DISTINCT FROM a.position
         AND x.head IS NOT DISTINCT FROM a.head AND x.neuron IS NOT DISTINCT FROM a.neuron

@@ -121,7 +121,8 @@ def python_atp_summary(stored):
         for rows in pairs.values():
             estimates.append(statistics.mean(r["estimate"] for r in rows))
             if any(r["estimate_graddrop"] is not None for r in rows):
-                graddrops.append(statistics.mean(r["estimate_graddrop"] for r in rows if r["estimate_graddrop"] is not None))
+                graddrops.append(statistics.mean(r["estimate_graddrop"] for r in rows
+                                                 if r["estimate_graddrop"] is not None))
             verified = [r for r in rows if r["effect"] is not None]
             if verified:
                 effects.append(statistics.mean(r["effect"] for r in verified))

@@ -35,8 +35,9 @@ def synthetic(n_pairs=6, seed=0, relations=("capital", "currency"), multi_token=
         rel = relations[i % len(relations)]
         pairs.append({"pair_id": pid, "relation": rel, "status": "accepted", "clean_prompt": "a b c d e",
                       "corrupt_prompt": "a x c d e", "clean_answer": " y", "corrupt_answer": " z",
-                      "subject": "b", "subject_start": 1, "subject_end": 2, "roles": ROLES, "clean_ids": [1, 2, 3, 4, 5],
-                      "corrupt_ids": [1, 9, 3, 4, 5], "clean_answer_id": 7, "corrupt_answer_id": 8})
+                      "subject": "b", "subject_start": 1, "subject_end": 2, "roles": ROLES,
+                      "clean_ids": [1, 2, 3, 4, 5], "corrupt_ids": [1, 9, 3, 4, 5], "clean_answer_id": 7,
+                      "corrupt_answer_id": 8})
         baselines.append(baseline(pid, clean, corrupt))
         key = make_pair(pid, ROLES, rel, subject=(1, 2))
         for layer in range(3):
@@ -150,7 +151,8 @@ def test_views_unique_and_not_null(tmp_path):
     assert query(wh, "SELECT count(*) FROM effect_summary JOIN metrics USING (metric) WHERE min_span IS NOT NULL "
                      "AND n_recovery + n_small_span <> n_pairs")[1] == [(0,)]
     assert query(wh, "SELECT count(*) FROM effect_summary JOIN metrics USING (metric) WHERE min_span IS NULL "
-                     "AND (n_recovery, n_small_span) <> (0, 0) OR mean_recovery IS NOT NULL AND n_recovery = 0")[1] == [(0,)]
+                     "AND (n_recovery, n_small_span) <> (0, 0) OR mean_recovery IS NOT NULL AND n_recovery = 0"
+                     )[1] == [(0,)]
 
 
 @pytest.mark.parametrize("make, message", [
@@ -176,8 +178,8 @@ def test_newer_schema_is_refused(tmp_path):
 def test_query_cannot_change_the_warehouse(tmp_path):
     wh = tmp_path / "w.duckdb"
     _, effects = load(tmp_path, wh)
-    for sql in ("DELETE FROM effects", "DROP TABLE runs", "INSERT INTO runs (run_id, model, status) VALUES ('x','y','z')",
-                "CREATE TABLE t (x INT)"):
+    for sql in ("DELETE FROM effects", "DROP TABLE runs",
+                "INSERT INTO runs (run_id, model, status) VALUES ('x','y','z')", "CREATE TABLE t (x INT)"):
         with pytest.raises(WarehouseError, match="read-only"):
             query(wh, sql)
     assert count(wh, "effects") == len(effects)
@@ -212,8 +214,9 @@ def _v1_warehouse(tmp_path, wh):
     con.execute("""INSERT INTO runs VALUES ('run-old', '', 'm', 'sha', '{"x": 1}', '0.1.0', TIMESTAMP '2026-01-01',
                    TIMESTAMP '2026-01-02', 'completed')""")
     con.register("p", pairs)
-    con.execute("""INSERT INTO pairs BY NAME SELECT 'run-old' AS run_id, pair_id, relation, clean_prompt, corrupt_prompt,
-                   clean_answer, corrupt_answer, status, reason, detail, subject, subject_start, subject_end, roles FROM p""")
+    con.execute("""INSERT INTO pairs BY NAME SELECT 'run-old' AS run_id, pair_id, relation, clean_prompt,
+                   corrupt_prompt, clean_answer, corrupt_answer, status, reason, detail, subject, subject_start,
+                   subject_end, roles FROM p""")
     import pyarrow as pa
 
     con.register("b", pa.Table.from_pylist(baselines).select(OLD_BASELINE_COLUMNS))

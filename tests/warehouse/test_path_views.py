@@ -184,7 +184,8 @@ def test_summaries_keep_one_senders_receivers_apart(study, view, extra):
     assert all(g["n_pairs"] == N_PAIRS and g["sender"] == "head.0.0" for g in got)
     for g in got:
         want = statistics.mean(r["patched_logit_diff"] - r["corrupt_logit_diff"] for r in stored
-                               if (r["sender"], r["receiver"], r["position_role"]) == ("head.0.0", g["receiver"], "all"))
+                               if (r["sender"], r["receiver"], r["position_role"])
+                               == ("head.0.0", g["receiver"], "all"))
         assert g["mean_effect"] == pytest.approx(want, rel=1e-9)
     assert len({round(g["mean_effect"], 6) for g in got}) == len(RECEIVERS)
     key = (f"run_id, {extra}sweep, site, direction, metric, layer, position_role, head, neuron, sender, receiver")
