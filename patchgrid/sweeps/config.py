@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..rows import DIRECTIONS
-from ..settings import SpecError, at_least, not_negative, normalise_and_check, setting
+from ..settings import SpecError, at_least, normalise_and_check, not_negative, setting
 from ..sites import QKV
 from .paths import check_ends
 from .registry import SWEEP_KINDS
