@@ -41,7 +41,8 @@ class SpecError(ValueError):
 def setting(default, help: str, *, choices: tuple | None = None, check: Check | None = None,
             record: str = "always", flag: str | None = None, cli: bool = True, output: bool = False,
             item: str | None = None):
-    """A settings field. `choices`: the values it may take (each item of a list setting);
+    """A settings field. `choices`: the values it may take (each item of a list setting), or a
+    function giving them;
     `check`: a further check; `flag`: the command-line flag when not --<name>; `cli`: False for a
     setting the command line does not offer (the flow and Python callers may set it); `output`: the
     value is where something is written (cache keys count it by its path); `item`: what one item of
@@ -95,6 +96,13 @@ def settings_fields(cls) -> list[dataclasses.Field]:
     return [f for f in dataclasses.fields(cls) if "record" in f.metadata]
 
 
+def choices_of(f: dataclasses.Field) -> tuple | None:
+    """The values a setting may take; a callable `choices` is asked each time (a registry that
+    grows: a sweep kind registered at run time)."""
+    choices = f.metadata["choices"]
+    return tuple(choices()) if callable(choices) else choices
+
+
 def flag_of(f: dataclasses.Field) -> str:
     return f.metadata["flag"] or f"--{f.name.replace('_', '-')}"
 
@@ -114,7 +122,7 @@ def normalise_and_check(obj) -> None:
 
 
 def _problem(f: dataclasses.Field, value, listed: bool) -> str | None:
-    choices = f.metadata["choices"]
+    choices = choices_of(f)
     if choices is not None and value is not None:
         items = value if listed else (value,)
         bad = [v for v in items if v not in choices]

@@ -68,10 +68,8 @@ def test_a_kind_registered_once_runs_through_run_sweeps(engines, tokenizers, mon
     pairs = shipped_pairs(tokenizers("tiny-llama"), 2)
     kind = LastPosition()
     monkeypatch.setitem(SWEEP_KINDS, kind.name, kind)
-    config = SweepConfig(sweeps=("resid",), resid_directions=("denoise",))
-    # the sweeps setting's choices are fixed when SweepConfig is imported; a kind registered in the
-    # registry's file is among them, one registered by this test is set past them
-    object.__setattr__(config, "sweeps", ("resid", kind.name))
+    # the sweeps setting's choices are the registry's, asked when a config is built
+    config = SweepConfig(sweeps=("resid", kind.name), resid_directions=("denoise",))
     store = MemoryStore(hf, pairs, cache_spec(config, hf.shape.n_layers))
     rows = run_sweeps(hf, pairs, store, config)
     assert kind.phases == ["settle", "prepare"]

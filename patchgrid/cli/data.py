@@ -42,7 +42,7 @@ def cmd_sweep(args) -> int:
     from ..engine import load_engine
     from ..models import prepare
     from ..pairs import accepted_pairs, read_pairs
-    from ..sweeps import cache_spec, check_family, run_sweeps, subject_noise
+    from ..sweeps import cache_spec, check_family, noised, run_sweeps, subject_noise
 
     try:
         config = SweepConfig(**settings_from(args, SweepConfig))
@@ -56,7 +56,7 @@ def cmd_sweep(args) -> int:
     if not pairs:
         raise UsageError(f"--pairs {args.pairs}: holds no accepted pairs")
     noise_std = 0.0
-    if "trace" in config.sweeps:
+    if noised(config.sweeps):  # as a study does: over the whole data set
         import pyarrow.parquet as pq
 
         # as a study measures it: over the whole data set's subjects (every row of the table)

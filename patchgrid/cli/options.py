@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..settings import flag_of, is_list, scalar_type, settings_fields
+from ..settings import choices_of, flag_of, is_list, scalar_type, settings_fields
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -29,7 +29,7 @@ def add_settings(parser, cls, *, only: tuple[str, ...] | None = None, exclude: t
         else:
             kw["default"] = default
         kind = scalar_type(cls, f.name)
-        choices = f.metadata["choices"]
+        choices = choices_of(f)
         if kind is bool:
             parser.add_argument(flag_of(f), action=argparse.BooleanOptionalAction, **kw)
         elif is_list(cls, f.name):

@@ -27,7 +27,8 @@ class SweepConfig:
     """The settings of a sweep run, each declared once (patchgrid.settings): a study's and the
     `sweep` command's options are generated from these fields."""
 
-    sweeps: tuple[str, ...] = setting(DEFAULT_SWEEPS, "the sweep kinds to run, a comma list", choices=SWEEPS)
+    sweeps: tuple[str, ...] = setting(DEFAULT_SWEEPS, "the sweep kinds to run, a comma list",
+                                      choices=lambda: tuple(SWEEP_KINDS))
     resid_directions: tuple[str, ...] = setting(
         DIRECTIONS, "resid: denoise (clean into corrupt) and noise (corrupt into clean)", choices=DIRECTIONS,
         item="direction", record="if_changed", cli=False)
