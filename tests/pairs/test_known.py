@@ -33,7 +33,8 @@ def test_explicit_pairs_known_check_matches_the_engine(tmp_path, engines, tokeni
     answers = [" Paris", " Berlin", " Tokyo", " Rome", " Madrid", " Cairo", " the", " a"]
     records = []
     for i, (a, b) in enumerate(zip(words, words[1:])):
-        records.append({"id": str(i), "clean_prompt": f"The capital of {a} is", "corrupt_prompt": f"The capital of {b} is",
+        records.append({"id": str(i), "clean_prompt": f"The capital of {a} is",
+                        "corrupt_prompt": f"The capital of {b} is",
                         "clean_answer": answers[i], "corrupt_answer": answers[i + 1]})
     _, recs = read_source(str(write_jsonl(tmp_path / "p.jsonl", records)))
     rows = build_pairs(recs, tok, max_len=1024, engine=engine, require_known=True)

@@ -13,8 +13,9 @@ from tests.support.pairs import cf, write_jsonl
 
 def test_known_1000(tmp_path):
     p = write_jsonl(tmp_path / "known.jsonl", [
-        {"known_id": 0, "subject": "Vinson Massif", "attribute": "Antarctica", "template": "{} is located in the continent of",
-         "prediction": " Antarctica", "prompt": "Vinson Massif is located in the continent of", "relation_id": "P30"}])
+        {"known_id": 0, "subject": "Vinson Massif", "attribute": "Antarctica",
+         "template": "{} is located in the continent of", "prediction": " Antarctica",
+         "prompt": "Vinson Massif is located in the continent of", "relation_id": "P30"}])
     fmt, [rec] = read_source(str(p))
     assert fmt == "known_1000"
     assert (rec.record_id, rec.relation, rec.subject, rec.answer) == ("0", "P30", "Vinson Massif", "Antarctica")
@@ -29,8 +30,9 @@ def test_counterfact_nested(tmp_path):
 
 def test_counterfact_tracing_flat_as_json_array(tmp_path):
     p = tmp_path / "tracing.json"
-    p.write_text(json.dumps([{"relation": "{} is a citizen of", "relation_prefix": "", "relation_suffix": " is a citizen of",
-                              "prompt": "Danielle Darrieux is a citizen of", "relation_id": "P27", "target_false_id": 1,
+    p.write_text(json.dumps([{"relation": "{} is a citizen of", "relation_prefix": "",
+                              "relation_suffix": " is a citizen of", "prompt": "Danielle Darrieux is a citizen of",
+                              "relation_id": "P27", "target_false_id": 1,
                               "target_true_id": 2, "target_true": " France", "target_false": " Italy",
                               "subject": "Danielle Darrieux"}]))
     fmt, [rec] = read_source(str(p))
