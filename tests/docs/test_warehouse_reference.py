@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from patchgrid.warehouse.loader import ensure, query
+from patchgrid.warehouse.loader import connect, ensure
 from tests.docs.documents import ROOT
 
 PAGE = ROOT / "docs" / "warehouse.md"
@@ -22,8 +22,12 @@ def listed() -> dict[str, list[str]]:
 def test_every_view_and_column_is_listed(tmp_path):
     path = tmp_path / "warehouse.duckdb"
     ensure(path)
-    _, rows = query(path, "SELECT table_name FROM information_schema.tables ORDER BY table_name")
-    actual = {v: [c[0] for c in query(path, f'DESCRIBE "{v}"')[1]] for (v,) in rows}
+    con = connect(path)  # what `patchgrid query` reads through
+    try:
+        views = [v for (v,) in con.execute("SELECT table_name FROM information_schema.tables ORDER BY 1").fetchall()]
+        actual = {v: [c[0] for c in con.execute(f'DESCRIBE "{v}"').fetchall()] for v in views}
+    finally:
+        con.close()
     assert listed() == actual
 
 
