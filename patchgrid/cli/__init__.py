@@ -24,7 +24,7 @@ __all__ = ["DEFAULT_STUDY", "UsageError", "build_parser", "main"]
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     quiet_engine_logs()
-    from .stopping import Cancelled, cancel_on_signals, one_line, signalled
+    from ..stopping import Cancelled, cancel_on_signals, one_line, signalled
 
     try:
         with cancel_on_signals():
