@@ -4,7 +4,8 @@ and what it uses, so that no test file names its tier and none is left without o
     reliability  tests/reliability/: real processes killed, caches damaged, engines dying
     flow         tests/flows/, or a test using the Prefect API (the `prefect_api` fixture)
     engine       a test using an engine (the `engines` fixture, directly or through another fixture),
-                 needing vLLM, or running the CLI, which starts engines in processes of its own
+                 needing vLLM, running the CLI (which starts engines in processes of its own), or one
+                 of the few that run a model in process or drive a browser (RUNS_A_MODEL_OR_PROGRAM)
     unit         everything else: fast, no engine, no Prefect (`make test-fast` runs these)
 
 A test that names one of these markers itself keeps it. `slow` (the pretrained smollm2 model) is
@@ -21,6 +22,14 @@ from tests.support.engines import needs_vllm
 TIERS = ("unit", "engine", "flow", "reliability")
 # Test modules whose tests start engines in processes of their own (no fixture says so).
 ENGINES_IN_PROCESSES = frozenset({"test_cli.py"})
+# Tests without an engine that run a model in process (transformers' modules, forward and backward)
+# or a program of their own: seconds each, too slow for the unit tier. By module and function name.
+RUNS_A_MODEL_OR_PROGRAM = frozenset({
+    "test_attribution.py::test_estimate_equals_finite_differences_of_the_linearisation",
+    "test_attribution.py::test_estimate_equals_the_exact_patch_where_the_metric_is_linear_in_the_site",
+    "test_attribution.py::test_graddrop_scores_are_the_mean_absolute_estimate_with_each_layers_backward_cut",
+    "test_report.py::test_page_renders_in_headless_chromium",  # Chromium
+})
 TESTS = Path(__file__).resolve().parents[1]
 
 
@@ -42,6 +51,8 @@ def tier_of(item) -> str:
     if where.parts[0] == "flows" or "prefect_api" in item.fixturenames:
         return "flow"
     if "engines" in item.fixturenames or _needs_vllm(item) or where.as_posix() in ENGINES_IN_PROCESSES:
+        return "engine"
+    if f"{where.as_posix()}::{getattr(item, 'originalname', item.name)}" in RUNS_A_MODEL_OR_PROGRAM:
         return "engine"
     return "unit"
 
