@@ -5,7 +5,8 @@ and what it uses, so that no test file names its tier and none is left without o
     flow         tests/flows/, or a test using the Prefect API (the `prefect_api` fixture)
     engine       a test using an engine (the `engines` fixture, directly or through another fixture),
                  needing vLLM, running the CLI (which starts engines in processes of its own), or one
-                 of the few that run a model in process or drive a browser (RUNS_A_MODEL_OR_PROGRAM)
+                 of the few as heavy as one without an engine (AS_HEAVY_AS_AN_ENGINE: a model run in
+                 process, Chromium, a whole report's figures rendered)
     unit         everything else: fast, no engine, no Prefect (`make test-fast` runs these)
 
 A test that names one of these markers itself keeps it. `slow` (the pretrained smollm2 model) is
@@ -22,13 +23,19 @@ from tests.support.engines import needs_vllm
 TIERS = ("unit", "engine", "flow", "reliability")
 # Test modules whose tests start engines in processes of their own (no fixture says so).
 ENGINES_IN_PROCESSES = frozenset({"test_cli.py"})
-# Tests without an engine that run a model in process (transformers' modules, forward and backward)
-# or a program of their own: seconds each, too slow for the unit tier. By module and function name.
-RUNS_A_MODEL_OR_PROGRAM = frozenset({
+# Tests without an engine that take seconds each as engine tests do: a model run in process
+# (transformers' modules, forward and backward), Chromium, or every figure of a report rendered to
+# PNG. By module and function name; too slow for the unit tier.
+AS_HEAVY_AS_AN_ENGINE = frozenset({
     "test_attribution.py::test_estimate_equals_finite_differences_of_the_linearisation",
     "test_attribution.py::test_estimate_equals_the_exact_patch_where_the_metric_is_linear_in_the_site",
     "test_attribution.py::test_graddrop_scores_are_the_mean_absolute_estimate_with_each_layers_backward_cut",
-    "test_report.py::test_page_renders_in_headless_chromium",  # Chromium
+    "test_report.py::test_page_renders_in_headless_chromium",
+    "test_report.py::test_report_files",
+    "test_report.py::test_a_run_without_atp_rows_has_no_atp_section",
+    "test_report.py::test_atp_section_on_the_page",
+    "test_report.py::test_a_run_without_paths_rows_has_no_path_section",
+    "test_report.py::test_path_section_on_the_page",
 })
 TESTS = Path(__file__).resolve().parents[1]
 
@@ -52,12 +59,21 @@ def tier_of(item) -> str:
         return "flow"
     if "engines" in item.fixturenames or _needs_vllm(item) or where.as_posix() in ENGINES_IN_PROCESSES:
         return "engine"
-    if f"{where.as_posix()}::{getattr(item, 'originalname', item.name)}" in RUNS_A_MODEL_OR_PROGRAM:
+    if f"{where.as_posix()}::{getattr(item, 'originalname', item.name)}" in AS_HEAVY_AS_AN_ENGINE:
         return "engine"
     return "unit"
 
 
+def _check_named_tests() -> None:
+    """Every test named above still exists: a rename must not move a test to another tier unseen."""
+    for name in AS_HEAVY_AS_AN_ENGINE:
+        module, function = name.split("::")
+        if f"def {function}(" not in (TESTS / module).read_text(encoding="utf-8"):
+            raise pytest.UsageError(f"tests/support/tiers.py names {name}, which tests/{module} does not define")
+
+
 def mark_tiers(items) -> None:
+    _check_named_tests()
     for item in items:
         tier = tier_of(item)
         if item.get_closest_marker(tier) is None:
