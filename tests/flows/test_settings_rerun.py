@@ -1,0 +1,152 @@
+"""Every setting, changed alone in a rerun in the same work folder: the rerun completes, the steps
+whose output depends on the setting are computed again, and the others are found cached (issue 27:
+a rerun with more atp kinds found a cache that held too little, and stopped).
+
+The expectations are written here from what each step computes, independently of the cache keys:
+  align_pairs          the pairs table: the data set, the model, how pairs are chosen; written in the run's folder
+  measure_trace_noise  the subjects' embedding std: the model, the data set and its format, the scale
+  cache_activations    the clean/corrupt/noised captures: the pairs and the sites and runs the sweeps read
+  sweep_shard          the effects of a shard; written in the run's folder
+A setting that enters the run's recorded parameters gives another run id, so another run folder:
+the pairs table and the shards are written anew there.
+"""
+from __future__ import annotations
+
+import asyncio
+import shutil
+
+import pytest
+
+from patchgrid.settings import settings_fields
+from patchgrid.spec import StudySpec
+from patchgrid.sweeps import SweepConfig
+from patchgrid.warehouse.loader import query
+from tests.support.pairs import DATA
+
+STEPS = ("align_pairs", "measure_trace_noise", "cache_activations", "sweep_shard")
+BASE = dict(model="tiny-llama", pairs=str(DATA), sweeps="resid,trace,atp,paths", limit=2, require_known=False,
+            trace_samples=2, shard_size=1, backend="hf", atp_kinds="resid", verify_top=2, verify_random=1,
+            path_senders="attn_out.1", path_inputs="v")
+# Settings a local rerun cannot change: they need a Ray cluster (tests/flows/test_ray.py runs one).
+NEEDS_RAY = {"runner", "ray_address", "tensor_parallel_size"}
+# Settings that need a model which knows its facts (the tiny test model knows none): recorded, so a
+# change gives another run (checked by tests/test_spec.py); tests/pairs cover what they do.
+NEEDS_A_KNOWING_MODEL = {"require_known"}
+
+# setting -> (new value, steps that must be computed again, steps that must be found cached);
+# a step in neither may go either way (one of the cache's two populations changes, the other not).
+CHANGES = {
+    "model": ("tiny-gpt2", set(STEPS), set()),
+    "pairs": ("reversed", set(STEPS), set()),
+    "limit": (1, {"align_pairs", "cache_activations", "sweep_shard"}, {"measure_trace_noise"}),
+    "warehouse": ("other", set(), set(STEPS)),
+    "workdir": ("other", {"align_pairs", "cache_activations", "sweep_shard"}, {"measure_trace_noise"}),
+    "pairs_format": ("detected", {"align_pairs", "measure_trace_noise", "sweep_shard"}, {"cache_activations"}),
+    "answer_policy": ("first-token", {"align_pairs", "sweep_shard"}, {"measure_trace_noise"}),
+    "trace_noise": (0.5, {"align_pairs", "cache_activations", "sweep_shard"}, {"measure_trace_noise"}),
+    "shard_size": (2, {"sweep_shard"}, {"align_pairs", "measure_trace_noise", "cache_activations"}),
+    "backend": ("vllm", {"align_pairs", "cache_activations", "sweep_shard"}, {"measure_trace_noise"}),
+    "run_id": ("run-by-hand", {"align_pairs", "sweep_shard"}, {"measure_trace_noise", "cache_activations"}),
+    "ray_workers": (3, set(), set(STEPS)),
+    "gpus_per_engine": (0.5, set(), set(STEPS)),
+    "sweeps": ("resid,trace,atp", {"align_pairs", "sweep_shard"}, {"measure_trace_noise"}),
+    "resid_directions": (("denoise",), {"align_pairs", "sweep_shard"}, {"measure_trace_noise"}),
+    "head_position_roles": (("last",), {"align_pairs", "sweep_shard"}, {"measure_trace_noise"}),
+    "head_positions": ("every", {"align_pairs", "sweep_shard"}, {"measure_trace_noise", "cache_activations"}),
+    "trace_samples": (3, {"align_pairs", "cache_activations", "sweep_shard"}, {"measure_trace_noise"}),
+    "trace_window": (2, {"align_pairs", "sweep_shard"}, {"measure_trace_noise", "cache_activations"}),
+    "trace_noise_scale": (2.0, set(STEPS), set()),
+    "trace_sites": (("resid",), {"align_pairs", "sweep_shard"}, {"measure_trace_noise"}),
+    "seed": (1, {"align_pairs", "cache_activations", "sweep_shard"}, {"measure_trace_noise"}),
+    "max_requests": (7, {"sweep_shard"}, {"align_pairs", "measure_trace_noise", "cache_activations"}),
+    "positions": ((0, 2), {"align_pairs", "sweep_shard"}, {"measure_trace_noise"}),
+    "start_midstack": (False, {"align_pairs", "cache_activations", "sweep_shard"}, {"measure_trace_noise"}),
+    "atp_kinds": ("resid,attn_out,heads", {"align_pairs", "sweep_shard"}, {"measure_trace_noise"}),
+    "verify_top": (3, {"align_pairs", "sweep_shard"}, {"measure_trace_noise", "cache_activations"}),
+    "verify_random": (0, {"align_pairs", "sweep_shard"}, {"measure_trace_noise", "cache_activations"}),
+    "atp_correction": ("graddrop", {"align_pairs", "sweep_shard"}, {"measure_trace_noise", "cache_activations"}),
+    "path_senders": ("attn_out.0", {"align_pairs", "sweep_shard"}, {"measure_trace_noise"}),
+    "path_receivers": ("heads", {"align_pairs", "sweep_shard"}, {"measure_trace_noise"}),
+    "path_inputs": ("q", {"align_pairs", "sweep_shard"}, {"measure_trace_noise"}),
+    "path_mlps": ("recomputed", {"align_pairs", "sweep_shard"}, {"measure_trace_noise"}),
+}
+
+
+def test_every_setting_is_walked():
+    names = {f.name for cls in (StudySpec, SweepConfig) for f in settings_fields(cls)}
+    assert set(CHANGES) | NEEDS_RAY | NEEDS_A_KNOWING_MODEL == names
+    assert not set(CHANGES) & (NEEDS_RAY | NEEDS_A_KNOWING_MODEL)
+
+
+def _step_states(flow_run_id, timeout=60.0) -> dict[str, set[str]]:
+    """Each step's final task-run states in a flow run (Prefect records them asynchronously)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    async def read():
+        async with get_client() as client:
+            deadline = asyncio.get_running_loop().time() + timeout
+            while True:
+                runs = await client.read_task_runs(
+                    flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+                runs = [r for r in runs if r.flow_run_id == flow_run_id]
+                if all(r.state and r.state.is_final() for r in runs) or asyncio.get_running_loop().time() > deadline:
+                    out: dict[str, set[str]] = {}
+                    for r in runs:
+                        out.setdefault(r.name.rsplit("-", 1)[0], set()).add(r.state.name.upper())
+                    return out
+                await asyncio.sleep(0.2)
+
+    return asyncio.run(read())
+
+
+def _value(name, value, tmp_path):
+    if name == "pairs":  # the same records in another order: other pairs
+        other = tmp_path / "reversed.jsonl"
+        other.write_text("".join(reversed(DATA.read_text().splitlines(keepends=True))))
+        return str(other)
+    if name in ("warehouse", "workdir"):
+        return str(tmp_path / f"other-{name}")
+    if name == "pairs_format":
+        from patchgrid.pairs import read_source
+
+        return read_source(str(DATA))[0]
+    return value
+
+
+@pytest.fixture(scope="module")
+def base_run(prefect_api, tmp_path_factory):
+    from patchgrid.flows.study import study
+
+    tmp = tmp_path_factory.mktemp("rerun")
+    spec = StudySpec.of(**BASE, warehouse=str(tmp / "w.duckdb"), workdir=str(tmp / "work"))
+    run_id = study(spec)
+    return spec, run_id, tmp
+
+
+def _effects(warehouse, run_id):
+    sql = ("SELECT pair_id, sweep, site, direction, layer, position, head, receiver, patched_logprob_diff "
+           "FROM effects WHERE run_id = ? ORDER BY ALL")
+    return query(warehouse, sql, [run_id])[1]
+
+
+@pytest.mark.parametrize("name", sorted(CHANGES))
+def test_a_rerun_changing_one_setting_recomputes_what_depends_on_it(base_run, name, tmp_path):
+    from patchgrid.flows.study import study
+
+    spec, base_id, _ = base_run
+    value, recomputed, cached = CHANGES[name]
+    changed = spec.replace(**{name: _value(name, value, tmp_path)})
+    if name == "warehouse":
+        shutil.copy(spec.warehouse, changed.warehouse)
+    state = study(changed, return_state=True)
+    run_id = state.result()  # the rerun completes
+    states = _step_states(state.state_details.flow_run_id)
+    for step in recomputed:
+        assert "COMPLETED" in states.get(step, set()), f"{name}: {step} was not computed again ({states})"
+    for step in cached:
+        assert states.get(step, {"CACHED"}) == {"CACHED"}, f"{name}: {step} was computed again ({states})"
+    recorded = f"{name}" in spec.recorded_params() or name in changed.recorded_params()
+    assert (run_id != base_id) == (recorded or name == "run_id"), name
+    if not recorded and name != "run_id":  # the same run: its numbers did not change
+        assert _effects(changed.warehouse, run_id) == _effects(spec.warehouse, base_id)
