@@ -62,3 +62,12 @@ def test_what_commands_write_by_default_is_ignored():
                "report/report.html", pairs_out, sweep.out, f"{sweep.cache}/k/manifest.json"]
     assert [p for p in written if not _ignored(p)] == []
     assert not _ignored("data/pairs/facts.jsonl") and not _ignored("patchgrid/cli.py")
+
+
+def test_every_package_of_the_library_is_shipped():
+    """A subpackage missing from pyproject's list installs editable but not from a wheel."""
+    import tomllib
+
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(REPO).parts) for p in (REPO / "patchgrid").rglob("__init__.py")}
+    assert found <= listed, f"not in pyproject's packages: {sorted(found - listed)}"
