@@ -298,7 +298,8 @@ def main() -> int:
         print(f"nnsight's tokenizer: {p['tokens']['default']}")
     print(f"peers' environment: {venv} ({venv_state}); "
           + ", ".join(f"{LABELS[k]} {results[k]['version']}" for k in peers)
-          + (f", torch {results[peers[0]]['torch']}, transformers {results[peers[0]]['transformers']}" if peers else ""))
+          + (f", torch {results[peers[0]]['torch']}, transformers {results[peers[0]]['transformers']}"
+             if peers else ""))
     print(f"patchgrid's timed engine call vs its sweep_pair grid: largest difference {ref['timed_gap']:.1e}")
     print()
     print(f"{'tool':<18} {'clean LD':>9} {'corrupt LD':>11} {'max |diff| vs patchgrid':>24} "

@@ -82,7 +82,8 @@ def _head_difference(hf, layer, head, pos):
     out = []
     for tokens in (CLEAN, CORRUPT):
         z = torch.zeros(1, shape.n_heads * shape.head_dim)
-        z[0, cols] = hf.run([Request(tokens=tokens, capture=(f"head.{layer}",))])[0].captures[f"head.{layer}"][pos, cols]
+        captured = hf.run([Request(tokens=tokens, capture=(f"head.{layer}",))])[0].captures
+        z[0, cols] = captured[f"head.{layer}"][pos, cols]
         with torch.no_grad():
             out.append(o_proj(z) - o_proj(torch.zeros_like(z)))
     return (out[0] - out[1])[0]

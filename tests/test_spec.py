@@ -118,7 +118,7 @@ def test_the_command_options_are_generated_from_the_settings(command):
     actions = {a.dest: a for a in sub._actions}
     takes = [(cls, f) for cls, f in _every_setting() if f.metadata["cli"] and
              (cls is SweepConfig or command != "sweep" or f.name in ("model", "limit", "backend"))]
-    for cls, f in takes:
+    for _cls, f in takes:
         assert f.name in actions, f"{command} lacks {flag_of(f)}"
         assert flag_of(f) in actions[f.name].option_strings
         assert f.metadata["help"] in actions[f.name].help
@@ -150,7 +150,7 @@ def test_recorded_parameters_follow_each_settings_declaration():
     from patchgrid.sweeps import settings_of
 
     base = StudySpec.of(sweeps="resid,atp,paths")
-    for cls, f in _every_setting():
+    for _cls, f in _every_setting():
         rule = f.metadata["record"]
         present = f.name in base.recorded_params()
         used = f.name in settings_of(base.sweeps)

@@ -193,7 +193,8 @@ def test_trace_noise_is_meng_et_al_s_over_the_data_set(tokenizers):
     _, records = read_source(str(DATA))
     subjects = [r.subject for r in records]
     tok = tokenizers("tiny-llama")
-    weight = AutoModelForCausalLM.from_pretrained(prepare("tiny-llama"), dtype=torch.float32).get_input_embeddings().weight.detach()
+    model = AutoModelForCausalLM.from_pretrained(prepare("tiny-llama"), dtype=torch.float32)
+    weight = model.get_input_embeddings().weight.detach()
     ids = [i for s in subjects for i in tok(s, add_special_tokens=False).input_ids]
     expected = 3 * float(weight[torch.tensor(ids)].std())
     noise = subject_noise(prepare("tiny-llama"), subjects, 3.0)

@@ -2,7 +2,7 @@
 
 On a GPU, vLLM's activations are CUDA tensors; a patch value, noise, start stream or row index
 built on the CPU and written into them fails, or copies once per hook. The first test drives the
-worker's real write path (vllm_worker._Session: its step planning and every hook) with
+worker's real write path (vllm_worker.session.Session: its step planning and every hook) with
 activations on PyTorch's `meta` device, so a tensor left on the CPU is caught on any machine. The
 last runs the whole engine on a GPU when there is one.
 """
@@ -55,7 +55,8 @@ def test_every_write_of_a_step_is_on_the_activations_device():
     d, z = shape.d_model, shape.n_heads * shape.head_dim
     source = {"resid.1": torch.randn(8, d), "attn_out.2": torch.randn(8, d), "head.2": torch.randn(8, z),
               "embed": torch.randn(8, d), "neuron.3": torch.randn(8, shape.d_mlp)}
-    wire = {"clean": {k: encode_tensor(v) for k, v in source.items()}, "corrupt": {"resid.1": encode_tensor(source["resid.1"])}}
+    wire = {"clean": {k: encode_tensor(v) for k, v in source.items()},
+            "corrupt": {"resid.1": encode_tensor(source["resid.1"])}}
     dims = {"vocab_size": shape.vocab_size, "d_model": d, "n_heads": shape.n_heads, "head_dim": shape.head_dim,
             "d_mlp": shape.d_mlp}
     requests = [

@@ -92,7 +92,7 @@ def test_a_transformers_backend_family_leaves_transformers_models_of_the_family_
     it run here."""
     before = engines.get(model, "hf", dtype="float32")
     vl = engines.get(model, "vllm", dtype="float32", **CHUNKED_MULTIPROCESS)
-    assert vl.start_midstack  # started mid-stack by stand-ins for the layers below (vllm_worker._start_by)
+    assert vl.start_midstack  # started mid-stack by stand-ins for the layers below (vllm_worker.midstack.start_by)
     after = load_engine(model, "hf", dtype="float32")
     try:
         cap = Request(tokens=CLEAN, answers=ANSWERS, capture=("resid.1", "q.2", "k.2", "v.2"))
@@ -138,7 +138,8 @@ def test_gemma_sliding_windows_and_soft_caps_are_active_and_the_hf_backend_keeps
         assert want.abs().max() <= 3.0 < _logits(hf.folder, CLEAN, final_logit_softcapping=None).abs().max()
 
 
-@pytest.mark.parametrize(("model", "options"), [("tiny-neox", CHUNKED_MULTIPROCESS), ("tiny-olmo2", CHUNKED_MULTIPROCESS),
+@pytest.mark.parametrize(("model", "options"), [("tiny-neox", CHUNKED_MULTIPROCESS),
+                                               ("tiny-olmo2", CHUNKED_MULTIPROCESS),
                                                ("tiny-gemma2", {}), ("tiny-gptj", {})])
 def test_attn_out_and_mlp_out_are_what_the_stream_receives(engines, model, options):
     """Gemma, OLMo 2: the post-norms' outputs (resid_mid = resid_pre + attn_out, resid = resid_mid + mlp_out).

@@ -28,8 +28,8 @@ def _mixed_requests(shape, rng, corrupts, n):
     for i in range(n):
         corrupt = corrupts[i % len(corrupts)]
         T = len(corrupt)
-        site = rng.choice(["resid", "attn_out", "mlp_out", "head", "embed", "neuron", "resid_pre", "resid_mid", "q", "k",
-                           "v"])
+        site = rng.choice(["resid", "attn_out", "mlp_out", "head", "embed", "neuron", "resid_pre", "resid_mid",
+                           "q", "k", "v"])
         layer = None if site == "embed" else rng.randrange(shape.n_layers)
         head = rng.randrange(shape.units(site)) if site in ("head", "q", "k", "v") else None
         neuron = rng.randrange(shape.d_mlp) if site == "neuron" else None

@@ -25,7 +25,8 @@ DASHBOARD = textwrap.dedent("""
     import os
     while not os.path.exists(stop):
         for source in ("dashboard", "patchgrid"):
-            sql = ("SELECT e.run_id, count(DISTINCT e.pair_id), (SELECT count(*) FROM pairs p WHERE p.run_id = e.run_id), "
+            sql = ("SELECT e.run_id, count(DISTINCT e.pair_id), "
+                   "(SELECT count(*) FROM pairs p WHERE p.run_id = e.run_id), "
                    "(SELECT count(*) FROM baselines b WHERE b.run_id = e.run_id) FROM effects e GROUP BY e.run_id")
             try:
                 rows = con.execute(sql).fetchall() if source == "dashboard" else query(wh, sql)[1]

@@ -19,7 +19,8 @@ def test_two_engines_give_bit_identical_effects(tokenizers):
     runs = []
     for _ in range(2):
         engine = load_engine("tiny-qwen3", "vllm")  # a fresh engine each time
-        cache, _ = load_or_build(engine, pairs, cache_spec(CFG, 4, noise_std_for(engine, pairs)), Path(tempfile.mkdtemp()), log=lambda *_: None)
+        cache, _ = load_or_build(engine, pairs, cache_spec(CFG, 4, noise_std_for(engine, pairs)),
+                                 Path(tempfile.mkdtemp()), log=lambda *_: None)
         runs.append(run_sweeps(engine, pairs, cache, CFG))
         engine.close()
     assert runs[0] == runs[1]
