@@ -4,8 +4,11 @@ orchestrates. Its one parameter is the study's StudySpec, validated when it is b
 to every task.
 
     python -m patchgrid.flows.study          # the demo study, no Prefect server needed
+
+No `from __future__ import annotations` here: Prefect builds the flow's parameter model from its
+annotations, and a flow loaded from its entrypoint (a served or deployed run) cannot resolve them
+as strings.
 """
-from __future__ import annotations
 
 import subprocess
 from dataclasses import replace

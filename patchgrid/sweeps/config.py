@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from ..rows import DIRECTIONS
 from ..settings import SpecError, at_least, normalise_and_check, not_negative, setting
 from ..sites import QKV
-from .paths import check_ends
+from .paths import PATH_MLPS, check_ends
 from .registry import SWEEP_KINDS
 
 SWEEPS = tuple(SWEEP_KINDS)
@@ -73,7 +73,8 @@ class SweepConfig:
     path_inputs: tuple[str, ...] = setting(QKV, "paths: the receiver heads' inputs patched, a comma list of q, k, v",
                                            record="if_used")
     path_mlps: str = setting("frozen", "paths: MLPs after the sender frozen (direct paths only) or recomputed "
-                             "(Wang et al.'s freeze-and-patch: paths through MLPs count)", record="if_used")
+                             "(Wang et al.'s freeze-and-patch: paths through MLPs count)", choices=PATH_MLPS,
+                             record="if_used")
 
     def __post_init__(self):
         normalise_and_check(self)
