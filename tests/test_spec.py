@@ -29,7 +29,7 @@ def test_the_flow_takes_the_spec_as_its_one_typed_parameter():
     ({"path_senders": "head.1"}, "path sender 'head.1'", "path sender 'head.1'"),
     ({"path_receivers": "attn_out.2"}, "path receiver 'attn_out.2'", "path receiver 'attn_out.2'"),
     ({"path_inputs": "q,z"}, "path input 'z'", "path input 'z'"),
-    ({"path_mlps": "half"}, "path_mlps 'half'", "path_mlps 'half'"),
+    ({"path_mlps": "half"}, "path_mlps 'half' is not one of", "--path-mlps 'half' is not one of"),
     ({"trace_samples": 0}, "trace_samples 0 must be at least 1", "--trace-samples 0 must be at least 1"),
     ({"sweeps": "resid,bogus"}, "unknown sweep 'bogus'", "unknown sweep 'bogus'"),
     ({"backend": "tpu"}, "backend 'tpu' is not one of", "--backend 'tpu' is not one of"),
