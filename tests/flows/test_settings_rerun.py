@@ -12,7 +12,6 @@ the pairs table and the shards are written anew there.
 """
 from __future__ import annotations
 
-import asyncio
 import shutil
 
 import pytest
@@ -22,6 +21,7 @@ from patchgrid.spec import StudySpec
 from patchgrid.sweeps import SweepConfig
 from patchgrid.warehouse.loader import query
 from tests.support.pairs import DATA
+from tests.support.task_runs import task_states
 
 STEPS = ("align_pairs", "measure_trace_noise", "cache_activations", "sweep_shard")
 BASE = dict(model="tiny-llama", pairs=str(DATA), sweeps="resid,trace,atp,paths", limit=2, require_known=False,
@@ -78,28 +78,6 @@ def test_every_setting_is_walked():
     assert not set(CHANGES) & (NEEDS_RAY | NEEDS_A_KNOWING_MODEL)
 
 
-def _step_states(flow_run_id, timeout=60.0) -> dict[str, set[str]]:
-    """Each step's final task-run states in a flow run (Prefect records them asynchronously)."""
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
-
-    async def read():
-        async with get_client() as client:
-            deadline = asyncio.get_running_loop().time() + timeout
-            while True:
-                runs = await client.read_task_runs(
-                    flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
-                runs = [r for r in runs if r.flow_run_id == flow_run_id]
-                if all(r.state and r.state.is_final() for r in runs) or asyncio.get_running_loop().time() > deadline:
-                    out: dict[str, set[str]] = {}
-                    for r in runs:
-                        out.setdefault(r.name.rsplit("-", 1)[0], set()).add(r.state.name.upper())
-                    return out
-                await asyncio.sleep(0.2)
-
-    return asyncio.run(read())
-
-
 def _value(name, value, tmp_path):
     if name == "pairs":  # the same records in another order: other pairs
         other = tmp_path / "reversed.jsonl"
@@ -141,7 +119,7 @@ def test_a_rerun_changing_one_setting_recomputes_what_depends_on_it(base_run, na
         shutil.copy(spec.warehouse, changed.warehouse)
     state = study(changed, return_state=True)
     run_id = state.result()  # the rerun completes
-    states = _step_states(state.state_details.flow_run_id)
+    states = task_states(state.state_details.flow_run_id)
     for step in recomputed:
         assert "COMPLETED" in states.get(step, set()), f"{name}: {step} was not computed again ({states})"
     for step in cached:

@@ -12,6 +12,7 @@ from patchgrid.sweeps import SweepConfig, count_runs
 from patchgrid.warehouse.loader import query
 from tests.support.engines import needs_vllm
 from tests.support.pairs import DATA
+from tests.support.task_runs import task_states
 
 pytestmark = needs_vllm
 
@@ -27,25 +28,8 @@ def _artifacts():
 
 
 def _task_states(flow_run_id, names, timeout=60.0):
-    """The final state of each named task run of a flow run. Prefect 3 records task-run states from
-    events, asynchronously: right after the flow returns the API may lack some runs or final states."""
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
-
-    async def read():
-        async with get_client() as client:
-            deadline = asyncio.get_running_loop().time() + timeout
-            while True:
-                runs = await client.read_task_runs(
-                    flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
-                runs = [r for r in runs if r.flow_run_id == flow_run_id]
-                states = {r.name.rsplit("-", 1)[0]: r.state.name.upper() for r in runs if r.state}
-                final = all(r.state and r.state.is_final() for r in runs)
-                if (final and set(names) <= set(states)) or asyncio.get_running_loop().time() > deadline:
-                    return states
-                await asyncio.sleep(0.2)
-
-    return asyncio.run(read())
+    """The final state of each named task run of a flow run (each runs once here)."""
+    return {name: ",".join(sorted(states)) for name, states in task_states(flow_run_id, names, timeout).items()}
 
 
 def test_study_end_to_end_then_rerun_replaces(prefect_api, tmp_path):
