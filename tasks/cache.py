@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from functools import lru_cache
 from pathlib import Path
 
 from prefect import get_run_logger, task
@@ -11,19 +12,25 @@ from patchgrid.spec import StudySpec
 from .keys import keyed_by
 
 
+@lru_cache(maxsize=16)
+def _n_layers(model: str) -> int:
+    """The model's layers, read once per process (the key function and the task body both ask)."""
+    from transformers import AutoConfig
+
+    from patchgrid.models import prepare
+    from patchgrid.sites import shape_of
+
+    return shape_of(AutoConfig.from_pretrained(prepare(model))).n_layers
+
+
 def cache_inputs(spec: StudySpec, sweeps: tuple[str, ...], noise_std: float = 0.0) -> dict:
     """What an activation cache holds: the engine that captures it and the cache specification the
     sweeps `sweeps` need (every site and run they read, the noise of the noised runs)."""
     from dataclasses import replace
 
-    from transformers import AutoConfig
-
-    from patchgrid.models import prepare
-    from patchgrid.sites import shape_of
     from patchgrid.sweeps import cache_spec
 
-    n_layers = shape_of(AutoConfig.from_pretrained(prepare(spec.model))).n_layers
-    need = cache_spec(replace(spec.sweep, sweeps=tuple(sweeps)), n_layers, noise_std)
+    need = cache_spec(replace(spec.sweep, sweeps=tuple(sweeps)), _n_layers(spec.model), noise_std)
     return dict(model=spec.model, backend=spec.backend, cache=need)
 
 
