@@ -61,8 +61,12 @@ class StudySpec:
     ray_address: str | None = setting(None, "a Ray cluster (default: a local Ray the flow starts)", record="never")
     ray_workers: int = setting(2, "engine actors, each one vLLM engine (Ray runner)", check=at_least(1),
                                record="never")
-    gpus_per_engine: float = setting(0.0, "GPUs per engine actor (Ray runner)", check=not_negative, record="never")
+    gpus_per_engine: float | None = setting(None, "GPUs per engine actor (Ray runner; default: tensor_parallel_size "
+                                            "on a cluster with GPUs, 0 on one without)", check=not_negative,
+                                            record="never")
     tensor_parallel_size: int = setting(1, "ranks per engine (Ray runner)", check=at_least(1), record="never")
+    ray_timeout_s: float = setting(3600.0, "the longest wait on Ray for one call, an engine actor's start or one "
+                                   "stage's work (Ray runner)", check=above_zero, record="never")
     sweep: SweepConfig = field(default=SweepConfig())
 
     def __post_init__(self):

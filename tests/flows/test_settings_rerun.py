@@ -28,7 +28,7 @@ BASE = dict(model="tiny-llama", pairs=str(DATA), sweeps="resid,trace,atp,paths",
             trace_samples=2, shard_size=1, backend="hf", atp_kinds="resid", verify_top=2, verify_random=1,
             path_senders="attn_out.1", path_inputs="v")
 # Settings a local rerun cannot change: they need a Ray cluster (tests/flows/test_ray.py runs one).
-NEEDS_RAY = {"runner", "ray_address", "tensor_parallel_size"}
+NEEDS_RAY = {"runner", "ray_address", "tensor_parallel_size", "ray_timeout_s"}
 # Settings that need a model which knows its facts (the tiny test model knows none): recorded, so a
 # change gives another run (checked by tests/test_spec.py); tests/pairs cover what they do.
 NEEDS_A_KNOWING_MODEL = {"require_known"}
