@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 BUILTIN = ("smollm2-135m", "tiny-llama", "tiny-qwen3", "tiny-gpt2", "tiny-phi3", "tiny-qwen3-moe", "tiny-gemma2",
@@ -43,16 +44,92 @@ def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
     return h.hexdigest()
 
 
+# Beside a model's weights: each weight file's stat and sha256, so that an unchanged file is not
+# read again. A folder that cannot be written records under cache_root()/weight-records instead.
+WEIGHTS_RECORD = ".patchgrid-weights.json"
+# A file modified within this much of its hashing could change again within the same timestamp
+# tick (1 s on some file systems): its stat cannot vouch for its content, so it is not recorded.
+SETTLED_NS = 2_000_000_000
+
+
+def file_stat(path: Path) -> list[int]:
+    """What tells a file's version without reading it: size, modification and change times, inode
+    (a copy, or a file replaced by a rename, has another inode; a restored mtime leaves ctime new)."""
+    st = os.stat(path)
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+
+
+def settled_sha256(path: Path) -> tuple[str, list[int] | None]:
+    """(sha256 of a file, its stat), the stat None where it cannot vouch for this content later:
+    the file changed while it was read, or was modified too recently for a later change to show."""
+    before = file_stat(path)
+    digest = sha256_file(path)
+    after = file_stat(path)
+    settled = before == after and time.time_ns() - after[1] > SETTLED_NS
+    return digest, after if settled else None
+
+
 def weights_hash(folder: Path) -> str:
-    """Hash of a model folder's weight files, the identity used in cache keys and run records."""
+    """Hash of a model folder's weight files, the identity used in cache keys and run records: the
+    sha256 of each file's name and sha256, in name order. A file whose stat matches its record
+    (`WEIGHTS_RECORD`) is not read again."""
     h = hashlib.sha256()
     files = sorted(folder.glob("*.safetensors")) or sorted(folder.glob("*.bin"))
     if not files:
         raise ModelError(f"model folder {folder} holds no *.safetensors or *.bin weights")
+    records = [_read_record(path) for path in _record_paths(folder)]
+    fresh = {}
     for f in files:
+        stat = file_stat(f)
+        digest = next((r[f.name]["sha256"] for r in records if r.get(f.name, {}).get("stat") == stat), None)
+        if digest is None:
+            digest, stat = settled_sha256(f)
+        if stat:
+            fresh[f.name] = {"stat": stat, "sha256": digest}
         h.update(f.name.encode())
-        h.update(sha256_file(f).encode())
+        h.update(digest.encode())
+    if fresh not in records:  # a file hashed anew, or one gone
+        _write_record(folder, fresh)
     return h.hexdigest()
+
+
+def _record_paths(folder: Path) -> tuple[Path, Path]:
+    """Where a folder's weights record lives: beside the weights, or, for a folder that cannot be
+    written, under cache_root() keyed by the folder's absolute path."""
+    key = hashlib.sha256(str(folder.resolve()).encode()).hexdigest()[:32]
+    return folder / WEIGHTS_RECORD, cache_root() / "weight-records" / f"{key}.json"
+
+
+def _read_record(path: Path) -> dict:
+    """{file name: {"stat": [...], "sha256": "..."}} from a record; empty where none is readable."""
+    try:
+        files = json.loads(path.read_text()).get("files")
+    except (OSError, ValueError, AttributeError):
+        return {}
+    if not isinstance(files, dict):
+        return {}
+    return {name: e for name, e in files.items()
+            if isinstance(e, dict) and isinstance(e.get("sha256"), str) and isinstance(e.get("stat"), list)}
+
+
+def _write_record(folder: Path, files: dict) -> None:
+    """The record, written atomically at the first of its places that takes it; where none does,
+    there is none (the next call hashes again)."""
+    text = json.dumps({"version": 1, "folder": str(folder.resolve()), "files": files}, indent=1)
+    for path in _record_paths(folder):
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        except OSError:
+            continue
+        try:
+            with os.fdopen(fd, "w") as out:
+                out.write(text)
+            os.chmod(tmp, 0o644)  # readable as the weights are (mkstemp's is 0600)
+            os.replace(tmp, path)
+            return
+        except OSError:
+            Path(tmp).unlink(missing_ok=True)
 
 
 def prepare(name: str, *, trust_remote_code: bool = False) -> Path:

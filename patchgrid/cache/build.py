@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from ..models import MANIFEST, sha256_file, weights_hash
+from ..models import MANIFEST, settled_sha256, weights_hash
 from ..rows import BASELINE
 from .arrow import logprobs_table, record_batch, run_schema, write_table
 from .damage import damage
@@ -96,11 +96,12 @@ def _build(engine, pairs, spec: CacheSpec, ident: dict, folder: Path, batch_pair
         with pa.ipc.new_file(str(tmp / "baselines.arrow"), BASELINE.schema) as w:
             w.write_table(BASELINE.table(baselines))
         write_table(tmp / "logprobs.arrow", logprobs_table(logprobs, engine.shape.vocab_size))
-        files = {f.name: (f.stat().st_size, sha256_file(f)) for f in sorted(tmp.iterdir())}
+        hashed = {f.name: settled_sha256(f) for f in sorted(tmp.iterdir())}
+        files = {name: ((tmp / name).stat().st_size, digest) for name, (digest, _) in hashed.items()}
         manifest = {**ident, "captured": {run: list(keys) for run, keys in captured.items()},
                     "noise": list(spec.noise) if spec.noised() else None, "widths": widths,
                     "pair_ids": [p.pair_id for p in pairs], "bytes": sum(size for size, _ in files.values()),
-                    "files": files}
+                    "files": files, "stats": {name: stat for name, (_, stat) in hashed.items() if stat}}
         (tmp / "manifest.json").write_text(json.dumps(manifest))
         if folder.exists():  # an earlier, incomplete or superseded copy under the same key
             shutil.rmtree(folder)
