@@ -138,3 +138,40 @@ def test_a_damaged_data_set_is_found_discarded_and_rebuilt(tmp_path, engines, pa
     assert damage_of(again.folder) is None
     for p in pairs:
         assert torch.equal(again.captures(p.pair_id, "corrupt")["resid.2"], want[p.pair_id])
+
+
+def test_a_sound_data_set_is_checked_by_its_stats_and_a_flip_is_still_found(tmp_path, engines, pairs):
+    """Each file's stat is recorded with its sha256 (at the build, or at the first check once the
+    file has settled); a file whose stat still matches is not read, and a byte flipped in place,
+    its mtime set back, is still found (its ctime moved)."""
+    import json
+    import os
+    import time
+
+    from patchgrid.cache import damage
+    from patchgrid.models import file_stat
+
+    engine = Counting(engines.get(MODEL, "hf", dtype="float32"))
+    cache, _ = load_or_build(engine, pairs, spec(), tmp_path, log=lambda *_: None)
+    manifest = json.loads((cache.folder / "manifest.json").read_text())
+    assert set(manifest["stats"]) <= set(manifest["files"])
+    assert all(stat == file_stat(cache.folder / name) for name, stat in manifest["stats"].items())
+    past = time.time() - 3600  # as files written more than a moment ago
+    for name in manifest["files"]:
+        os.utime(cache.folder / name, (past, past))
+    assert damage(cache.folder) is None
+    stats = json.loads((cache.folder / "manifest.json").read_text())["stats"]
+    assert stats == {name: file_stat(cache.folder / name) for name in manifest["files"]}
+    again, built = load_or_build(engine, pairs, spec(), tmp_path, log=lambda *_: None)
+    assert not built and again.folder == cache.folder
+    path = cache.folder / "clean.arrow"
+    with open(path, "r+b") as f:
+        f.seek(path.stat().st_size // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0x01]))
+    os.utime(path, (past, past))
+    assert damage(cache.folder) == "clean.arrow does not match its sha256"
+    logged = []
+    rebuilt, built = load_or_build(engine, pairs, spec(), tmp_path, log=logged.append)
+    assert built and any("is damaged" in line and "clean.arrow" in line for line in logged)
