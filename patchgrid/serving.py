@@ -1,4 +1,5 @@
-"""A Prefect server on loopback for `patchgrid serve`, when the user has none configured."""
+"""For `patchgrid serve`: a Prefect server on loopback, when the user has none configured; how many runs
+of the served deployment may run at once, and what becomes of a run due while that many are running."""
 from __future__ import annotations
 
 import os
@@ -7,6 +8,27 @@ import sys
 import time
 import urllib.request
 from contextlib import contextmanager
+
+DEFAULT_CONCURRENCY_LIMIT = 1
+# What a run due while the limit's runs are running does, by Prefect's collision strategy: it waits
+# for a slot (retried every PREFECT_SERVER_DEPLOYMENTS_CONCURRENCY_SLOT_WAIT_SECONDS), or it is
+# cancelled at once ("Deployment concurrency limit reached.").
+ON_OVERLAP = {"wait": "ENQUEUE", "skip": "CANCEL_NEW"}
+DEFAULT_ON_OVERLAP = "skip"
+_FATE = {"wait": "waits", "skip": "is skipped"}
+
+
+def concurrency_limit(limit: int, on_overlap: str):
+    """The served deployment's concurrency limit, as Prefect takes it."""
+    from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
+
+    return ConcurrencyLimitConfig(limit=limit, collision_strategy=ConcurrencyLimitStrategy[ON_OVERLAP[on_overlap]])
+
+
+def overlap_line(limit: int, on_overlap: str) -> str:
+    """What `serve` says of overlapping runs as it starts."""
+    runs, are = ("run", "is") if limit == 1 else ("runs", "are")
+    return f"at most {limit} {runs} at once; a run due while {limit} {are} running {_FATE[on_overlap]}"
 
 
 @contextmanager

@@ -6,6 +6,7 @@ import argparse
 
 from ..engine import DTYPES
 from ..models import BUILTIN
+from ..serving import DEFAULT_CONCURRENCY_LIMIT, DEFAULT_ON_OVERLAP, ON_OVERLAP
 from ..sites import PATCHABLE
 from ..spec import StudySpec
 from ..sweeps import SweepConfig
@@ -40,6 +41,10 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--name", default="patchgrid-study")
     srv.add_argument("--port", type=int, default=4200,
                      help="for the local Prefect server, when PREFECT_API_URL is unset")
+    srv.add_argument("--concurrency-limit", type=int, default=DEFAULT_CONCURRENCY_LIMIT, metavar="N",
+                     help="at most N runs of the deployment at once (N >= 1)")
+    srv.add_argument("--on-overlap", choices=tuple(ON_OVERLAP), default=DEFAULT_ON_OVERLAP,
+                     help="a run due while N are running: wait for one to end, or skip it (cancelled)")
     rep = command("report", warehouse.cmd_report, "an HTML page and PNGs of a study's heatmaps, from the warehouse")
     add_settings(rep, StudySpec, only=("warehouse",))
     rep.add_argument("--run", default=None, help="a run id (default: the latest run)")

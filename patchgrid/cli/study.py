@@ -1,6 +1,7 @@
 """Commands that run the study flow: study, serve, and the demo's study."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from ..console import ProgressBar, format_rows, one_line_failures, quiet_prefect
@@ -105,15 +106,19 @@ def _n_layers(model: str) -> int:
 def cmd_serve(args) -> int:
     spec = study_spec(args)
     _check_cron(args.cron)
+    if args.concurrency_limit < 1:
+        raise UsageError(f"--concurrency-limit {args.concurrency_limit}: at least 1 run must be allowed at once")
     quiet_prefect(True)
-    from ..serving import local_prefect_server
+    from ..serving import concurrency_limit, local_prefect_server, overlap_line
 
     # Prefect's ephemeral mode cannot schedule: without a server to talk to, start one on loopback,
     # before Prefect is imported here so that its settings see the server's address.
     with local_prefect_server(args.port):
         from ..flows.study import study
 
-        study.serve(name=args.name, cron=args.cron, parameters={"spec": spec})
+        print(overlap_line(args.concurrency_limit, args.on_overlap), file=sys.stderr)
+        study.serve(name=args.name, cron=args.cron, parameters={"spec": spec},
+                    global_limit=concurrency_limit(args.concurrency_limit, args.on_overlap))
     return 0
 
 

@@ -1,0 +1,146 @@
+"""Scheduled runs that would overlap (issue 28): a served deployment runs at most `--concurrency-limit` runs at
+once (default 1), and a run due while the limit's runs are running is skipped (cancelled; `--on-overlap wait`
+has it wait instead). Real processes, as in test_schedule.py: a Prefect server and `patchgrid serve`.
+
+The study lasts longer than its one-minute cron interval (tiny-llama, 16 pairs in shards of one: about 90 s
+here), so the run due a minute after the first comes due while the first is running. The test waits up to a
+minute for the first run, then for that second run to be cancelled, then for the first to finish: about three
+minutes, bounded by BUDGET_S however the study runs.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from patchgrid.serving import overlap_line
+from tests.flows.test_schedule import EVERY_MINUTE, REPO, UP_TIMEOUT_S, Processes, free_port, prefect_env, wait_for
+from tests.support.engines import needs_vllm
+from tests.support.pairs import DATA
+
+# Longer than a minute: enough pairs, one per sweep task, that the study outlasts its cron interval
+LONG_STUDY = ["--model", "tiny-llama", "--pairs", str(DATA), "--limit", "16", "--shard-size", "1",
+              "--no-require-known", "--sweeps", "resid"]
+BUDGET_S = 270  # the whole test: the server up, a minute boundary, the long study, the processes stopped
+LIMIT_REACHED = "Deployment concurrency limit reached."
+
+
+def start_serve(processes: Processes, tmp_path: Path, port: int, *args: str) -> str:
+    """`patchgrid serve` on a Prefect server of its own; that server's API."""
+    processes.start("serve", [sys.executable, "-m", "patchgrid", "serve", "--warehouse", str(tmp_path / "w.duckdb"),
+                              "--workdir", str(tmp_path / "work"), "--port", str(port), *args],
+                    env=prefect_env(tmp_path), cwd=tmp_path)
+    return f"http://127.0.0.1:{port}/api"
+
+
+def served_deployment(client, processes: Processes):
+    return wait_for("the served deployment", lambda: client.read_deployment_by_name("study/patchgrid-study"),
+                    UP_TIMEOUT_S, processes)
+
+
+def serve_log(processes: Processes) -> str:
+    return (processes.tmp_path / "serve.log").read_text(errors="replace")
+
+
+def assert_never_two_at_once(runs) -> None:
+    """No two runs' times from start to end overlap (a run with no end is still running)."""
+    ran = sorted((r for r in runs if r.start_time), key=lambda r: r.start_time)
+    for before, after in zip(ran, ran[1:]):
+        assert before.end_time is not None and before.end_time <= after.start_time, \
+            f"{before.name} ({before.start_time}..{before.end_time}) overlaps {after.name} (from {after.start_time})"
+
+
+@needs_vllm
+def test_a_run_due_while_the_served_study_runs_is_skipped_and_never_overlaps(tmp_path):
+    from prefect.client.orchestration import SyncPrefectClient
+    from prefect.client.schemas.objects import ConcurrencyLimitStrategy
+
+    deadline = time.monotonic() + BUDGET_S
+
+    def left() -> float:
+        return max(deadline - time.monotonic(), 1.0)
+
+    processes = Processes(tmp_path)
+    try:
+        api = start_serve(processes, tmp_path, free_port(), "--cron", EVERY_MINUTE, *LONG_STUDY)
+        with SyncPrefectClient(api) as client:
+            deployment = served_deployment(client, processes)
+            assert deployment.global_concurrency_limit.limit == 1
+            assert deployment.concurrency_options.collision_strategy == ConcurrencyLimitStrategy.CANCEL_NEW
+            assert overlap_line(1, "skip") == "at most 1 run at once; a run due while 1 is running is skipped"
+            assert overlap_line(1, "skip") in serve_log(processes)
+            first, late = follow_two_runs(client, deployment, processes, left)
+            assert first.state.is_completed(), f"{first.state}\n{processes.logs()}"
+            assert late.expected_start_time < first.end_time, \
+                "the study ended before the next run was due: it no longer outlasts a minute (make LONG_STUDY longer)"
+            assert late.state.is_cancelled() and late.state.message == LIMIT_REACHED, late.state
+            history = [s.type.value for s in client.read_flow_run_states(late.id)]
+            assert history == ["SCHEDULED", "CANCELLED"], history  # it never ran
+            assert late.start_time is None and late.auto_scheduled
+            assert_never_two_at_once(deployment_runs(client, deployment))
+    finally:
+        processes.stop_all()
+
+
+def deployment_runs(client, deployment) -> list:
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+
+    found = client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment.id])))
+    return sorted(found, key=lambda r: r.expected_start_time)
+
+
+def follow_two_runs(client, deployment, processes: Processes, left):
+    """The schedule's first run, once finished, and the run due after it, once settled: the deployment is
+    paused as soon as that second run is, so that no third starts."""
+    def running():
+        return next((r for r in deployment_runs(client, deployment) if r.state.is_running()), None)
+
+    first = wait_for("the schedule's first run to start", running, min(150, left()), processes)
+
+    def next_one_settled():
+        later = [r for r in deployment_runs(client, deployment) if r.expected_start_time > first.expected_start_time]
+        return later[0] if later and later[0].state.is_final() else None
+
+    late = wait_for("the run due a minute after the first to be settled", next_one_settled, left(), processes)
+    client.pause_deployment(deployment.id)
+
+    def first_finished():
+        run = client.read_flow_run(first.id)
+        return run if run.state.is_final() else None
+
+    return wait_for("the first run to finish", first_finished, left(), processes, every=2), late
+
+
+def test_serve_registers_the_limit_and_overlap_asked_for(tmp_path):
+    from prefect.client.orchestration import SyncPrefectClient
+    from prefect.client.schemas.objects import ConcurrencyLimitStrategy
+
+    processes = Processes(tmp_path)
+    try:
+        api = start_serve(processes, tmp_path, free_port(), "--cron", "0 3 * * *", "--model", "tiny-llama",
+                          "--concurrency-limit", "2", "--on-overlap", "wait")
+        with SyncPrefectClient(api) as client:
+            deployment = served_deployment(client, processes)
+        assert deployment.global_concurrency_limit.limit == 2
+        assert deployment.concurrency_options.collision_strategy == ConcurrencyLimitStrategy.ENQUEUE
+        assert "at most 2 runs at once; a run due while 2 are running waits" in serve_log(processes)
+    finally:
+        processes.stop_all()
+
+
+def test_serve_refuses_a_concurrency_limit_below_one(tmp_path):
+    res = subprocess.run([sys.executable, "-m", "patchgrid", "serve", "--cron", EVERY_MINUTE, "--model", "tiny-llama",
+                          "--concurrency-limit", "0"], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert res.returncode == 2
+    assert "--concurrency-limit 0: at least 1 run must be allowed at once" in res.stderr.strip().splitlines()[-1]
+
+
+def test_prefect_yaml_runs_each_deployment_one_at_a_time_skipping_a_late_run():
+    from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
+
+    for dep in yaml.safe_load((REPO / "prefect.yaml").read_text())["deployments"]:
+        limit = ConcurrencyLimitConfig.model_validate(dep["concurrency_limit"])
+        assert limit.limit == 1 and limit.collision_strategy == ConcurrencyLimitStrategy.CANCEL_NEW, dep["name"]
