@@ -25,7 +25,8 @@ before a head's projections or after its softmax, and its path through later att
 is linearised as in AtP and AtP* alike.
 
 Pairs of one prompt length share a batch; gradients are taken only for the site kinds asked for.
-It runs on a GPU when there is one; estimates come back to the CPU.
+It runs on a GPU when there is one, or where asked (a study's atp_device, in atp_dtype); estimates
+come back to the CPU.
 """
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ from .plan import Request, forwards
 from .sites import SITES, ModelShape, get_module, parse_key, site_key, site_module
 
 ATP_SITES = ("resid", "attn_out", "mlp_out", "head", "neuron")
+BATCH_PAIRS = 16  # pairs of one prompt length per gradient batch (the memory plan sizes its activations by it)
 CORRECTIONS = ("none", "graddrop")
 
 
@@ -58,7 +60,7 @@ class Attributor:
     """AtP estimates on a transformers causal LM (float32 by default: the estimates are a
     linearisation, and half precision adds its own error to them)."""
 
-    def __init__(self, model, shape: ModelShape, batch_size: int = 16):
+    def __init__(self, model, shape: ModelShape, batch_size: int = BATCH_PAIRS):
         self.model = model
         self.model.eval()
         for p in self.model.parameters():
@@ -71,12 +73,12 @@ class Attributor:
         self.acc = torch.promote_types(next(model.parameters()).dtype, torch.float32)
 
     @classmethod
-    def load(cls, model_dir: Path, shape: ModelShape, *, dtype: str = "float32", device: str = "auto",
-             batch_size: int = 16) -> Attributor:
+    def load(cls, model_dir: Path, shape: ModelShape, *, dtype: str = "float32", device: str | None = None,
+             batch_size: int = BATCH_PAIRS) -> Attributor:
+        """The gradient model of `model_dir` in `dtype` on `device` (None or "auto": a GPU when there is one)."""
         from transformers import AutoModelForCausalLM
 
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
+        device = gradient_device(device)
         # transformers' default sdpa would drop a soft cap on the attention scores (Gemma 2)
         extra = {"attn_implementation": "eager"} if shape.soft_capped else {}
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype), **extra)
@@ -245,10 +247,20 @@ class Attributor:
         return handles
 
 
-def attributor_for(engine) -> Attributor:
-    """An Attributor on `engine`'s model (float32, on a GPU when there is one), made once per engine."""
-    att = getattr(engine, "_attributor", None)
-    if att is None:
-        att = Attributor.load(engine.folder, engine.shape)
-        engine._attributor = att
-    return att
+def gradient_device(device: str | None) -> str:
+    """Where the gradient model runs: `device`, or (None, "auto") a GPU when there is one, else the CPU."""
+    if device in (None, "auto"):
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def attributor_for(engine, *, device: str | None = None, dtype: str = "float32") -> Attributor:
+    """An Attributor on `engine`'s model, in `dtype` on `device` (None: a GPU when there is one), made
+    once per engine and options."""
+    made = getattr(engine, "_attributors", None)
+    if made is None:
+        made = engine._attributors = {}
+    key = (gradient_device(device), dtype)
+    if key not in made:
+        made[key] = Attributor.load(engine.folder, engine.shape, device=key[0], dtype=dtype)
+    return made[key]

@@ -15,8 +15,10 @@ from dataclasses import field
 #   always      every run records it
 #   if_changed  only when it differs from its default (run ids of studies that leave it stay as they were)
 #   if_used     only when a sweep kind of the run reads it (patchgrid.sweeps.settings_of)
+#   noted       every run records it, but it leaves the run's identity (its default run id) alone: how the
+#               engines were sized, where a pass ran; its numbers are the same (StudySpec.identity_params)
 #   never       it changes how the work is done (sharding, engine placement, outputs), not its numbers
-RECORDS = ("always", "if_changed", "if_used", "never")
+RECORDS = ("always", "if_changed", "if_used", "noted", "never")
 
 Check = Callable[[object], "str | None"]  # a message template ({name}: the setting) or None
 
@@ -135,13 +137,14 @@ def _problem(f: dataclasses.Field, value, listed: bool) -> str | None:
     return check(value) if check else None
 
 
-def recorded(obj, used: set[str]) -> dict:
+def recorded(obj, used: set[str], *, noted: bool = True) -> dict:
     """The recorded parameters of a settings dataclass (lists as lists); `used`: the settings the
-    run's sweep kinds read (for `if_used`)."""
+    run's sweep kinds read (for `if_used`); `noted`: False leaves out the `noted` ones (what a run's
+    identity is derived from)."""
     out = {}
     for f in settings_fields(type(obj)):
         value, rule = getattr(obj, f.name), f.metadata["record"]
-        if rule == "never" or (rule == "if_used" and f.name not in used) or \
+        if rule == "never" or (rule == "noted" and not noted) or (rule == "if_used" and f.name not in used) or \
                 (rule == "if_changed" and value == f.default):
             continue
         out[f.name] = list(value) if isinstance(value, tuple) else value

@@ -18,13 +18,26 @@ from .shipped import SHIPPED_PAIRS
 from .sweeps import SweepConfig
 
 RUNNERS = ("local", "ray")
+VLLM_SIZES = ("gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens")  # the vLLM engine's, by name
 RUN_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+DEVICE = re.compile(r"^(cpu|cuda(:[0-9]+)?)$")
+ATP_DTYPES = ("float32", "bfloat16", "float16")  # the gradient model's (patchgrid.attribution)
 
 
 def _run_id(value) -> str | None:
     if value is None or RUN_ID.match(value):
         return None
     return f"{{name}} {value!r} may hold only letters, digits, '.', '_' and '-' (64 at most)"
+
+
+def _fraction(value) -> str | None:
+    return None if value is None or 0 < value <= 1 else f"{{name}} {value} must be above 0 and at most 1"
+
+
+def _device(value) -> str | None:
+    if value is None or DEVICE.match(value):
+        return None
+    return f"{{name}} {value!r} is not a device: use cpu, cuda or cuda:N"
 
 
 def sweep_names(sweeps) -> tuple[str, ...]:
@@ -67,6 +80,22 @@ class StudySpec:
     tensor_parallel_size: int = setting(1, "ranks per engine (Ray runner)", check=at_least(1), record="never")
     ray_timeout_s: float = setting(3600.0, "the longest wait on Ray for one call, an engine actor's start or one "
                                    "stage's work (Ray runner)", check=above_zero, record="never")
+    gpu_memory_utilization: float | None = setting(
+        None, "vllm: the fraction of each GPU's memory an engine may take, weights and KV cache (default: vLLM's "
+        "own on a GPU, lowered by the atp memory plan to make room for the gradient model; 0.3 of the host's on "
+        "CPU); how an engine is sized, not its numbers: recorded, not in the run id", check=_fraction,
+        record="noted")
+    max_num_seqs: int | None = setting(None, "vllm: sequences per engine step (default: vLLM's own on a GPU, 256 on "
+                                       "CPU); recorded, not in the run id", check=at_least(1), record="noted")
+    max_num_batched_tokens: int | None = setting(None, "vllm: tokens per engine step (default: vLLM's own); recorded, "
+                                                 "not in the run id", check=at_least(1), record="noted")
+    atp_device: str | None = setting(None, "atp: where the gradient model runs: cpu, cuda or cuda:N (default: the "
+                                     "engine's GPU when there is one, else cpu); its numbers agree within float "
+                                     "noise on any device: recorded, not in the run id", check=_device,
+                                     record="noted")
+    atp_dtype: str = setting("float32", "atp: the gradient model's dtype (the estimates are a linearisation; half "
+                             "precision adds its own error, so it changes the numbers: recorded, and in the run id "
+                             "when not float32, the default)", choices=ATP_DTYPES, record="if_changed")
     sweep: SweepConfig = field(default=SweepConfig())
 
     def __post_init__(self):
@@ -106,14 +135,33 @@ class StudySpec:
         return {**out, **{f.name: getattr(self.sweep, f.name) for f in dataclasses.fields(self.sweep)}}
 
     def recorded_params(self) -> dict:
-        """What a run records as its parameters, and what its default run id is derived from: every
-        setting by its declaration (patchgrid.settings.RECORDS)."""
+        """What a run records as its parameters: every setting by its declaration
+        (patchgrid.settings.RECORDS), the `noted` ones included."""
+        return self._recorded(noted=True)
+
+    def identity_params(self) -> dict:
+        """What a run's default run id is derived from: the recorded parameters but the `noted` ones
+        (how engines were sized, where a pass ran), which leave the numbers as they are."""
+        return self._recorded(noted=False)
+
+    def _recorded(self, noted: bool) -> dict:
         from .sweeps import settings_of
 
-        return {**recorded(self, set()), **recorded(self.sweep, set(settings_of(self.sweeps)))}
+        return {**recorded(self, set(), noted=noted),
+                **recorded(self.sweep, set(settings_of(self.sweeps)), noted=noted)}
 
     def engine_options(self) -> dict:
-        return {"tensor_parallel_size": self.tensor_parallel_size} if self.tensor_parallel_size > 1 else {}
+        """What every engine of the study starts with (load_engine's options for its backend): its
+        ranks, and the vLLM engine's sizes, each only when set (unset: the device's defaults,
+        patchgrid.backends.vllm); the hf engine has no such sizes and ignores them."""
+        tp = {"tensor_parallel_size": self.tensor_parallel_size} if self.tensor_parallel_size > 1 else {}
+        if self.backend != "vllm":
+            return tp
+        return {**tp, **{name: getattr(self, name) for name in VLLM_SIZES if getattr(self, name) is not None}}
+
+    def attribution_options(self) -> dict:
+        """The gradient model's device and dtype (patchgrid.attribution.attributor_for's options)."""
+        return {"device": self.atp_device, "dtype": self.atp_dtype}
 
     def with_run_id(self, run_id: str) -> StudySpec:
         return replace(self, run_id=run_id)
@@ -154,6 +202,8 @@ class ShardSpec:
     noise_std: float  # the trace noise scale, set by the whole data set's subjects
     out: str = field(metadata={"output": True})  # the effects Parquet file; its existence marks the shard done
     writes_baselines: bool = True  # the pairs' baselines (tracing's facts have none of their own)
+    # the atp sweep's gradient model: attributor_for's options (StudySpec.attribution_options); empty: its defaults
+    attribution: dict = field(default_factory=dict)
 
     @property
     def baselines_out(self) -> str:

@@ -42,6 +42,14 @@ def test_the_flow_takes_the_spec_as_its_one_typed_parameter():
     ({"atp_correction": "qk"}, "atp_correction 'qk' is not one of", "--atp-correction 'qk' is not one of"),
     ({"pairs_format": "csv"}, "pairs_format 'csv' is not one of", "--format 'csv' is not one of"),
     ({"colour": "red"}, "unknown setting 'colour'", "unknown setting 'colour'"),
+    ({"gpu_memory_utilization": 0.0}, "gpu_memory_utilization 0.0 must be above 0 and at most 1",
+     "--gpu-memory-utilization 0.0 must be above 0"),
+    ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization 1.5 must be above 0 and at most 1",
+     "--gpu-memory-utilization 1.5"),
+    ({"max_num_seqs": 0}, "max_num_seqs 0 must be at least 1", "--max-num-seqs 0 must be at least 1"),
+    ({"max_num_batched_tokens": 0}, "max_num_batched_tokens 0 must be at least 1", "--max-num-batched-tokens 0"),
+    ({"atp_device": "gpu"}, "atp_device 'gpu' is not a device: use cpu, cuda or cuda:N", "--atp-device 'gpu'"),
+    ({"atp_dtype": "int8"}, "atp_dtype 'int8' is not one of float32, bfloat16, float16", "--atp-dtype 'int8'"),
 ])
 def test_bad_parameters_are_named(change, flow_message, flag_message):
     with pytest.raises(SpecError) as err:
@@ -154,7 +162,59 @@ def test_recorded_parameters_follow_each_settings_declaration():
         rule = f.metadata["record"]
         present = f.name in base.recorded_params()
         used = f.name in settings_of(base.sweeps)
-        assert present == (rule == "always" or (rule == "if_used" and used)), f.name
+        assert present == (rule in ("always", "noted") or (rule == "if_used" and used)), f.name
+        assert (f.name in base.identity_params()) == (present and rule != "noted"), f.name
     assert "trace_window" in StudySpec.of(trace_window=4).recorded_params()
     assert fingerprint(StudySpec.of(shard_size=3).recorded_params()) == fingerprint(StudySpec().recorded_params())
     assert fingerprint(StudySpec.of(seed=3).recorded_params()) != fingerprint(StudySpec().recorded_params())
+
+
+ENGINE_SIZES = {"gpu_memory_utilization": 0.5, "max_num_seqs": 64, "max_num_batched_tokens": 4096}
+
+
+@pytest.mark.parametrize("name, value", [*ENGINE_SIZES.items(), ("atp_device", "cpu")])
+def test_noted_settings_are_recorded_but_leave_the_run_id(name, value):
+    """How engines are sized and where the gradients run leave the numbers alone: recorded, with
+    their defaults too, but the run's identity (its default run id) is the same."""
+    base, changed = StudySpec.of(sweeps="resid,atp"), StudySpec.of(sweeps="resid,atp", **{name: value})
+    assert base.recorded_params()[name] is None and changed.recorded_params()[name] == value
+    assert name not in changed.identity_params()
+    assert fingerprint(changed.identity_params()) == fingerprint(base.identity_params())
+    assert fingerprint(changed.recorded_params()) != fingerprint(base.recorded_params())
+
+
+def test_the_gradient_dtype_keys_the_run_when_changed():
+    """Half precision changes the estimates: a bfloat16 run is another run; float32 (the default)
+    leaves every earlier run id as it was."""
+    plain = StudySpec.of(sweeps="resid,atp")
+    assert "atp_dtype" not in plain.identity_params()
+    half = plain.replace(atp_dtype="bfloat16")
+    assert half.identity_params()["atp_dtype"] == "bfloat16"
+    assert fingerprint(half.identity_params()) != fingerprint(plain.identity_params())
+    assert half.attribution_options() == {"device": None, "dtype": "bfloat16"}
+    assert StudySpec.of(atp_device="cuda:1").attribution_options() == {"device": "cuda:1", "dtype": "float32"}
+
+
+def test_engine_options_are_the_sizes_set_for_the_backend_that_takes_them():
+    assert StudySpec().engine_options() == {}  # the device's defaults (patchgrid.backends.vllm)
+    sized = StudySpec.of(**ENGINE_SIZES, runner="ray", tensor_parallel_size=2)
+    assert sized.engine_options() == {**ENGINE_SIZES, "tensor_parallel_size": 2}
+    assert StudySpec.of(max_num_seqs=8).engine_options() == {"max_num_seqs": 8}
+    assert sized.replace(backend="hf").engine_options() == {"tensor_parallel_size": 2}
+
+
+def test_engine_sizes_left_unset_suit_the_device():
+    """vLLM's own defaults on a GPU (nothing passed); on CPU the fraction and batch that start there."""
+    from patchgrid.backends.vllm import CPU_SIZES, engine_sizes
+
+    unset = dict.fromkeys(ENGINE_SIZES)
+    assert engine_sizes(unset, on_cpu=False) == {}
+    assert engine_sizes(unset, on_cpu=True) == CPU_SIZES == {"gpu_memory_utilization": 0.3, "max_num_seqs": 256}
+    assert engine_sizes(ENGINE_SIZES, on_cpu=True) == engine_sizes(ENGINE_SIZES, on_cpu=False) == ENGINE_SIZES
+
+
+def test_a_shard_carries_its_gradient_options_into_its_key(tmp_path):
+    shard = ShardSpec(0, (), str(tmp_path), SweepConfig(), 0.0, str(tmp_path / "s.parquet"))
+    assert shard.attribution == {}
+    half = dataclasses.replace(shard, attribution=StudySpec.of(atp_dtype="bfloat16").attribution_options())
+    assert fingerprint(half) != fingerprint(shard)

@@ -50,6 +50,18 @@ def check_vllm_version(version: str) -> None:
                            "another at your own risk)")
 
 
+# What an engine is sized by where a study leaves it unset (None) on CPU: there the memory fraction is
+# of the NUMA node's memory, and vLLM's 0.92 fails at start. On a GPU vLLM's own defaults stand.
+CPU_SIZES = {"gpu_memory_utilization": 0.3, "max_num_seqs": 256}
+
+
+def engine_sizes(sizes: dict, *, on_cpu: bool) -> dict:
+    """The sizes LLM() is given: those set, then on CPU the CPU defaults for those unset; a size left
+    out takes vLLM's own default."""
+    given = {name: value for name, value in sizes.items() if value is not None}
+    return {**(CPU_SIZES if on_cpu else {}), **given}
+
+
 class VllmEngine:
     name = "vllm"
     # In-process engines share vLLM's process-wide distributed state, which an engine's shutdown
@@ -64,7 +76,7 @@ class VllmEngine:
         dtype: str = "auto",
         multiprocess: bool = False,
         max_model_len: int | None = None,
-        max_num_seqs: int = 256,
+        max_num_seqs: int | None = None,
         max_num_batched_tokens: int | None = None,
         enable_chunked_prefill: bool | None = None,
         tensor_parallel_size: int = 1,
@@ -118,20 +130,15 @@ class VllmEngine:
             # Prefix caching would let a patched prompt read unpatched KV of the same tokens.
             enable_prefix_caching=False,
             max_model_len=self.max_model_len,
-            max_num_seqs=max_num_seqs,
             tensor_parallel_size=tensor_parallel_size,
             worker_extension_cls=WORKER_EXTENSION,
             # tensor parallelism needs a worker process per rank
             distributed_executor_backend="mp" if multiprocess or tensor_parallel_size > 1 else "uni",
             trust_remote_code=False,
         )
-        if gpu_memory_utilization is None and _on_cpu():
-            # On CPU this is the fraction of the NUMA node's memory; vLLM's 0.92 fails at start.
-            gpu_memory_utilization = 0.3
-        if gpu_memory_utilization is not None:
-            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
-        if max_num_batched_tokens is not None:
-            kwargs["max_num_batched_tokens"] = max_num_batched_tokens
+        sizes = dict(gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=max_num_seqs,
+                     max_num_batched_tokens=max_num_batched_tokens)
+        kwargs.update(engine_sizes(sizes, on_cpu=_on_cpu()))
         if enable_chunked_prefill is not None:
             kwargs["enable_chunked_prefill"] = enable_chunked_prefill
         self.tensor_parallel_size = tensor_parallel_size

@@ -40,10 +40,12 @@ class AtpSweep(SweepKind):
         return spec
 
     def prepare(self, ctx, run):
-        """The estimates, on the run's attributor (by default one on the engine's model, float32)."""
+        """The estimates, on the run's attributor: an Attributor, or the options of one on the engine's
+        model (attributor_for's device and dtype; none given: float32, on a GPU when there is one)."""
         from ..attribution import attributor_for
 
-        attributor = run.attributor or attributor_for(run.engine)
+        given = run.attributor
+        attributor = attributor_for(run.engine, **(given or {})) if given is None or isinstance(given, dict) else given
         return ctx.with_prepared(self.name, self.estimates(attributor, run.pairs, ctx))
 
     def grid(self, pair, ctx) -> list[Cell]:

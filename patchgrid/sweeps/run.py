@@ -88,14 +88,15 @@ class _Calls:
 
 
 def run_sweeps(engine, pairs, store, config: SweepConfig, progress: Progress | None = None,
-               noise_std: float | None = None, attributor=None) -> list[dict]:
+               noise_std: float | None = None, attributor: object | dict | None = None) -> list[dict]:
     """Effect rows of every sweep of `config` over `pairs`.
 
     store: the pairs' cached activations and baselines (an ActivationCache or a MemoryStore).
     noise_std: the trace noise scale, when `pairs` is one shard of a larger data set whose
     subjects set it; by default it is computed over `pairs`.
-    attributor: what the atp sweep takes its gradients on (patchgrid.attribution); by default one
-    on the engine's model, in float32.
+    attributor: what the atp sweep takes its gradients on (patchgrid.attribution): an Attributor, or
+    the options of one on the engine's model (attributor_for's `device` and `dtype`: a ShardSpec's
+    `attribution`, StudySpec.attribution_options()); by default float32, on a GPU when there is one.
     """
     shape = engine.shape
     kinds = [SWEEP_KINDS[name] for name in config.sweeps]
