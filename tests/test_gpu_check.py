@@ -1,0 +1,124 @@
+"""benchmarks/gpu_check.py, the check for a machine with a GPU, as far as a machine without one can
+test it: its dry run on the CPU passes every check and prints them; it runs where vLLM (and the
+warehouse and flow packages) cannot be imported; it refuses in one line where no CUDA device is;
+and its comparison reports what differs.
+
+The tests that run the script do so in processes of their own, loading models there: no fixture
+says so, so they name their tier (engine: as heavy as an engine test)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from benchmarks.gpu_check import Check, compare, guarded, max_abs_diff, table
+from patchgrid.attribution import ATP_SITES
+from patchgrid.sites import SITES
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
+# what the GPU machine need not have: the engine, and the packages of the warehouse, the flows and Ray
+REFUSED = ("vllm", "pyarrow", "duckdb", "prefect", "ray", "datasets", "pandas")
+# runs the script as `python benchmarks/gpu_check.py ...` does, as if those packages were not installed:
+# None in sys.modules makes `import vllm` (and `vllm.distributed`) raise ModuleNotFoundError and
+# importlib.util.find_spec("vllm") answer None, as where vLLM is absent (transformers asks so)
+WITHOUT = f"""
+import importlib.util, runpy, sys
+for name in {REFUSED!r}:
+    sys.modules[name] = None
+    try:
+        __import__(name)
+    except ModuleNotFoundError:
+        assert importlib.util.find_spec(name) is None
+    else:
+        raise SystemExit(f"the refusal did not hold: {{name}} imported")
+sys.argv = [{str(SCRIPT)!r}] + sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def _run(*args, refuse: bool = False, timeout: int = 300):
+    prefix = ["-c", WITHOUT] if refuse else [str(SCRIPT)]
+    return subprocess.run([sys.executable, *prefix, *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.mark.engine
+def test_the_dry_run_on_the_cpu_passes_every_check_and_prints_the_table():
+    done = _run("--device", "cpu", "--models", "tiny-llama")
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert out.splitlines()[1].startswith("no GPU used (--device cpu: a dry run); torch ")
+    assert "check" in out and "max abs diff" in out and "tolerance" in out
+    names = [f"hf tiny-llama: {kind} " for kind in SITES]  # every site kind of the Llama family
+    names += [f"attribution tiny-llama: {site} {what} " for site in ATP_SITES for what in ("estimate", "graddrop")]
+    for model in ("tiny-llama", "tiny-gpt2"):
+        names += [f"worker {model}: planning, site hooks, readout: {part} " for part in ("writes", "captures",
+                                                                                          "readout")]
+        names.append(f"worker {model}: mid-stack start: writes ")
+    rows = {line.split(" (")[0] + " ": line for line in out.splitlines() if " | " in line}
+    for name in names:
+        assert name in rows, f"no row {name!r} in:\n{out}"
+        assert rows[name].rstrip().endswith("pass"), rows[name]
+    assert f"{len(rows) - 1} checks, 0 failed" in out
+
+
+@pytest.mark.engine
+def test_it_runs_where_vllm_and_the_warehouse_packages_cannot_be_imported():
+    done = _run("--device", "cpu", "--models", "tiny-gpt2", "--worker-models", "tiny-llama", refuse=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "hf tiny-gpt2: head " in done.stdout and "worker tiny-llama: mid-stack start: writes " in done.stdout
+    assert "0 failed" in done.stdout
+    # the worker part on the meta device likewise
+    done = _run("--device", "meta", "--worker-models", "tiny-llama", refuse=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "(every write on meta) | meta " in done.stdout
+
+
+@pytest.mark.engine
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is here: the script runs instead of refusing")
+def test_without_a_cuda_device_it_refuses_in_one_line():
+    done = _run(timeout=120)
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith("gpu_check: no CUDA device here")
+    assert "--device cpu" in done.stderr
+
+
+def test_compare_reports_tensors_that_differ():
+    ref = torch.zeros(3, 4)
+    got = ref.clone()
+    got[1, 2] = 2e-4
+    check = compare("x", "cuda", ref, got, 1e-4)
+    assert not check.ok and check.diff == pytest.approx(2e-4)
+    assert compare("x", "cuda", ref, got, 3e-4).ok
+    assert compare("x", "cuda", {"a": [ref, 1.0]}, {"a": [ref.clone(), 1.0]}, 0.0).ok
+
+
+@pytest.mark.parametrize("ref, got", [
+    (torch.zeros(3), torch.zeros(4)),  # another shape
+    (torch.zeros(3), torch.tensor([0.0, float("nan"), 0.0])),  # not finite where the reference is
+    (torch.tensor([float("inf")]), torch.tensor([float("-inf")])),
+    ({"a": torch.zeros(1)}, {"b": torch.zeros(1)}),  # another structure
+    ([torch.zeros(1)], [torch.zeros(1), torch.zeros(1)]),
+    (None, torch.zeros(1)),
+])
+def test_compare_fails_what_cannot_be_compared(ref, got):
+    assert max_abs_diff(ref, got) == float("inf")
+    assert not compare("x", "cuda", ref, got, 1.0).ok
+
+
+def test_a_part_that_stops_is_a_failed_check_and_the_table_says_fail(capsys):
+    def part(model, device):
+        raise RuntimeError("patchgrid worker: resid.1 writes a tensor on cpu into activations on cuda:0")
+
+    [check] = guarded("worker tiny-llama", "cuda", part, "tiny-llama")
+    assert not check.ok and "RuntimeError: patchgrid worker: resid.1 writes" in check.note
+    assert "Traceback" in capsys.readouterr().err
+    text = table([check, Check("hf tiny-llama: q", "cuda", 1e-6, 1e-4, True)])
+    lines = text.splitlines()
+    assert [c.strip() for c in lines[0].split(" | ")] == ["check", "device", "max abs diff", "tolerance", "result"]
+    assert lines[2].endswith("FAIL") and lines[3].endswith("pass") and "1e-06" in lines[3]
