@@ -58,6 +58,7 @@ CLEAN = (21, 7, 143, 88, 301, 12, 9, 40)
 CORRUPT = (21, 7, 250, 61, 301, 12, 9, 40)
 ANSWERS = (5, 77)
 LONG_ANSWERS = ((5, 11, 12), (77, 13))  # answers scored whole: several forwards
+BUDGET_S = 480  # the whole check on a GPU machine, models built included
 
 
 @dataclass
@@ -544,7 +545,9 @@ def main(argv=None) -> int:
     checks = run_checks(args)
     print(table(checks))
     failed = [c for c in checks if not c.ok]
-    print(f"{len(checks)} checks, {len(failed)} failed, in {time.time() - t0:.1f} s")
+    took = time.time() - t0
+    print(f"{len(checks)} checks, {len(failed)} failed, in {took:.1f} s"
+          + (f" (over the {BUDGET_S // 60} minutes it should take)" if took > BUDGET_S else ""))
     return 1 if failed else 0
 
 
