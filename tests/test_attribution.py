@@ -243,3 +243,24 @@ def test_atp_sweep_verifies_the_strongest_and_a_sample_exactly(tmp_path, engines
 
 def _cell(r):
     return (r["pair_id"], r["site"], r["layer"], r["position"], r["head"], r["neuron"])
+
+
+def test_the_atp_sweep_takes_its_gradients_where_and_in_the_dtype_asked(tmp_path, engines, tokenizers):
+    """run_sweeps' attributor as options (a shard's `attribution`): the gradient model is made once per
+    engine and options, in that dtype; bfloat16 estimates are float32's within half precision."""
+    from patchgrid.attribution import attributor_for
+
+    model = "tiny-llama"
+    hf = engines.get(model, "hf", dtype="float32")
+    pairs = _pairs(tokenizers, model)
+    config = SweepConfig(sweeps=("atp",), atp_kinds=("resid",), verify_top=1, verify_random=0)
+    cache, _ = load_or_build(hf, pairs, cache_spec(config, hf.shape.n_layers), tmp_path, log=lambda *_: None)
+    full = run_sweeps(hf, pairs, cache, config, attributor={"device": "cpu", "dtype": "float32"})
+    half = run_sweeps(hf, pairs, cache, config, attributor={"device": "cpu", "dtype": "bfloat16"})
+    made = attributor_for(hf, device="cpu", dtype="bfloat16")
+    assert next(made.model.parameters()).dtype == torch.bfloat16 and made.device.type == "cpu"
+    assert made is attributor_for(hf, device="cpu", dtype="bfloat16")
+    assert made is not attributor_for(hf, device="cpu")  # float32, the default: made once, by the first sweep
+    xs = torch.tensor([r["estimate"] for r in full])
+    ys = torch.tensor([r["estimate"] for r in half])
+    assert not torch.equal(xs, ys) and torch.allclose(xs, ys, atol=0.05 * float(xs.abs().max()))

