@@ -57,7 +57,7 @@ def test_the_dry_run_on_the_cpu_passes_every_check_and_prints_the_table():
     names += [f"attribution tiny-llama: {site} {what} " for site in ATP_SITES for what in ("estimate", "graddrop")]
     for model in ("tiny-llama", "tiny-gpt2"):
         names += [f"worker {model}: planning, site hooks, readout: {part} " for part in ("writes", "captures",
-                                                                                          "readout")]
+                                                                                          "readout", "unembedding")]
         names.append(f"worker {model}: mid-stack start: writes ")
     rows = {line.split(" (")[0] + " ": line for line in out.splitlines() if " | " in line}
     for name in names:
