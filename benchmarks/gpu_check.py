@@ -497,12 +497,11 @@ def _parse(argv):
     parser.add_argument("--models", default=",".join(MODELS), help="tiny models for the hf and attribution parts")
     parser.add_argument("--worker-models", default=",".join(WORKER_MODELS), help="tiny models for the worker part")
     args = parser.parse_args(argv)
-    for option in ("models", "worker_models"):
+    for option, allowed in (("models", MODELS), ("worker_models", WORKER_MODELS)):
         names = [n for n in getattr(args, option).split(",") if n]
-        bad = [n for n in names if n not in MODELS]
-        if bad or (option == "worker_models" and set(names) - set(WORKER_MODELS)):
-            parser.error(f"--{option.replace('_', '-')}: {','.join(bad or names)} is not one of "
-                         f"{','.join(MODELS if option == 'models' else WORKER_MODELS)}")
+        bad = [n for n in names if n not in allowed]
+        if bad:
+            parser.error(f"--{option.replace('_', '-')}: {bad[0]} is not one of {', '.join(allowed)}")
         setattr(args, option, names)
     return args
 
