@@ -13,13 +13,15 @@ as strings.
 import subprocess
 from dataclasses import replace
 from datetime import datetime, timezone
+from functools import partial
 from pathlib import Path
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.runtime import flow_run
+from prefect.task_runners import ThreadPoolTaskRunner
 
-from patchgrid.engine import EnginePool
+from patchgrid.engine import Engines, LocalEngines
 from patchgrid.spec import ShardSpec, StudySpec
 from patchgrid.stopping import Cancelled, cancel_on_signals, one_line, signalled
 from patchgrid.tasks.cache import cache_activations
@@ -56,15 +58,34 @@ def study(spec: StudySpec = DEFAULT) -> str:
     `spec`: every setting of the study (patchgrid.spec.StudySpec; Prefect validates it, and a
     deployment's parameters nest its fields under `spec`, the sweeps' under `spec.sweep`)."""
     # SIGTERM and SIGINT stop the study through every clean-up on the way out (engines first)
-    with cancel_on_signals(), EnginePool() as engines:
-        return run_study(spec, engines)
+    with cancel_on_signals():
+        return run_study(spec)
 
 
 def _now():
     return datetime.now(timezone.utc).replace(tzinfo=None)
 
 
-def run_study(spec: StudySpec, engines: EnginePool) -> str:
+def engines_for(spec: StudySpec, model_sha: str) -> Engines:
+    """Where the study's model work runs: this process's engine, or the run's engine actors on Ray."""
+    from patchgrid.memory import describe, gpu_memory, memory_plan, study_engine_options
+
+    log = get_run_logger().info
+    if spec.runner != "ray":
+        plan = memory_plan(spec, gpu_memory())  # a study with atp: engine and gradient model on one device
+        if plan is not None:
+            log(describe(plan))
+        return LocalEngines(spec.model, spec.backend, study_engine_options(spec))
+    from patchgrid.cluster import RayEngines
+
+    # the engines' options are worked out in each actor, against the GPU it is given (the atp plan)
+    return RayEngines(spec.run_id, spec.model, model_sha, spec.backend, code_version(), workers=spec.ray_workers,
+                      tensor_parallel_size=spec.tensor_parallel_size, gpus=spec.gpus_per_engine,
+                      options=partial(study_engine_options, spec), address=spec.ray_address,
+                      timeout_s=spec.ray_timeout_s, log=log)
+
+
+def run_study(spec: StudySpec) -> str:
     from transformers import AutoConfig
 
     from patchgrid.cache import model_identity
@@ -78,7 +99,7 @@ def run_study(spec: StudySpec, engines: EnginePool) -> str:
     model_sha = model_identity(folder)["weights_sha256"]
     check_family(spec.sweep, shape_of(AutoConfig.from_pretrained(folder)).family)
     # The same inputs give the same run id: a rerun resumes and replaces, never duplicates.
-    spec = spec.with_run_id(spec.run_id or "run-" + fingerprint(model_sha, spec.recorded_params())[:12])
+    spec = spec.with_run_id(spec.run_id or "run-" + fingerprint(model_sha, spec.identity_params())[:12])
     noise = None
     if noised(spec.sweeps):  # a kind whose runs add noise: its std is set over the whole data set
         from patchgrid.sweeps import TraceNoise
@@ -91,7 +112,9 @@ def run_study(spec: StudySpec, engines: EnginePool) -> str:
                                            for key, what in population.recorded}}
     record_run(spec, str(flow_run.get_id() or ""), model_sha, code_version(), _now(), measured)
     try:
-        return _sweep_and_load(spec, engines, model_sha, noise.std if noise else 0.0)
+        # the engines (this process's, or the run's actors) are released however the run ends
+        with engines_for(spec, model_sha) as engines:
+            return _sweep_and_load(spec, engines, model_sha, noise.std if noise else 0.0)
     except BaseException as exc:
         # a run that stops says why, in the warehouse, rather than staying `running` for ever
         status = "cancelled" if isinstance(exc, (Cancelled, KeyboardInterrupt)) or signalled() else "failed"
@@ -99,7 +122,7 @@ def run_study(spec: StudySpec, engines: EnginePool) -> str:
         raise
 
 
-def _sweep_and_load(spec: StudySpec, engines: EnginePool, model_sha: str, noise_std: float) -> str:
+def _sweep_and_load(spec: StudySpec, engines: Engines, model_sha: str, noise_std: float) -> str:
     from patchgrid.cache import damage
     from patchgrid.pairs import read_pairs
     from patchgrid.shards import split
@@ -128,10 +151,10 @@ def _sweep_and_load(spec: StudySpec, engines: EnginePool, model_sha: str, noise_
         folder = _produced(cache_activations, spec, members, str(work / "cache"), model_sha, engines, names, std,
                            sound=sound)
         shards += split(members, spec.shard_size, folder, replace(spec.sweep, sweeps=names), std, run_dir / "effects",
-                        first=len(shards), name=population.shard_name, writes_baselines=population.writes_baselines)
+                        first=len(shards), name=population.shard_name, writes_baselines=population.writes_baselines,
+                        attribution=spec.attribution_options())
     if spec.runner == "ray":
-        engines.close()  # the shards' engines live in Ray actors; free this process's engine
-        effect_files = sweep_shards_on_ray_with(spec, shards, model_sha)
+        effect_files = sweep_shards_on_ray(spec, shards, model_sha, engines)
     else:
         progress = create_progress_artifact(progress=0.0, key=f"sweeps-{spec.run_id}".lower(),
                                             description=f"Sweeps of run {spec.run_id}: shards done")
@@ -147,47 +170,26 @@ def _sweep_and_load(spec: StudySpec, engines: EnginePool, model_sha: str, noise_
     return spec.run_id
 
 
-# Parameters are already-validated specs: pydantic need not rebuild them.
-@flow(name="study-shards-on-ray", validate_parameters=False)
-def sweep_shards_on_ray(spec: StudySpec, shards: list[ShardSpec], model_sha256: str) -> list[str]:
-    """Every shard as a Ray task; shard k goes to engine actor k mod ray_workers."""
-    from patchgrid.tasks.ray_engines import release_actors, sweep_shard_on_ray
-
+def sweep_shards_on_ray(spec: StudySpec, shards: list[ShardSpec], model_sha256: str, engines: Engines) -> list[str]:
+    """Every shard as a task of its own, as many at once as there are engine actors: each goes to the
+    next actor that is free (patchgrid.cluster.RayEngines), so a slow node holds only its own shard."""
     progress = create_progress_artifact(progress=0.0, key=f"sweeps-{spec.run_id}".lower(),
                                         description=f"Sweeps of run {spec.run_id} on Ray: shards done")
-
-    def submit(shard, refresh=False):
-        task = sweep_shard_on_ray.with_options(refresh_cache=True) if refresh else sweep_shard_on_ray
-        return task.submit(spec, shard, model_sha256, slot=shard.index % spec.ray_workers)
-
-    futures = [submit(shard) for shard in shards]
-    paths = []
-    for k, (shard, future) in enumerate(zip(shards, futures)):
-        path = future.result()
-        if not Path(path).is_file():  # a cached result whose file was removed: compute it again
-            path = submit(shard, refresh=True).result()
-        paths.append(path)
-        update_progress_artifact(progress, progress=100.0 * (k + 1) / len(futures))
+    with ThreadPoolTaskRunner(max_workers=spec.ray_workers) as runner:
+        futures = [runner.submit(sweep_shard, parameters=dict(spec=spec, shard=shard, model_sha256=model_sha256,
+                                                               engines=engines)) for shard in shards]
+        paths = []
+        for k, (shard, future) in enumerate(zip(shards, futures)):
+            path = future.result()
+            if not Path(path).is_file():  # a cached result whose file was removed: compute it again
+                path = sweep_shard.with_options(refresh_cache=True)(spec, shard, model_sha256, engines)
+            paths.append(path)
+            update_progress_artifact(progress, progress=100.0 * (k + 1) / len(futures))
     missing = [p for p in paths if not Path(p).is_file()]
     if missing:
         raise RuntimeError(f"{len(missing)} shard files are not visible here (is the work folder shared with the "
                            f"Ray workers?): {missing[0]}")
-    release_actors(spec, model_sha256)
     return paths
-
-
-def sweep_shards_on_ray_with(spec: StudySpec, shards: list[ShardSpec], model_sha256: str) -> list[str]:
-    from prefect.client.orchestration import get_client
-    from prefect_ray import RayTaskRunner
-
-    # Ray's workers report task states to this flow's Prefect API: hand them its address (in
-    # ephemeral mode a loopback server this process started; a cluster needs a server it can reach).
-    api = str(get_client().api_url).rstrip("/")
-    init = {"runtime_env": {"env_vars": {"PREFECT_API_URL": api}}}
-    if spec.ray_address is None:  # a local Ray this flow starts: small, no dashboard
-        init.update(include_dashboard=False, object_store_memory=256 * 1024 * 1024)
-    runner = RayTaskRunner(address=spec.ray_address, init_kwargs=init)
-    return sweep_shards_on_ray.with_options(task_runner=runner)(spec, shards, model_sha256)
 
 
 if __name__ == "__main__":

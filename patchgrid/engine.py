@@ -5,9 +5,10 @@ Every backend implements `Engine`: it takes the same `Request`s (patchgrid.plan)
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from functools import partial
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import torch
 
@@ -19,6 +20,7 @@ BACKENDS = ("vllm", "hf")
 DEFAULT_BACKEND = "vllm"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 _ALL = "*"  # EnginePool: the bound on all engines together
+T = TypeVar("T")
 
 
 class Engine(Protocol):
@@ -102,6 +104,18 @@ class EnginePool:
             for model, backend_, options in counted[:max(0, len(counted) - limit + 1)]:
                 self.drop(model, backend_, **dict(options))
 
+    def run(self, work: Callable[[Engine], T], model: str, backend: str = DEFAULT_BACKEND,
+            options: Mapping | None = None) -> T:
+        """`work(engine)` on this pool's engine of `model`; an engine whose work raised is dropped, so
+        that the next work (a task's retry) starts a fresh one."""
+        options = dict(options or {})
+        engine = self.get(model, backend, **options)
+        try:
+            return work(engine)
+        except Exception:
+            self.drop(model, backend, **options)
+            raise
+
     def drop(self, model: str, backend: str = DEFAULT_BACKEND, **options) -> None:
         engine = self._engines.pop((model, backend, tuple(sorted(options.items()))), None)
         if engine is not None:
@@ -119,3 +133,49 @@ class EnginePool:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class Engines:
+    """Where a study's model work runs: `run(work)` calls `work(engine)` on an engine of the study's
+    model and returns its result. LocalEngines runs it in this process; patchgrid.cluster.RayEngines
+    in the next free engine actor of a Ray cluster. `provenance`: a file to record which engine ran
+    it in (JSON)."""
+
+    def run(self, work: Callable[[Engine], T], *, provenance: str | None = None) -> T:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class LocalEngines(Engines):
+    """The study's engine in this process, from `pool` (kept by the caller) or a pool of its own."""
+
+    def __init__(self, model: str, backend: str = DEFAULT_BACKEND, options: Mapping | None = None,
+                 pool: EnginePool | None = None):
+        self.model, self.backend, self.options = model, backend, dict(options or {})
+        self._own = pool is None
+        self.pool = pool if pool is not None else EnginePool()
+
+    def run(self, work: Callable[[Engine], T], *, provenance: str | None = None) -> T:
+        return self.pool.run(work, self.model, self.backend, self.options)  # this process: nothing to record
+
+    def close(self) -> None:
+        if self._own:
+            self.pool.close()
+
+
+def using_engine(fn: Callable[..., T], *args, **kwargs) -> Callable[[Engine], T]:
+    """`fn(*args, engine=<the engine>, **kwargs)` as work for `Engines.run`; picklable when `fn` and
+    its arguments are, so that it can cross to an engine actor."""
+    return partial(_with_engine, fn, args, kwargs)
+
+
+def _with_engine(fn, args, kwargs, engine):
+    return fn(*args, engine=engine, **kwargs)

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from prefect import get_run_logger, task
 
-from patchgrid.engine import EnginePool
+from patchgrid.engine import Engines, using_engine
 from patchgrid.pairs import Pair
 from patchgrid.spec import StudySpec
 
@@ -34,21 +34,22 @@ def cache_inputs(spec: StudySpec, sweeps: tuple[str, ...], noise_std: float = 0.
     return dict(model=spec.model, backend=spec.backend, cache=need)
 
 
-@task(cache_key_fn=keyed_by(cache_inputs), persist_result=True, retries=2, retry_delay_seconds=1)
-def cache_activations(spec: StudySpec, pairs: list[Pair], cache_root: str, model_sha256: str,
-                      engines: EnginePool, sweeps: tuple[str, ...], noise_std: float = 0.0) -> str:
-    """Capture each pair's clean (and corrupt, and noised) runs once, the sites `sweeps` read and the
-    streams their patched runs start from; return the cache folder."""
+def found_or_built(pairs, need, root: str, *, engine) -> tuple[str, bool, float]:
+    """The cache folder covering `need` for `pairs` (found, or built on `engine`), whether it was
+    built, and its size per pair: plain values, which cross back from an engine actor."""
     from patchgrid.cache import load_or_build
 
-    logger = get_run_logger()
+    cache, built = load_or_build(engine, pairs, need, Path(root))
+    return str(cache.folder), built, cache.bytes_per_pair
+
+
+@task(cache_key_fn=keyed_by(cache_inputs), persist_result=True, retries=2, retry_delay_seconds=1)
+def cache_activations(spec: StudySpec, pairs: list[Pair], cache_root: str, model_sha256: str,
+                      engines: Engines, sweeps: tuple[str, ...], noise_std: float = 0.0) -> str:
+    """Capture each pair's clean (and corrupt, and noised) runs once, the sites `sweeps` read and the
+    streams their patched runs start from, where the engines run; return the cache folder."""
     v = cache_inputs(spec, sweeps, noise_std)
-    engine = engines.get(v["model"], v["backend"])
-    try:
-        cache, built = load_or_build(engine, pairs, v["cache"], Path(cache_root), log=logger.info)
-    except Exception:
-        engines.drop(v["model"], v["backend"])  # a retry starts a fresh engine
-        raise
-    logger.info("activation cache %s: %s, %.1f kB per pair", cache.folder, "built" if built else "found",
-                cache.bytes_per_pair / 1e3)
-    return str(cache.folder)
+    folder, built, per_pair = engines.run(using_engine(found_or_built, list(pairs), v["cache"], cache_root))
+    get_run_logger().info("activation cache %s: %s, %.1f kB per pair", folder, "built" if built else "found",
+                          per_pair / 1e3)
+    return folder

@@ -7,7 +7,7 @@ import inspect
 import os
 from collections.abc import Callable
 
-from patchgrid.engine import EnginePool
+from patchgrid.engine import EnginePool, Engines
 from patchgrid.fingerprint import OutputPath, fingerprint
 
 # Where a task writes counts by its path, not by what an earlier run left there.
@@ -17,13 +17,13 @@ OUTPUT_PARAMETERS = ("out",)
 def keyed_by(inputs: Callable[..., dict]):
     """A cache key function: `inputs(**parameters)` (the values the task's result depends on, which
     the task's body computes from its parameters with the same function), beside every parameter
-    `inputs` does not take (the engine pool, which holds no input, aside)."""
+    `inputs` does not take (the engines, which hold no input, aside)."""
     taken = set(inspect.signature(inputs).parameters)
 
     def key(context, parameters: dict) -> str:
         values = {"inputs": inputs(**{k: v for k, v in parameters.items() if k in taken})}
         for name, value in parameters.items():
-            if name in taken or isinstance(value, EnginePool):
+            if name in taken or isinstance(value, (EnginePool, Engines)):
                 continue
             values[name] = OutputPath(os.path.abspath(value)) if name in OUTPUT_PARAMETERS else value
         return f"{context.task.name}-{fingerprint(values)}"

@@ -4,7 +4,7 @@ from pathlib import Path
 
 from prefect import get_run_logger, task
 
-from patchgrid.engine import EnginePool
+from patchgrid.engine import Engines, using_engine
 from patchgrid.spec import StudySpec
 
 from .keys import keyed_by
@@ -22,15 +22,19 @@ def pairing_inputs(spec: StudySpec) -> dict:
                 ask_model=ask)
 
 
-@task(cache_key_fn=keyed_by(pairing_inputs), persist_result=True)
-def align_pairs(spec: StudySpec, model_sha256: str, out: str, engines: EnginePool) -> str:
-    """Read the data set, pair and align it with the model's tokenizer; write the pairs table."""
+@task(cache_key_fn=keyed_by(pairing_inputs), persist_result=True, retries=2, retry_delay_seconds=1)
+def align_pairs(spec: StudySpec, model_sha256: str, out: str, engines: Engines) -> str:
+    """Read the data set, pair and align it with the model's tokenizer; write the pairs table. Where
+    the model is asked, that runs where the engines run."""
     from patchgrid.pairs import build_from_source, summary, write_pairs
 
     v = pairing_inputs(spec)
-    engine = engines.get(v["model"], v["backend"]) if v["ask_model"] else None
-    fmt, records, rows = build_from_source(v["model"], v["source"], v["fmt"], seed=v["seed"], engine=engine,
-                                           require_known=v["require_known"], answer_policy=v["answer_policy"])
+    args = (v["model"], v["source"], v["fmt"])
+    kwargs = dict(seed=v["seed"], require_known=v["require_known"], answer_policy=v["answer_policy"])
+    if v["ask_model"]:
+        fmt, records, rows = engines.run(using_engine(build_from_source, *args, **kwargs))
+    else:
+        fmt, records, rows = build_from_source(*args, engine=None, **kwargs)
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     write_pairs(rows, out)
     counts = ", ".join(f"{status}{'/' + reason if reason else ''}: {n}"

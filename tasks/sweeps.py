@@ -1,20 +1,19 @@
 from __future__ import annotations
 
-import os
+from pathlib import Path
 
 from prefect import get_run_logger, task
 
-from patchgrid.engine import EnginePool
+from patchgrid.engine import Engines, using_engine
 from patchgrid.spec import ShardSpec, StudySpec
 
 from .keys import engine_inputs, keyed_by
 
 
 @task(cache_key_fn=keyed_by(engine_inputs), persist_result=True, retries=2, retry_delay_seconds=1)
-def sweep_shard(spec: StudySpec, shard: ShardSpec, model_sha256: str, engines: EnginePool) -> str:
-    """Run every sweep over one shard of pairs in this process's engine; return its effects file."""
-    from pathlib import Path
-
+def sweep_shard(spec: StudySpec, shard: ShardSpec, model_sha256: str, engines: Engines) -> str:
+    """Run every sweep over one shard of pairs where the engines run; return its effects file (its
+    engine's provenance beside it, for a shard run in an engine actor)."""
     from patchgrid.progress import report
     from patchgrid.shards import compute_shard
 
@@ -22,12 +21,8 @@ def sweep_shard(spec: StudySpec, shard: ShardSpec, model_sha256: str, engines: E
     if Path(shard.out).is_file():  # written whole (rename) by an earlier attempt of this same shard
         logger.info("shard %s already done", shard.out)
         return shard.out
-    try:
-        n = compute_shard(engines.get(spec.model, spec.backend), shard, report)
-    except Exception:
-        engines.drop(spec.model, spec.backend)  # a retry starts a fresh engine
-        raise
-    logger.info("shard of %d pairs: %d effect rows -> %s (pid %d)", len(shard.pairs), n, shard.out, os.getpid())
+    n = engines.run(using_engine(compute_shard, shard=shard, progress=report), provenance=shard.out + ".engine.json")
+    logger.info("shard of %d pairs: %d effect rows -> %s", len(shard.pairs), n, shard.out)
     return shard.out
 
 
@@ -39,7 +34,8 @@ def noise_inputs(spec: StudySpec) -> dict:
 @task(cache_key_fn=keyed_by(noise_inputs), persist_result=True)
 def measure_trace_noise(spec: StudySpec, model_sha256: str):
     """The causal-tracing noise for this data set and model (trace_noise_scale, by default 3, x the
-    std of its subjects' token embeddings), the same whatever pairs a study keeps."""
+    std of its subjects' token embeddings), the same whatever pairs a study keeps. It reads the
+    embedding matrix from the weight files; no model is loaded."""
     from patchgrid.models import prepare
     from patchgrid.pairs import read_source
     from patchgrid.sweeps import subject_noise
