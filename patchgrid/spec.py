@@ -185,10 +185,9 @@ class StudySpec:
         check_writable(wh)
         if self.runner == "ray":
             try:
-                import prefect_ray  # noqa: F401
                 import ray  # noqa: F401
-            except ImportError:
-                raise SpecError("runner", "ray needs ray and prefect-ray (pip install 'patchgrid[ray]')") from None
+            except ImportError as exc:
+                raise SpecError("runner", f"ray needs Ray (pip install 'patchgrid[ray]'): {exc}") from exc
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,8 @@
 Layout of one cache data set, a folder named by its key under the cache root:
 
     manifest.json    what the key was made of, dtype, widths, pair order, the site keys of each
-                     run, each file's size and sha256 (checked when the set is found); written last
+                     run, each file's size and sha256 and its stat (checked when the set is found:
+                     a file whose stat still matches is not read again); written last
     clean.arrow      one row per (pair, position); one column per site key (`resid.3`, `head.3`...),
                      each a fixed-size list of the site's width in the model's dtype (bfloat16
                      is stored as its uint16 bit pattern, since Arrow has no bfloat16)

@@ -77,8 +77,9 @@ def _alive_actors(cluster) -> list[str]:
         ray.shutdown()
 
 
-def _provenance(tmp: Path) -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted((tmp / "work").glob("runs/*/effects/*.engine.json"))]
+def _provenance(work: Path) -> list[dict]:
+    """Which actor served each shard of the runs in the work folder `work`."""
+    return [json.loads(p.read_text()) for p in sorted(work.glob("runs/*/effects/*.engine.json"))]
 
 
 def _same_data(got: Path, want: Path) -> None:
@@ -143,9 +144,38 @@ def test_a_study_on_the_cluster_runs_its_model_work_in_the_actors(cluster, local
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", refuse)
     study(_ray_spec(cluster, tmp_path))
     _same_data(tmp_path / "ray.duckdb", local_run)
-    served = _provenance(tmp_path)
+    served = _provenance(tmp_path / "work")
     assert served and all(s["cuda_visible_devices"] is not None for s in served)
     assert _alive_actors(cluster) == [], "the run's actors outlived it"
+
+
+TP = dict(model="tiny-llama", pairs=str(DATA), sweeps="resid,trace", limit=2, require_known=False, trace_samples=2,
+          shard_size=1)
+
+
+def test_tensor_parallel_engines_serve_every_stage(cluster, prefect_api, tmp_path):
+    """Pairing that asks the model, the cache and the sweeps, each on a tensor_parallel_size=2 engine
+    (two ranks, two GPUs per actor): the same pairs and the numbers of one rank within float32's
+    reordered sums."""
+    from patchgrid.flows.study import study
+
+    c, _ = cluster
+    study(StudySpec.of(warehouse=str(tmp_path / "one.duckdb"), workdir=str(tmp_path / "one"), **TP))
+    study(StudySpec.of(warehouse=str(tmp_path / "tp.duckdb"), workdir=str(tmp_path / "tp"), runner="ray",
+                       ray_address=c.address, ray_workers=1, tensor_parallel_size=2, **TP))
+    a, b = tables(tmp_path / "tp.duckdb"), tables(tmp_path / "one.duckdb")
+    assert a["pairs"] == b["pairs"]
+    sql = ("SELECT pair_id, sweep, site, layer, position, \"window\", metric, patched_logprob_diff, patched_p "
+           "FROM effects ORDER BY ALL")
+    got, want = (duckdb.connect(str(p), read_only=True).execute(sql).fetchall()
+                 for p in (tmp_path / "tp.duckdb", tmp_path / "one.duckdb"))
+    assert len(got) == len(want) > 50
+    for x, y in zip(got, want):
+        assert x[:7] == y[:7]
+        assert x[7:] == pytest.approx(y[7:], abs=1e-4), x[:7]
+    served = _provenance(tmp_path / "tp")
+    assert served and all(s["cuda_visible_devices"].count(",") == 1 for s in served)  # two GPUs each
+    assert _alive_actors(cluster) == []
 
 
 class Faults(threading.Thread):
@@ -158,32 +188,36 @@ class Faults(threading.Thread):
         self.tmp, self.done, self.error = tmp, [], None
         self.stop = threading.Event()
 
-    def _wait_for(self, n: int) -> list[dict]:
+    def _served(self) -> list[dict]:
+        return _provenance(self.tmp / "work")
+
+    def _wait_until(self, found):
+        """The first non-None `found(served)`, as shards complete."""
         while not self.stop.is_set():
-            got = _provenance(self.tmp)
-            if len(got) >= n:
+            got = found(self._served())
+            if got is not None:
                 return got
             time.sleep(0.1)
         raise RuntimeError("the study ended first")
 
     def run(self):
         try:
-            first = self._wait_for(1)[-1]
+            first = self._wait_until(lambda served: served[-1] if served else None)
             cores = [pid for pid in _children(first["pid"]) if "EngineCore" in _cmdline(pid)]
             assert cores, f"no engine core process under actor {first['actor']}"
             for pid in cores:
                 os.kill(pid, signal.SIGKILL)
-            self.done.append(("engine", first["actor"], len(_provenance(self.tmp))))
-            served = self._wait_for(len(_provenance(self.tmp)) + 2)
-            victim = next(s for s in reversed(served) if s["actor"] != first["actor"] and _alive(s["pid"]))
+            self.done.append(("engine", first["actor"], len(self._served())))
+            victim = self._wait_until(lambda served: next(
+                (s for s in reversed(served) if s["actor"] != first["actor"] and _alive(s["pid"])), None))
             os.kill(victim["pid"], signal.SIGKILL)
-            self.done.append(("actor", victim["actor"], len(_provenance(self.tmp))))
-            served = self._wait_for(len(_provenance(self.tmp)) + 2)
-            # a node hosting a live actor, not the one whose engine died (which must go on serving)
-            hosting = {s["node_id"] for s in served if _alive(s["pid"])} - {first["node_id"]}
-            node = next(n for n in self.workers if n.node_id in hosting)
-            self.c.remove_node(node)
-            self.done.append(("node", node.node_id, len(_provenance(self.tmp))))
+            self.done.append(("actor", victim["actor"], len(self._served())))
+            # a node hosting a live actor, not the node of the one whose engine died (which must go on serving)
+            node_id = self._wait_until(lambda served: next(
+                (s["node_id"] for s in reversed(served) if s["node_id"] != first["node_id"] and _alive(s["pid"])),
+                None))
+            self.c.remove_node(next(n for n in self.workers if n.node_id == node_id))
+            self.done.append(("node", node_id, len(self._served())))
         except BaseException as exc:  # reported by the test
             self.error = exc
 
@@ -225,11 +259,11 @@ def test_a_failed_engine_a_killed_actor_and_a_dead_node_cost_only_their_shards(c
         faults.stop.set()
         faults.join(timeout=60)
     assert faults.error is None, f"a fault could not be injected: {faults.error!r}"
-    total = len(_provenance(tmp_path))
+    total = len(_provenance(tmp_path / "work"))
     assert [kind for kind, _, _ in faults.done] == ["engine", "actor", "node"]
     assert all(at < total for _, _, at in faults.done), f"a fault came after the last shard: {faults.done}"
     _same_data(tmp_path / "ray.duckdb", local_run)
     # the actor whose engine died started a fresh one and went on serving
     hit = faults.done[0][1]
-    assert max(s["engine_starts"] for s in _provenance(tmp_path) if s["actor"] == hit) == 2
+    assert max(s["engine_starts"] for s in _provenance(tmp_path / "work") if s["actor"] == hit) == 2
     assert _alive_actors(cluster) == [], "the run's actors outlived it"
