@@ -47,8 +47,9 @@ def _run(*args, refuse: bool = False, timeout: int = 300):
 
 
 @pytest.mark.engine
-def test_the_dry_run_on_the_cpu_passes_every_check_and_prints_the_table():
-    done = _run("--device", "cpu", "--models", "tiny-llama")
+def test_the_dry_run_on_the_cpu_passes_every_check_and_prints_the_table_without_vllm():
+    # vLLM and the warehouse's packages cannot be imported in this run: the check needs neither
+    done = _run("--device", "cpu", "--models", "tiny-llama", refuse=True)
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
     assert out.splitlines()[1].startswith("no GPU used (--device cpu: a dry run); torch ")
@@ -67,12 +68,7 @@ def test_the_dry_run_on_the_cpu_passes_every_check_and_prints_the_table():
 
 
 @pytest.mark.engine
-def test_it_runs_where_vllm_and_the_warehouse_packages_cannot_be_imported():
-    done = _run("--device", "cpu", "--models", "tiny-gpt2", "--worker-models", "tiny-llama", refuse=True)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "hf tiny-gpt2: head " in done.stdout and "worker tiny-llama: mid-stack start: writes " in done.stdout
-    assert "0 failed" in done.stdout
-    # the worker part on the meta device likewise
+def test_the_worker_part_runs_on_the_meta_device_without_vllm():
     done = _run("--device", "meta", "--worker-models", "tiny-llama", refuse=True)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "(every write on meta) | meta " in done.stdout

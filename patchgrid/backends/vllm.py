@@ -15,7 +15,9 @@ import dataclasses
 import itertools
 import logging
 import os
+import threading
 from collections import defaultdict
+from contextlib import contextmanager
 from pathlib import Path
 
 from ..plan import (
@@ -251,20 +253,51 @@ class VllmEngine:
                 params.append(SamplingParams(max_tokens=1, temperature=0.0, detokenize=False,
                                              extra_args={PLAN_KEY: to_wire(r, tag, f)}))
         try:
-            self.llm.generate(prompts, params, use_tqdm=False)
+            with self._woken_if_the_core_dies():
+                self.llm.generate(prompts, params, use_tqdm=False)
         except BaseException as exc:
             # A step that raised leaves vLLM's runner mid-step: the next call would wait for ever.
             self._failed = f"{type(exc).__name__}: {exc}".splitlines()[0]
             raise
         finally:
             # Hooks come off (and the start layer goes back) even when generate fails, so the
-            # next call starts clean.
-            per_rank = self.llm.collective_rpc("pg_end")
+            # next call starts clean; but an engine core in another process may be what failed, and
+            # an RPC to a dead core can wait for ever: a failed engine runs no further call anyway.
+            if not self._failed or self._inprocess:
+                per_rank = self.llm.collective_rpc("pg_end")
         flat = [t for ts in tags for t in ts]
         missing = [t for t in flat if t not in per_rank[0]]
         if missing:
             raise RuntimeError(f"vLLM returned no result for {len(missing)} of {len(flat)} forwards")
         return [join_forwards(r, fs, [_part(per_rank, t) for t in ts]) for r, fs, ts in zip(requests, fwds, tags)]
+
+    @contextmanager
+    def _woken_if_the_core_dies(self):
+        """vLLM 0.32's sync client, told by its monitor that the engine core process died, shuts its
+        output thread down without a word, and a generate call waiting on the outputs waits for
+        ever (a core killed by the OOM killer, say). While a call waits, this watches the client's
+        `engine_dead` flag and wakes the call with an error, which the client raises as
+        EngineDeadError."""
+        client = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
+        resources, outputs = getattr(client, "resources", None), getattr(client, "outputs_queue", None)
+        if self._inprocess or resources is None or outputs is None:
+            yield
+            return
+        done = threading.Event()
+
+        def watch():
+            while not done.wait(0.25):
+                if getattr(resources, "engine_dead", False):
+                    outputs.put_nowait(RuntimeError("the vLLM engine core process died"))
+                    return
+
+        watcher = threading.Thread(target=watch, name="patchgrid-core-watch", daemon=True)
+        watcher.start()
+        try:
+            yield
+        finally:
+            done.set()
+            watcher.join(timeout=1)
 
     def hook_count(self) -> int:
         return self.llm.collective_rpc("pg_hook_count")[0]

@@ -130,6 +130,47 @@ def test_actors_ask_for_gpus_and_see_only_their_own(cluster):
     assert _alive_actors(cluster) == []
 
 
+def _slow(seconds, *, engine):
+    time.sleep(seconds)
+    return engine.shape.n_layers
+
+
+def _failing(*, engine):
+    raise RuntimeError("this engine's work failed")
+
+
+def test_a_stuck_call_times_out_and_a_failed_engine_is_replaced(cluster, tmp_path):
+    """Every wait on Ray is bounded: a call past timeout_s kills its actor, which a new one replaces;
+    a work that fails leaves its actor standing, and the actor's next work starts a fresh engine."""
+    from ray import cloudpickle
+
+    import tests.flows.test_ray as this
+    from patchgrid.cluster import RayEngines
+    from patchgrid.engine import using_engine
+
+    cloudpickle.register_pickle_by_value(this)  # the works below cross to the actors by value
+    c, _ = cluster
+    try:
+        with pytest.raises(RuntimeError, match="the caller's own error"):
+            with RayEngines("run-faults", "tiny-llama", "0" * 64, "hf", "test", workers=1, address=c.address,
+                            timeout_s=30) as engines:
+                layers = engines.run(using_engine(_slow, 0))
+                assert layers > 0
+                with pytest.raises(TimeoutError, match="ray_timeout_s 30 s"):
+                    engines.run(using_engine(_slow, 60))
+                assert engines.names()[0].endswith("-0.2"), "the stuck actor was not replaced"
+                with pytest.raises(RuntimeError, match="this engine's work failed"):
+                    engines.run(using_engine(_failing))
+                record = tmp_path / "engine.json"
+                assert engines.run(using_engine(_slow, 0), provenance=str(record)) == layers
+                served = json.loads(record.read_text())
+                assert served["actor"].endswith("-0.2") and served["engine_starts"] == 2
+                raise RuntimeError("the caller's own error")  # a run that fails releases its actors too
+    finally:
+        cloudpickle.unregister_pickle_by_value(this)
+    assert _alive_actors(cluster) == []
+
+
 def test_a_study_on_the_cluster_runs_its_model_work_in_the_actors(cluster, local_run, prefect_api, tmp_path,
                                                                   monkeypatch):
     import transformers
@@ -254,7 +295,7 @@ def test_a_failed_engine_a_killed_actor_and_a_dead_node_cost_only_their_shards(c
     faults = Faults(cluster, tmp_path)
     faults.start()
     try:
-        study(_ray_spec(cluster, tmp_path, ray_timeout_s=240))
+        study(_ray_spec(cluster, tmp_path, ray_timeout_s=150))
     finally:
         faults.stop.set()
         faults.join(timeout=60)
