@@ -10,7 +10,7 @@ from ..serving import DEFAULT_CONCURRENCY_LIMIT, DEFAULT_ON_OVERLAP, ON_OVERLAP
 from ..sites import PATCHABLE
 from ..spec import StudySpec
 from ..sweeps import SweepConfig
-from . import data, pair, study, warehouse
+from . import dashboard, data, pair, study, warehouse
 from .options import HelpFormatter, add_settings
 
 DEFAULT_STUDY = StudySpec()
@@ -49,6 +49,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_settings(rep, StudySpec, only=("warehouse",))
     rep.add_argument("--run", default=None, help="a run id (default: the latest run)")
     rep.add_argument("--out", required=True, help="folder for report.html and the PNGs")
+    dash = command("dashboard", dashboard.cmd_dashboard,
+                   "a live dashboard of the warehouse in the browser (Streamlit), read-only")
+    add_settings(dash, StudySpec, only=("warehouse",))
+    dash.add_argument("--port", type=int, default=8501, help="the port the page is served on")
+    dash.add_argument("--refresh", type=float, default=2.0, metavar="S", help="seconds between reads of the runs")
     q = command("query", warehouse.cmd_query, "run SQL on the warehouse, read-only")
     add_settings(q, StudySpec, only=("warehouse",))
     q.add_argument("sql")
