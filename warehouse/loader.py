@@ -285,8 +285,9 @@ def _refusal(sql: str) -> str | None:
     return None
 
 
-def query(path: str | Path, sql: str, params=None):
-    """Run SQL that reads the warehouse: nothing a query says can change it or touch another file."""
+def query(path: str | Path, sql: str, params=None, *, arrow: bool = False):
+    """Run SQL that reads the warehouse: nothing a query says can change it or touch another file.
+    Returns (columns, rows); with `arrow`, a pyarrow table in DuckDB's own column types."""
     import duckdb
 
     refusal = _refusal(sql)
@@ -294,6 +295,8 @@ def query(path: str | Path, sql: str, params=None):
         raise WarehouseError(refusal)
     con = connect(path)
     try:
+        if arrow:
+            return con.sql(sql, params=params or None).to_arrow_table()
         cur = con.execute(sql, params or [])
         cols = [d[0] for d in cur.description] if cur.description else []
         return cols, cur.fetchall()

@@ -34,7 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     _paths(command("paths", pair.cmd_paths, "path patching on one clean/corrupt pair: senders to receivers"))
     _pairs(sub)
     _sweep(command("sweep", data.cmd_sweep, "cache clean activations and run sweeps over a pairs table"))
-    _study(command("study", study.cmd_study, "a whole study: data set -> pairs -> cache -> sweeps -> warehouse"))
+    _study(command("study", study.cmd_study, "a whole study: data set -> pairs -> cache -> sweeps -> warehouse"),
+           summary=True)
     srv = command("serve", study.cmd_serve, "serve the study flow on a cron schedule from this process")
     _study(srv)
     srv.add_argument("--cron", required=True, help='e.g. "0 3 * * *"')
@@ -57,6 +58,11 @@ def build_parser() -> argparse.ArgumentParser:
     q = command("query", warehouse.cmd_query, "run SQL on the warehouse, read-only")
     add_settings(q, StudySpec, only=("warehouse",))
     q.add_argument("sql")
+    q.add_argument("--format", choices=warehouse.QUERY_FORMATS, default="table",
+                   help="table: aligned columns; csv; json: a list of objects; parquet (needs --out)")
+    q.add_argument("--out", default=None, metavar="FILE",
+                   help="write the result to FILE (its folder made when missing; nothing written if the query "
+                        "fails) instead of printing it")
     _demo(command("demo", pair.cmd_demo, "the France/Germany example, then a study of the shipped pairs"))
     return parser
 
@@ -116,10 +122,14 @@ def _sweep(p) -> None:
     p.add_argument("--out", default="effects.parquet")
 
 
-def _study(p) -> None:
+def _study(p, summary: bool = False) -> None:
     add_settings(p, StudySpec)
     add_settings(p, SweepConfig)
     p.add_argument("--verbose", action="store_true", help="Prefect's run log on the console")
+    if summary:  # what a study prints when it ends (a served run prints nothing)
+        out = p.add_mutually_exclusive_group()
+        out.add_argument("--quiet", action="store_true", help="print only the run id (default: a summary)")
+        out.add_argument("--json", action="store_true", help="print the summary as one JSON object")
 
 
 def _demo(p) -> None:

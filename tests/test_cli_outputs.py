@@ -1,0 +1,115 @@
+"""What the commands write, as a researcher runs them (real processes, real files): `query` in every
+format and into a file, missing output folders made, and a failed command leaving no file it made."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import subprocess
+import sys
+
+import pyarrow.parquet as pq
+import pytest
+
+from patchgrid.effects import write_effects
+from patchgrid.pairs import to_table as pairs_table
+from patchgrid.warehouse.loader import load_run, start_run
+from tests.support.effect_rows import baseline, make_pair, row
+
+ROLES = ["subject_first", "subject_last", "last"]
+SQL = "SELECT run_id, layer, position_role, n_pairs, mean_recovery FROM effect_summary " \
+      "WHERE metric = 'logit_diff' ORDER BY layer, position_role"
+
+
+def cli(*args, cwd, timeout=120):
+    return subprocess.run([sys.executable, "-m", "patchgrid", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=cwd)
+
+
+def one_line_error(res, message):
+    assert res.returncode == 2, res.stderr
+    last = res.stderr.strip().splitlines()[-1]
+    assert last.startswith("patchgrid: error:") and message in last, res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def a_run(tmp_path, wh, run_id="run-q"):
+    """A completed run of two pairs, three layers, loaded as a study loads it (no engine)."""
+    pairs, rows = [], []
+    for i, r in enumerate((0.25, 0.75)):
+        pid = f"p{i}"
+        pairs.append({"pair_id": pid, "relation": "capital", "status": "accepted", "clean_prompt": "a b c",
+                      "corrupt_prompt": "a x c", "clean_answer": " y", "corrupt_answer": " z", "subject": "b",
+                      "subject_start": 1, "subject_end": 2, "roles": ROLES, "clean_ids": [1, 2, 3],
+                      "corrupt_ids": [1, 9, 3], "clean_answer_id": 7, "corrupt_answer_id": 8})
+        key = make_pair(pid, ROLES, "capital", subject=(1, 2))
+        rows += [row(key, r, layer=layer, position=pos) for layer in range(3) for pos in range(3)]
+    effects = write_effects(rows, tmp_path / "effects-in.parquet")
+    start_run(wh, {"run_id": run_id, "model": "m", "params": {"sweeps": ["resid"]}})
+    load_run(wh, run_id, pairs_table(pairs), [baseline(p["pair_id"]) for p in pairs], [effects])
+    return run_id
+
+
+@pytest.fixture
+def warehouse(tmp_path):
+    wh = tmp_path / "w.duckdb"
+    a_run(tmp_path, wh)
+    return wh
+
+
+def test_query_prints_a_table_by_default_and_csv_and_json_on_request(tmp_path, warehouse):
+    table = cli("query", "--warehouse", str(warehouse), SQL, cwd=tmp_path)
+    assert table.returncode == 0, table.stderr
+    assert table.stdout.splitlines()[0].split() == ["run_id", "layer", "position_role", "n_pairs", "mean_recovery"]
+    assert table.stdout.strip().endswith("(9 rows)")
+    as_csv = cli("query", "--warehouse", str(warehouse), "--format", "csv", SQL, cwd=tmp_path)
+    assert as_csv.returncode == 0, as_csv.stderr
+    got = list(csv.DictReader(io.StringIO(as_csv.stdout)))
+    assert len(got) == 9 and got[0]["run_id"] == "run-q" and got[0]["n_pairs"] == "2"
+    assert float(got[0]["mean_recovery"]) == pytest.approx(0.5, abs=1e-5)
+    as_json = cli("query", "--warehouse", str(warehouse), "--format", "json", SQL, cwd=tmp_path)
+    assert as_json.returncode == 0, as_json.stderr
+    records = json.loads(as_json.stdout)
+    assert [r["layer"] for r in records] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    assert records[0]["mean_recovery"] == pytest.approx(0.5, abs=1e-5)
+    # NaN is not JSON: it comes as null; timestamps as text
+    odd = cli("query", "--warehouse", str(warehouse), "--format", "json",
+              "SELECT 'nan'::DOUBLE AS x, TIMESTAMP '2026-01-02 03:04:05' AS t", cwd=tmp_path)
+    assert json.loads(odd.stdout) == [{"x": None, "t": "2026-01-02 03:04:05"}]
+
+
+@pytest.mark.parametrize("fmt", ["csv", "json", "parquet", "table"])
+def test_query_writes_a_file_in_a_folder_it_makes(tmp_path, warehouse, fmt):
+    out = tmp_path / "exports" / "deep" / f"summary.{fmt}"
+    res = cli("query", "--warehouse", str(warehouse), "--format", fmt, "--out", str(out), SQL, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == "" and f"9 rows -> {out}" in res.stderr
+    assert sorted(p.name for p in out.parent.iterdir()) == [out.name]  # no temporary file left beside it
+    if fmt == "parquet":  # DuckDB's own column types, not ones guessed from the values
+        table = pq.read_table(out)
+        assert table.num_rows == 9 and str(table.schema.field("n_pairs").type) == "int64"
+        assert table.column("run_id").to_pylist() == ["run-q"] * 9
+    elif fmt == "csv":
+        assert len(list(csv.DictReader(out.open()))) == 9
+    elif fmt == "json":
+        assert len(json.loads(out.read_text())) == 9
+    else:
+        assert out.read_text().strip().endswith("(9 rows)")
+
+
+def test_parquet_needs_out_and_a_failed_query_writes_nothing(tmp_path, warehouse):
+    one_line_error(cli("query", "--warehouse", str(warehouse), "--format", "parquet", SQL, cwd=tmp_path),
+                   "--format parquet needs --out FILE")
+    for fmt in ("parquet", "csv"):
+        one_line_error(cli("query", "--warehouse", str(warehouse), "--format", fmt, "--out",
+                           str(tmp_path / "new" / f"x.{fmt}"), "SELECT nope FROM runs", cwd=tmp_path), "query failed")
+    # the sandbox is as it was: a query still cannot write a file itself
+    one_line_error(cli("query", "--warehouse", str(warehouse), "--format", "csv", "--out", str(tmp_path / "new" / "c"),
+                       f"COPY runs TO '{tmp_path / 'copied.csv'}'", cwd=tmp_path), "query refused")
+    assert not (tmp_path / "new").exists() and not (tmp_path / "copied.csv").exists()
+    # an existing file is replaced only by a whole new one
+    out = tmp_path / "kept.csv"
+    out.write_text("earlier\n")
+    one_line_error(cli("query", "--warehouse", str(warehouse), "--format", "csv", "--out", str(out), "SELEC",
+                       cwd=tmp_path), "query failed")
+    assert out.read_text() == "earlier\n"
