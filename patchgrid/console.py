@@ -129,6 +129,25 @@ def format_paths_table(out: dict, token_strs, top: int) -> str:
     return "\n".join(lines)
 
 
+# characters a word of a shell command may hold bare; a word with none of `"$\`!\\` is double-quoted
+_BARE = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./=:,+@%")
+
+
+def shell_command(*words: str) -> str:
+    """A command line a researcher can paste: each word bare where it can be, else in double quotes
+    (SQL's single quotes stay readable), else quoted by shlex."""
+    import shlex
+
+    def quote(word: str) -> str:
+        if word and set(word) <= _BARE:
+            return word
+        if not set(word) & set('"$`!\\'):
+            return f'"{word}"'
+        return shlex.quote(word)
+
+    return " ".join(quote(str(w)) for w in words)
+
+
 def fixed(value: float | None, spec: str) -> str:
     """A number formatted by `spec`, or n/a where it is undefined."""
     return "n/a" if value is None else format(value, spec)

@@ -1,6 +1,7 @@
 """Commands that run the study flow: study, serve, and the demo's study."""
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -65,8 +66,37 @@ def _migrate_prefect_database() -> None:
 def cmd_study(args) -> int:
     spec = study_spec(args)
     quiet_prefect(args.verbose)
-    print(_run_study(spec, args.verbose))
+    run_id = _run_study(spec, args.verbose)
+    if args.quiet:
+        print(run_id)
+        return 0
+    from ..summary import study_summary
+
+    summary = study_summary(spec.warehouse, run_id)  # read back from the warehouse, read-only
+    print(json.dumps(summary, default=str) if args.json else format_summary(summary))
     return 0
+
+
+def format_summary(s: dict) -> str:
+    """The summary as the terminal shows it; its last line is the run id alone, as --quiet prints it."""
+    rec = s["records"]
+    reasons = ", ".join(f"{reason} {n}" for reason, n in rec["rejected_by_reason"].items())
+    took = "" if s["seconds"] is None else f" in {s['seconds']:.1f} s"
+    lines = [f"run {s['run_id']} {s['status']}{took}: model {s['model']}, warehouse {s['warehouse']}",
+             f"records: {rec['read']} read, {rec['accepted']} accepted, {rec['rejected']} rejected"
+             + (f" ({reasons})" if reasons else ""),
+             "\nsweeps (effect rows: one per patched run, or per estimate for atp):",
+             format_rows(["sweep", "pairs", "effect_rows", "patched_runs"],
+                         [(w["sweep"], w["pairs"], w["effect_rows"], w["patched_runs"]) for w in s["sweeps"]]),
+             "\nstrongest averaged cells per sweep (effect_summary, on the sweep's metric; mean recovery, or the "
+             "mean effect where a cell has none; 95% t interval):",
+             format_rows(["sweep", "cell", "metric", "n_pairs", "mean_of", "mean", "ci95_low", "ci95_high"],
+                         [(c["sweep"], c["cell"], c["metric"], c["n_pairs"], c["mean_of"], c["mean"], c["ci95_low"],
+                           c["ci95_high"]) for c in s["strongest"]]),
+             f"\nquery:  {s['commands']['query']}",
+             f"report: {s['commands']['report']}",
+             s["run_id"]]
+    return "\n".join(lines)
 
 
 def cmd_demo_study(args) -> int:

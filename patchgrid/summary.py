@@ -1,0 +1,106 @@
+"""What a study did, read back from the warehouse once its flow has returned (read-only queries,
+through the same sandbox as `patchgrid query`): its records and why any were rejected, its sweeps
+and their patched runs, its time, the strongest averaged cells of each sweep, and the commands
+that query it and draw its report. Plain values: the command line prints them (patchgrid/cli/study.py)
+or writes them as JSON."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .console import shell_command
+from .warehouse.loader import query
+
+STRONGEST_PER_SWEEP = 3  # cells shown for each sweep
+
+
+def _rows(warehouse, sql: str, params) -> list[dict]:
+    cols, rows = query(warehouse, sql, params)
+    return [dict(zip(cols, r)) for r in rows]
+
+
+def records(warehouse, run_id: str) -> dict:
+    """The run's input records: how many were read, accepted and rejected, and the rejections by
+    reason (most frequent first)."""
+    counts = _rows(warehouse, "SELECT status, reason, count(*) AS n FROM pairs WHERE run_id = ? GROUP BY ALL "
+                              "ORDER BY n DESC, reason", [run_id])
+    accepted = sum(c["n"] for c in counts if c["status"] == "accepted")
+    by_reason = {c["reason"]: c["n"] for c in counts if c["status"] == "rejected"}
+    return {"read": accepted + sum(by_reason.values()), "accepted": accepted, "rejected": sum(by_reason.values()),
+            "rejected_by_reason": by_reason}
+
+
+def sweeps(warehouse, run_id: str) -> list[dict]:
+    """Each sweep of the run: the pairs it ran on, its effect rows and how many of them are patched
+    runs (an attribution-patching row that was only estimated is not)."""
+    return _rows(warehouse, "SELECT sweep, count(DISTINCT pair_id) AS pairs, count(*) AS effect_rows, "
+                            "count(effect) AS patched_runs FROM effects WHERE run_id = ? GROUP BY sweep "
+                            "ORDER BY sweep", [run_id])
+
+
+# Each sweep's cells on its headline metric (the `metric` its rows name), in each direction (clean
+# into corrupt, and corrupt into clean where the sweep ran it), strongest first: by mean
+# recovery where the cell has one, then (a metric without recovery, or spans too small) by the
+# mean effect towards the clean run's value. `mean_of` says which the numbers are.
+_STRONGEST = """
+WITH headline AS (
+    SELECT sweep, arg_max(metric, n) AS metric
+    FROM (SELECT sweep, metric, count(*) AS n FROM effects WHERE run_id = ? GROUP BY ALL) GROUP BY sweep
+), judged AS (
+    SELECT s.*, m.min_span IS NOT NULL AND s.n_recovery > 0 AS by_recovery, m.better
+    FROM effect_summary s JOIN headline h USING (sweep, metric) JOIN metrics m USING (metric)
+    WHERE s.run_id = ?
+), ranked AS (
+    SELECT *, row_number() OVER (PARTITION BY sweep, direction ORDER BY by_recovery DESC,
+        CASE WHEN by_recovery THEN mean_recovery ELSE better * mean_effect END DESC NULLS LAST,
+        layer, position_role, head, neuron, sender, receiver) AS k
+    FROM judged
+)
+SELECT sweep, site, direction, layer, position_role, head, neuron, sender, receiver, metric, n_pairs,
+       CASE WHEN by_recovery THEN 'recovery' ELSE 'effect' END AS mean_of,
+       CASE WHEN by_recovery THEN mean_recovery ELSE mean_effect END AS mean,
+       CASE WHEN by_recovery THEN ci95_low ELSE effect_ci95_low END AS ci95_low,
+       CASE WHEN by_recovery THEN ci95_high ELSE effect_ci95_high END AS ci95_high
+FROM ranked WHERE k <= ? ORDER BY sweep, direction, k"""
+
+
+def strongest(warehouse, run_id: str, per_sweep: int = STRONGEST_PER_SWEEP) -> list[dict]:
+    """The strongest averaged cells of each sweep and direction (effect_summary), each with its
+    metric, the mean (`mean_of`: recovery or effect), its 95% t interval and n_pairs."""
+    return _rows(warehouse, _STRONGEST, [run_id, run_id, int(per_sweep)])
+
+
+def cell_name(cell: dict) -> str:
+    """A cell in a few words: `resid L3 last`, `head L2.1 subject_last`, `head L1.0 -> logits all`."""
+    unit = cell.get("head") if cell.get("head") is not None else cell.get("neuron")
+    where = "" if cell.get("layer") is None else f" L{cell['layer']}" + ("" if unit is None else f".{unit}")
+    to = f" -> {cell['receiver']}" if cell.get("receiver") else ""
+    noise = "" if cell.get("direction") in (None, "denoise") else f" ({cell['direction']})"
+    return f"{cell['site']}{where}{to} {cell.get('position_role') or 'all'}{noise}"
+
+
+def run_state(warehouse, run_id: str) -> dict:
+    """The run's model, status, reason and seconds from start to finish (None while it runs)."""
+    rows = _rows(warehouse, "SELECT model, status, reason, date_diff('millisecond', started, finished) / 1000.0 "
+                            "AS seconds FROM runs WHERE run_id = ?", [run_id])
+    if not rows:
+        raise ValueError(f"warehouse {warehouse}: no run {run_id}")
+    return rows[0]
+
+
+def commands(warehouse, run_id: str, report_dir: str = "report") -> dict:
+    """The commands that read the run: its strongest cells in SQL, and its HTML report."""
+    sql = (f"SELECT * FROM effect_summary WHERE run_id = '{run_id}' ORDER BY mean_recovery DESC NULLS LAST "
+           f"LIMIT 20")
+    return {"query": shell_command("patchgrid", "query", "--warehouse", str(warehouse), sql),
+            "report": shell_command("patchgrid", "report", "--warehouse", str(warehouse), "--run", run_id,
+                                    "--out", report_dir)}
+
+
+def study_summary(warehouse: str | Path, run_id: str, per_sweep: int = STRONGEST_PER_SWEEP) -> dict:
+    """Everything the study's summary says, as one JSON-ready dict."""
+    state = run_state(warehouse, run_id)
+    return {"run_id": run_id, "warehouse": str(warehouse), "model": state["model"], "status": state["status"],
+            "seconds": None if state["seconds"] is None else float(state["seconds"]),
+            "records": records(warehouse, run_id), "sweeps": sweeps(warehouse, run_id),
+            "strongest": [{**c, "cell": cell_name(c)} for c in strongest(warehouse, run_id, per_sweep)],
+            "commands": commands(warehouse, run_id)}

@@ -1,0 +1,95 @@
+"""patchgrid.summary on a small warehouse of hand-built rows: the records and rejections, the sweeps'
+patched runs, the strongest cells of each sweep with their interval, the time and the commands."""
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from datetime import datetime
+
+import pytest
+
+from patchgrid.effects import write_effects
+from patchgrid.pairs import to_table as pairs_table
+from patchgrid.summary import cell_name, commands, study_summary
+from patchgrid.warehouse.loader import load_run, start_run
+from tests.support.effect_rows import atp_row, make_pair, row
+
+ROLES = ("subject_last", "last")
+
+
+def pair(pid, status="accepted", reason=None):
+    return {"pair_id": pid, "relation": "r", "status": status, "reason": reason, "clean_prompt": f"c{pid}",
+            "corrupt_prompt": f"x{pid}", "roles": list(ROLES), "subject_start": 0, "subject_end": 1}
+
+
+@pytest.fixture
+def warehouse(tmp_path):
+    wh = tmp_path / "w.duckdb"
+    pairs = [pair(f"p{i}") for i in range(3)] + [pair("q0", "rejected", "length_mismatch"),
+                                                  pair("q1", "rejected", "length_mismatch"),
+                                                  pair("q2", "rejected", "not_known_clean")]
+    effects = []
+    for i, p in enumerate(make_pair(f"p{i}", ROLES) for i in range(3)):
+        for layer, r in ((0, 0.1), (1, 0.5 + 0.1 * i), (2, 0.9)):
+            effects.append(row(p, r, layer=layer, position=1))
+        effects.append(row(p, 0.3, direction="noise", layer=0, position=1))  # corrupt into clean: its own ranking
+        effects.append(row(p, 0.2, sweep="mlp_out", site="mlp_out", layer=0, position=0))
+        # attribution patching: one site estimated and verified, one estimated only
+        effects.append(atp_row(p, 0.5, layer=0, verify="top", r=0.7))
+        effects.append(atp_row(p, 0.1, layer=1))
+    start_run(wh, {"run_id": "r", "model": "m", "started": datetime(2026, 1, 1, 12, 0, 0)})
+    load_run(wh, "r", pairs_table(pairs), [], [write_effects(effects, tmp_path / "e.parquet")],
+             finished=datetime(2026, 1, 1, 12, 0, 41, 500000))
+    return wh
+
+
+def test_the_summary_counts_records_sweeps_and_time(warehouse):
+    s = study_summary(warehouse, "r")
+    assert s["records"] == {"read": 6, "accepted": 3, "rejected": 3,
+                            "rejected_by_reason": {"length_mismatch": 2, "not_known_clean": 1}}
+    assert list(s["records"]["rejected_by_reason"]) == ["length_mismatch", "not_known_clean"]  # most first
+    assert s["sweeps"] == [{"sweep": "atp", "pairs": 3, "effect_rows": 6, "patched_runs": 3},
+                           {"sweep": "mlp_out", "pairs": 3, "effect_rows": 3, "patched_runs": 3},
+                           {"sweep": "resid", "pairs": 3, "effect_rows": 12, "patched_runs": 12}]
+    assert (s["status"], s["model"], s["seconds"]) == ("completed", "m", 41.5)
+    json.dumps(s)  # --json prints it as it is
+
+
+def test_the_strongest_cells_of_each_sweep_with_their_interval(warehouse):
+    strongest = study_summary(warehouse, "r", per_sweep=2)["strongest"]
+    resid = [c for c in strongest if c["sweep"] == "resid" and c["direction"] == "denoise"]
+    assert [(c["layer"], c["position_role"]) for c in resid] == [(2, "last"), (1, "last")]
+    values = [0.5, 0.6, 0.7]
+    se = statistics.stdev(values) / math.sqrt(3)
+    second = resid[1]
+    assert (second["metric"], second["mean_of"], second["n_pairs"]) == ("logit_diff", "recovery", 3)
+    assert second["mean"] == pytest.approx(0.6, abs=1e-5)
+    assert second["ci95_low"] == pytest.approx(0.6 - 4.3027 * se, abs=1e-4)
+    assert second["ci95_high"] == pytest.approx(0.6 + 4.3027 * se, abs=1e-4)
+    assert second["cell"] == "resid L1 last"
+    # attribution patching's rows are in atp's own views, not effect_summary's
+    assert [(c["sweep"], c["direction"], c["layer"], round(c["mean"], 4)) for c in strongest
+            if c not in resid] == [("mlp_out", "denoise", 0, 0.2), ("resid", "noise", 0, 0.3)]
+
+
+def test_cell_names():
+    assert cell_name({"site": "head", "layer": 2, "head": 1, "position_role": "subject_last",
+                      "direction": "denoise"}) == "head L2.1 subject_last"
+    assert cell_name({"site": "head", "layer": 1, "head": 0, "receiver": "logits", "position_role": None,
+                      "direction": "denoise"}) == "head L1.0 -> logits all"
+    assert cell_name({"site": "resid", "layer": 0, "position_role": "last", "direction": "noise"}) == \
+        "resid L0 last (noise)"
+
+
+def test_the_commands_quote_what_the_shell_would_split(tmp_path):
+    wh = tmp_path / "my runs" / "w.duckdb"
+    c = commands(wh, "run-abc")
+    assert c["report"] == f'patchgrid report --warehouse "{wh}" --run run-abc --out report'
+    assert c["query"].startswith(f'patchgrid query --warehouse "{wh}" "SELECT * FROM effect_summary WHERE run_id = '
+                                 f"'run-abc'")
+
+
+def test_an_unknown_run_is_named(warehouse):
+    with pytest.raises(ValueError, match="no run nope"):
+        study_summary(warehouse, "nope")
