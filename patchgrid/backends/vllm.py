@@ -235,6 +235,10 @@ class VllmEngine:
     def _generate(self, requests, sources, start_layer: int, fwds=None) -> list[Result]:
         """One generate call; every request starts at `start_layer` (0: at the embedding) and runs
         as its forwards `fwds` (plan.forwards; computed here when not given)."""
+        with self._woken_if_the_core_dies():
+            return self._generate_watched(requests, sources, start_layer, fwds)
+
+    def _generate_watched(self, requests, sources, start_layer: int, fwds=None) -> list[Result]:
         from vllm import SamplingParams, TokensPrompt
 
         call = next(self._calls)
@@ -253,8 +257,7 @@ class VllmEngine:
                 params.append(SamplingParams(max_tokens=1, temperature=0.0, detokenize=False,
                                              extra_args={PLAN_KEY: to_wire(r, tag, f)}))
         try:
-            with self._woken_if_the_core_dies():
-                self.llm.generate(prompts, params, use_tqdm=False)
+            self.llm.generate(prompts, params, use_tqdm=False)
         except BaseException as exc:
             # A step that raised leaves vLLM's runner mid-step: the next call would wait for ever.
             self._failed = f"{type(exc).__name__}: {exc}".splitlines()[0]
@@ -275,9 +278,9 @@ class VllmEngine:
     def _woken_if_the_core_dies(self):
         """vLLM 0.32's sync client, told by its monitor that the engine core process died, shuts its
         output thread down without a word, and a generate call waiting on the outputs waits for
-        ever (a core killed by the OOM killer, say). While a call waits, this watches the client's
-        `engine_dead` flag and wakes the call with an error, which the client raises as
-        EngineDeadError."""
+        ever, as does an RPC (a core killed by the OOM killer, say). While a call runs, this watches
+        the client's `engine_dead` flag and wakes what waits with an error (the client raises a
+        generate's as EngineDeadError)."""
         client = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
         resources, outputs = getattr(client, "resources", None), getattr(client, "outputs_queue", None)
         if self._inprocess or resources is None or outputs is None:
@@ -288,7 +291,11 @@ class VllmEngine:
         def watch():
             while not done.wait(0.25):
                 if getattr(resources, "engine_dead", False):
-                    outputs.put_nowait(RuntimeError("the vLLM engine core process died"))
+                    died = RuntimeError("the vLLM engine core process died")
+                    outputs.put_nowait(died)  # a generate waiting on outputs
+                    for future in list(getattr(client, "utility_results", {}).values()):  # an RPC waiting
+                        if not future.done():
+                            future.set_exception(died)
                     return
 
         watcher = threading.Thread(target=watch, name="patchgrid-core-watch", daemon=True)

@@ -80,7 +80,7 @@ def test_a_killed_engine_core_fails_the_waiting_call_instead_of_hanging():
         timer = threading.Timer(2.0, lambda: [os.kill(pid, signal.SIGKILL) for pid in cores])
         timer.start()
         started = time.monotonic()
-        with pytest.raises(Exception, match="EngineCore"):
+        with pytest.raises(Exception, match="EngineCore|engine core process died"):
             engine.run(requests)
         assert time.monotonic() - started < 60
         with pytest.raises(RuntimeError, match="failed in an earlier call"):
