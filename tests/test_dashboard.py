@@ -84,6 +84,7 @@ def test_filters_name_the_runs_sweeps_metrics_and_relations(warehouse):
 def test_cells_carry_means_intervals_and_pair_counts(warehouse):
     cells = data.cells(warehouse, "run-one", "resid", "denoise", "logit_diff")
     assert len(cells) == N_LAYERS * len(ROLES)
+    assert list(dict.fromkeys(c["column"] for c in cells)) == list(ROLES)  # the prompt's order
     by_cell = {(c["layer"], c["column"]): c for c in cells}
     last = by_cell[(2, "last")]
     expected = sum(recovery(2, "last", i) for i in range(4)) / 4
@@ -173,6 +174,14 @@ def test_page_shows_a_runs_heatmap_and_a_run_loaded_while_it_is_open(warehouse, 
             expect(chart.locator("canvas, svg").first).to_be_visible(timeout=30_000)
             expect(page.get_by_text("run-one: resid, denoise, logit_diff (all relations)")).to_be_visible()
             expect(page.get_by_role("cell", name="run-one", exact=True)).to_be_visible()
+            box = chart.locator("canvas, svg").first.bounding_box()
+            page.mouse.move(box["x"] + box["width"] * 0.5, box["y"] + box["height"] * 0.4)
+            tooltip = page.locator("#vg-tooltip-element")
+            expect(tooltip).to_contain_text("n_pairs", timeout=10_000)  # hover: the cell's means, interval, count
+            expect(tooltip).to_contain_text("ci95_low")
+            page.mouse.click(box["x"] + box["width"] * 0.5, box["y"] + box["height"] * 0.4)  # a cell: its pairs
+            expect(page.get_by_text("Pairs at layer")).to_be_visible(timeout=15_000)
+            expect(page.get_by_role("cell", name="run-one-p3", exact=True)).to_be_visible()
             assert page.get_by_role("cell", name="run-two", exact=True).count() == 0
             load(warehouse, "run-two", n_pairs=2)  # a study landing while the page is open
             expect(page.get_by_role("cell", name="run-two", exact=True)).to_be_visible(timeout=20_000)

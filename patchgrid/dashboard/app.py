@@ -65,11 +65,18 @@ def _choose(label: str, options: list, key: str, default=None):
     return chosen
 
 
-def _headline(run: dict) -> str | None:
+def _params(run: dict) -> dict:
     try:
-        return json.loads(run["params"] or "{}").get("metric")
-    except (TypeError, ValueError, AttributeError):
-        return None
+        params = json.loads(run["params"] or "{}")
+    except (TypeError, ValueError):
+        return {}
+    return params if isinstance(params, dict) else {}
+
+
+def _in_order(values: list, order) -> list:
+    """`values`, those named in `order` first, in its order."""
+    order = list(order) if isinstance(order, (list, tuple)) else []
+    return sorted(values, key=lambda v: order.index(v) if v in order else len(order))
 
 
 def run_section(warehouse: str, run: dict) -> None:
@@ -78,10 +85,10 @@ def run_section(warehouse: str, run: dict) -> None:
     if not f["sweeps"]:
         st.info(f"run {run_id} ({run['status']}) has no summary rows yet")
         return
-    sweep = _choose("sweep", f["sweeps"], "sweep")
+    params = _params(run)
+    sweep = _choose("sweep", _in_order(f["sweeps"], params.get("sweeps")), "sweep")
     direction = _choose("direction", f["directions"], "direction", "denoise")
-    metrics = sorted(f["metrics"], key=lambda m: list(METRICS).index(m) if m in METRICS else len(METRICS))
-    metric = _choose("metric", metrics, "metric", _headline(run))
+    metric = _choose("metric", _in_order(f["metrics"], list(METRICS)), "metric", params.get("metric"))
     relation = _choose("relation", [data.ALL_RELATIONS, *f["relations"]], "relation")
     rows = data.cells(warehouse, run_id, sweep, direction, metric, relation)
     if not rows:
@@ -129,6 +136,9 @@ def main() -> None:
         st.info("no runs yet: they show here as they land")
         return
     by_id = {r["run_id"]: r for r in found}
+    if st.session_state.get("run") == st.session_state.get("latest"):  # on the latest run: follow it
+        st.session_state["run"] = found[0]["run_id"]
+    st.session_state["latest"] = found[0]["run_id"]
     run_id = _choose("run", list(by_id), "run")
     run_section(args.warehouse, by_id[run_id])
 

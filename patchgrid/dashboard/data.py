@@ -4,6 +4,7 @@ read goes through the warehouse's query sandbox (`patchgrid.warehouse.loader.que
 no statement that could change the warehouse or touch another file."""
 from __future__ import annotations
 
+from patchgrid.rows import POSITION_ROLES
 from patchgrid.warehouse.loader import query
 
 # A cell's identity in the summary views, beside run, sweep, direction and metric.
@@ -40,6 +41,19 @@ def filters(warehouse, run_id: str) -> dict:
             "relations": [r["relation"] for r in relations]}
 
 
+def _order(row: dict) -> tuple:
+    """A cell's place: by layer, its position role in the prompt's order, then head, neuron, path."""
+    role = row["position_role"]
+    key = [row["layer"], POSITION_ROLES.index(role) if role in POSITION_ROLES else len(POSITION_ROLES),
+           row.get("head"), row.get("neuron"), row.get("sender"), row.get("receiver")]
+    return tuple((v is None, v) for v in key)
+
+
+def _labelled(rows: list[dict]) -> list[dict]:
+    """The rows in cell order, each with its heatmap `column`."""
+    return [r | {"column": column_label(r)} for r in sorted(rows, key=_order)]
+
+
 def column_label(row: dict) -> str:
     """A cell's column in the heatmap: its position role, and its head, neuron or path where it has one."""
     parts = [str(row["position_role"])]
@@ -63,8 +77,7 @@ def cells(warehouse, run_id: str, sweep: str, direction: str, metric: str,
         sql = ("SELECT * FROM relation_summary WHERE run_id = ? AND sweep = ? AND direction = ? AND metric = ? "
                "AND relation = ?")
         params = [run_id, sweep, direction, metric, relation]
-    found = _rows(warehouse, sql + " ORDER BY layer, position_role, head, neuron, sender, receiver", params)
-    return [r | {"column": column_label(r)} for r in found]
+    return _labelled(_rows(warehouse, sql, params))
 
 
 def pair_ids(warehouse, run_id: str, sweep: str, relation: str = ALL_RELATIONS) -> list[str]:
@@ -83,9 +96,8 @@ def pair_grid(warehouse, run_id: str, pair_id: str, sweep: str, direction: str, 
         SELECT {keys}, any_value(relation) AS relation, avg(effect) AS effect, avg(recovery) AS recovery,
                avg(span) AS span
         FROM pair_effects WHERE run_id = ? AND pair_id = ? AND sweep = ? AND direction = ? AND metric = ?
-        GROUP BY ALL ORDER BY layer, position_role, head, neuron, sender, receiver""",
-                  [run_id, pair_id, sweep, direction, metric])
-    return [r | {"column": column_label(r)} for r in found]
+        GROUP BY ALL""", [run_id, pair_id, sweep, direction, metric])
+    return _labelled(found)
 
 
 def cell_pairs(warehouse, run_id: str, sweep: str, direction: str, metric: str, cell: dict) -> list[dict]:
@@ -98,8 +110,7 @@ def cell_pairs(warehouse, run_id: str, sweep: str, direction: str, metric: str, 
         FROM pair_effects WHERE run_id = ? AND sweep = ? AND direction = ? AND metric = ?
           AND layer IS NOT DISTINCT FROM ?
         GROUP BY ALL""", [run_id, sweep, direction, metric, cell["layer"]])
-    chosen = [r | {"column": column_label(r)} for r in found]
-    chosen = [r for r in chosen if r["column"] == cell["column"]]
+    chosen = [r for r in _labelled(found) if r["column"] == cell["column"]]
     return sorted(chosen, key=lambda r: (-abs(r["effect"] or 0.0), r["pair_id"]))
 
 
