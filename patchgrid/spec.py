@@ -167,8 +167,9 @@ class StudySpec:
         return replace(self, run_id=run_id)
 
     def check_inputs(self) -> None:
-        """What can be checked on this machine before any work starts: the data set and the
-        warehouse's folder exist, the warehouse can be written, the runner's packages are there."""
+        """What can be checked on this machine before any work starts: the data set exists, the
+        warehouse can be written (a missing folder of it is made by its first write, not here:
+        a study refused later leaves no file), the runner's packages are there."""
         from .warehouse.loader import check_writable
 
         source = Path(self.pairs)
@@ -179,10 +180,7 @@ class StudySpec:
             from .pairs import read_source
 
             read_source(self.pairs, self.pairs_format)  # a file that cannot be read stops here, naming its line
-        wh = Path(self.warehouse)
-        if wh.parent != Path("") and not wh.parent.is_dir():
-            raise SpecError("warehouse", f"{self.warehouse}: folder {wh.parent} does not exist")
-        check_writable(wh)
+        check_writable(self.warehouse)  # one not there yet is left unmade: its first write makes it, folders too
         if self.runner == "ray":
             try:
                 import ray  # noqa: F401

@@ -113,3 +113,33 @@ def test_parquet_needs_out_and_a_failed_query_writes_nothing(tmp_path, warehouse
     one_line_error(cli("query", "--warehouse", str(warehouse), "--format", "csv", "--out", str(out), "SELEC",
                        cwd=tmp_path), "query failed")
     assert out.read_text() == "earlier\n"
+
+
+def test_report_makes_its_missing_folder_and_a_failed_one_leaves_none(tmp_path, warehouse):
+    out = tmp_path / "reports" / "deep"
+    res = cli("report", "--warehouse", str(warehouse), "--out", str(out), cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert (out / "report.html").is_file()
+    one_line_error(cli("report", "--warehouse", str(warehouse), "--run", "nope", "--out",
+                       str(tmp_path / "never" / "r"), cwd=tmp_path), "run 'nope' is not in the warehouse")
+    one_line_error(cli("report", "--warehouse", str(tmp_path / "none.duckdb"), "--out", str(tmp_path / "r2"),
+                       cwd=tmp_path), "does not exist")
+    assert not (tmp_path / "never").exists() and not (tmp_path / "r2").exists()
+    # a folder that was there before stays, whatever fails
+    one_line_error(cli("report", "--warehouse", str(warehouse), "--run", "nope", "--out", str(out), cwd=tmp_path),
+                   "run 'nope'")
+    assert (out / "report.html").is_file()
+
+
+@pytest.mark.parametrize("command", [
+    ["study", "--model", "tiny-lama"],
+    ["study", "--model", "tiny-llama", "--sweeps", "resid,bogus"],
+    ["serve", "--model", "tiny-lama", "--cron", "0 3 * * *"],
+])
+def test_a_refused_command_leaves_no_warehouse(tmp_path, command):
+    res = cli(*command, "--warehouse", "out/w.duckdb", cwd=tmp_path)
+    assert res.returncode == 2, res.stderr
+    assert "Traceback" not in res.stderr
+    res = cli(*command, cwd=tmp_path)  # the default warehouse, in the current folder
+    assert res.returncode == 2, res.stderr
+    assert list(tmp_path.iterdir()) == []

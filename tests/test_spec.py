@@ -218,3 +218,20 @@ def test_a_shard_carries_its_gradient_options_into_its_key(tmp_path):
     assert shard.attribution == {}
     half = dataclasses.replace(shard, attribution=StudySpec.of(atp_dtype="bfloat16").attribution_options())
     assert fingerprint(half) != fingerprint(shard)
+
+
+def test_a_warehouse_in_a_missing_folder_is_checked_unmade_and_made_by_its_first_write(tmp_path):
+    """check_inputs leaves a warehouse that is not there yet unmade (a study refused later leaves no
+    file); its folder, missing, is made by the first write, not refused; a folder that is a file is."""
+    from patchgrid.warehouse.loader import ensure
+
+    wh = tmp_path / "results" / "deep" / "w.duckdb"
+    spec = StudySpec.of(warehouse=str(wh))
+    spec.check_inputs()
+    assert list(tmp_path.iterdir()) == []
+    ensure(spec.warehouse)
+    assert wh.is_file() and (tmp_path / "results" / "deep" / "w.data").is_dir()
+    (tmp_path / "plain").write_text("")
+    with pytest.raises(ValueError, match=f"{tmp_path / 'plain'} is a file, not a folder"):
+        StudySpec.of(warehouse=str(tmp_path / "plain" / "sub" / "w.duckdb")).check_inputs()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plain", "results"]

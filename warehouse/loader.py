@@ -98,8 +98,7 @@ def _empty_load(folder: Path) -> None:
 def _check_files(layout: Layout) -> tuple[str | None, tuple | None]:
     """What the warehouse's DuckDB file is (None: there is none), refusing one that cannot be written."""
     catalog = layout.catalog
-    if not catalog.parent.is_dir():
-        raise WarehouseError(f"warehouse {catalog}: folder {catalog.parent} does not exist")
+    _existing_folder(layout)
     kind, recorded = _identify(catalog) if catalog.exists() else (None, None)
     if catalog.exists() and not catalog.stat().st_mode & 0o222:
         # honoured even for root, who could write anyway: the user marked it read-only
@@ -119,6 +118,7 @@ def _create_or_check(layout: Layout, kind: str | None) -> None:
         _check_version(layout)
     else:
         try:
+            layout.catalog.parent.mkdir(parents=True, exist_ok=True)  # a missing folder is made, not refused
             layout.data.mkdir(exist_ok=True)
         except OSError as exc:
             raise WarehouseError(f"warehouse {layout.catalog}: cannot create {layout.data} ({exc.strerror})") from None
@@ -154,9 +154,24 @@ def ensure(path: str | Path) -> Layout:
     return layout
 
 
+def _existing_folder(layout: Layout) -> Path:
+    """The warehouse's folder, or the nearest one above it that exists (its first write makes the
+    rest); refused when that is a file."""
+    folder = next(p for p in layout.catalog.parents if p.exists() or p == p.parent)
+    if not folder.is_dir():
+        raise WarehouseError(f"warehouse {layout.catalog}: {folder} is a file, not a folder")
+    return folder
+
+
 def check_writable(path: str | Path) -> None:
-    """Fail early, before a study runs, on a warehouse it could not load into."""
-    ensure(path)
+    """Fail early, before a study runs, on a warehouse it could not load into; one that is not there
+    yet is checked and left unmade (its first write makes it, and any folder it needs), so that a
+    command failing later leaves no warehouse behind."""
+    layout = Layout.of(path)
+    if layout.catalog.exists() or layout.data.exists():
+        ensure(path)
+    elif not os.access(folder := _existing_folder(layout), os.W_OK):
+        raise WarehouseError(f"warehouse {layout.catalog}: folder {folder} cannot be written")
 
 
 def _latest_state(layout: Layout, run_id: str) -> dict | None:
