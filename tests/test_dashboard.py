@@ -144,6 +144,40 @@ def _wait_healthy(port: int, proc: subprocess.Popen, deadline: float) -> None:
     raise AssertionError("the dashboard did not come up in time")
 
 
+def _children(pid: int) -> list[int]:
+    """The processes `pid` started (Linux's /proc)."""
+    out = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as f:
+            out += [int(c) for c in f.read().split()]
+    return out
+
+
+def _start(warehouse, tmp_path) -> tuple[subprocess.Popen, int, int]:
+    """`patchgrid dashboard` in a process group of its own, up: the process, its port and the
+    Streamlit server's process group."""
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "patchgrid", "dashboard", "--warehouse", str(warehouse),
+                             "--port", str(port), "--refresh", "1"], cwd=tmp_path, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        _wait_healthy(port, proc, time.monotonic() + 60)
+        (server,) = _children(proc.pid)
+        return proc, port, os.getpgid(server)
+    except BaseException:
+        _kill(proc.pid, proc)
+        raise
+
+
+def _kill(pgid: int, proc: subprocess.Popen) -> None:
+    for group in {pgid, proc.pid}:
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait(timeout=30)
+
+
 def _group_gone(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
@@ -158,12 +192,8 @@ def test_page_shows_a_runs_heatmap_and_a_run_loaded_while_it_is_open(warehouse, 
     from playwright.sync_api import expect, sync_playwright
 
     deadline = time.monotonic() + 90
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "patchgrid", "dashboard", "--warehouse", str(warehouse),
-                             "--port", str(port), "--refresh", "1"], cwd=tmp_path, start_new_session=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc, port, server = _start(warehouse, tmp_path)
     try:
-        _wait_healthy(port, proc, deadline)
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=[
                 "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -192,12 +222,22 @@ def test_page_shows_a_runs_heatmap_and_a_run_loaded_while_it_is_open(warehouse, 
             browser.close()
         assert time.monotonic() < deadline, "the browser test took longer than its 90 s"
         os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C at a terminal: the whole group
-        proc.wait(timeout=15)
-        assert _group_gone(proc.pid), "the dashboard left a process behind"
+        assert proc.wait(timeout=15) == 128 + signal.SIGINT
+        assert _group_gone(proc.pid) and _group_gone(server), "the dashboard left a process behind"
     finally:
-        if proc.poll() is None or not _group_gone(proc.pid):
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait(timeout=30)
+        _kill(server, proc)
+
+
+@pytest.mark.engine  # a Streamlit server: as heavy as an engine test (tests/support/tiers.py)
+def test_sigterm_to_the_command_alone_stops_the_server(warehouse, tmp_path):
+    proc, _, server = _start(warehouse, tmp_path)
+    try:
+        assert server != proc.pid  # the server's group is its own: the command must stop it
+        proc.send_signal(signal.SIGTERM)  # a scheduler stopping the command
+        assert proc.wait(timeout=15) == 128 + signal.SIGTERM
+        wait = time.monotonic() + 5
+        while not _group_gone(server) and time.monotonic() < wait:
+            time.sleep(0.1)
+        assert _group_gone(server), "the Streamlit server outlived the command"
+    finally:
+        _kill(server, proc)
