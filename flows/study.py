@@ -127,6 +127,7 @@ def _sweep_and_load(spec: StudySpec, engines: Engines, model_sha: str, noise_std
     from patchgrid.pairs import read_pairs
     from patchgrid.shards import split
     from patchgrid.sweeps import POPULATIONS, by_population, noised
+    from patchgrid.sweeps.populations import nothing_to_run
 
     logger = get_run_logger()
     work = Path(spec.workdir).resolve()
@@ -138,8 +139,9 @@ def _sweep_and_load(spec: StudySpec, engines: Engines, model_sha: str, noise_std
     groups = []
     for population, names in by_population(spec.sweeps):
         members = population.select(read_pairs(table), spec.limit)
-        if not members:
-            raise ValueError(population.missing.format(pairs=spec.pairs, table=table))
+        if not members:  # the run's records still reach its pairs and rejections views, then it stops
+            load_warehouse(spec, table, [], [], _now(), status="failed")
+            raise ValueError(nothing_to_run(population, read_pairs(table), spec.pairs, spec.warehouse, spec.run_id))
         groups.append((population, names, members))
 
     def sound(folder):  # a cache folder damaged since it was written: found by its checksums, rebuilt

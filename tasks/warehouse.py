@@ -20,8 +20,9 @@ def record_run(spec: StudySpec, flow_run_id: str, model_sha256: str, code_versio
 
 @task(retries=2, retry_delay_seconds=2)
 def load_warehouse(spec: StudySpec, pairs_table: str, baseline_files: list[str], effect_files: list[str],
-                   finished) -> dict:
-    """Load the run's staged pairs, baselines and effects in one transaction (replacing, never duplicating)."""
+                   finished, status: str = "completed") -> dict:
+    """Load the run's staged pairs, baselines and effects in one transaction (replacing, never duplicating),
+    and record the run as `status` (a run that stops with no pairs to sweep: `failed`, its records loaded)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -35,7 +36,7 @@ def load_warehouse(spec: StudySpec, pairs_table: str, baseline_files: list[str],
     # how each kind is drawn, so that the views select its rows by their shape, never by its name
     kinds = {name: kind.drawing for name, kind in SWEEP_KINDS.items()}
     counts = load_run(spec.warehouse, spec.run_id, read_pairs(pairs_table), baselines, effect_files,
-                      finished=finished, sweep_kinds=kinds)
+                      finished=finished, status=status, sweep_kinds=kinds)
     get_run_logger().info("warehouse %s: loaded %s", spec.warehouse, counts)
     return counts
 

@@ -1,6 +1,7 @@
 """Commands that run the study flow: study, serve, and the demo's study."""
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -66,7 +67,8 @@ def _migrate_prefect_database() -> None:
 def cmd_study(args) -> int:
     spec = study_spec(args)
     quiet_prefect(args.verbose)
-    run_id = _run_study(spec, args.verbose)
+    with contextlib.redirect_stdout(sys.stderr):  # stdout carries the summary (or the run id, or JSON) alone
+        run_id = _run_study(spec, args.verbose)
     if args.quiet:
         print(run_id)
         return 0

@@ -13,21 +13,64 @@ from ..pairs.pair import accepted_pairs, traced_facts
 class Population:
     name: str
     select: Callable  # (pairs table, limit) -> [Pair]
-    missing: str  # why a study stops when it is empty ({pairs}: the data set, {table}: the pairs table)
+    missing: str  # why a study stops when it is empty ({pairs}: the data set); see nothing_to_run
     counted_as: str  # what the flow's last log line calls its members
     shard_name: str = "shard"  # its effect files: <shard_name>-<index>.parquet
     writes_baselines: bool = True  # its shards write the pairs' baselines (the warehouse's)
     asks_model: bool = False  # choosing it needs the model's predictions: aligning the pairs asks the model
     recorded: tuple[tuple[str, str], ...] = ()  # what a run records of it, beside the noise, when noised
+    fix: str | None = None  # the likely fix when it is empty, before any the rejections suggest
 
 
-ACCEPTED_PAIRS = Population("accepted_pairs", accepted_pairs, "no accepted pairs in {pairs}: see the rejections in "
-                            "{table}", "pairs")
+ACCEPTED_PAIRS = Population("accepted_pairs", accepted_pairs, "no accepted pairs in {pairs}", "pairs")
 # causal tracing runs on the facts the model knows alone, partner or not (Meng et al.)
 TRACED_FACTS = Population(
     "traced_facts", traced_facts, "no fact in {pairs} that the model knows alone (its top prediction the answer): "
-    "nothing to trace; see {table}", "traced facts", shard_name="trace-shard", writes_baselines=False,
-    asks_model=True,
-    recorded=(("traced", "facts whose top-1 prediction is the answer (known_alone), with or without a partner"),))
+    "nothing to trace", "traced facts", shard_name="trace-shard", writes_baselines=False, asks_model=True,
+    recorded=(("traced", "facts whose top-1 prediction is the answer (known_alone), with or without a partner"),),
+    fix="leave trace out of --sweeps, or take a model that knows these facts")
 
 POPULATIONS = (ACCEPTED_PAIRS, TRACED_FACTS)  # in the order a study caches and shards them
+
+# The likely fix for a data set whose records are rejected for a reason (rows.REASONS); reasons of
+# one kind share their fix.
+_MODEL_KNOWS_NONE = "the model knows none of these facts: try --no-require-known"
+_FIELDS = "records the format cannot read: `patchgrid pairs check --source FILE` gives each one's reason"
+REASON_FIXES = {
+    "not_known_clean": _MODEL_KNOWS_NONE, "not_known_corrupt": _MODEL_KNOWS_NONE,
+    "length_mismatch": "a clean and a corrupt prompt must be as many tokens long: swap subjects of equal token length",
+    "differs_outside_subject": "a clean and a corrupt prompt may differ in their subject alone",
+    "no_partner": "a fact needs another of its relation to swap subjects with: add facts of the same relations",
+    "answer_multi_token": "an answer of several tokens: --answer-policy full scores it whole",
+    "answer_too_long": "answers longer than the model scores: shorter answers",
+    "too_long": "prompts longer than the model's context: shorter prompts",
+    "same_answer": "the two facts of a pair must have different answers",
+    "identical_prompts": "the two prompts of a pair must differ",
+    "duplicate_id": "records share an id: give each its own",
+    **dict.fromkeys(("missing_field", "bad_field", "empty_subject", "empty_answer", "subject_not_in_prompt",
+                     "subject_not_found", "answer_tokenization"), _FIELDS),
+}
+
+
+def nothing_to_run(population: Population, table, pairs: str, warehouse: str, run_id: str) -> str:
+    """Why a study stops on an empty population, in one line: the headline, the records accepted
+    and rejected by reason (most first), the likely fixes, and the query that reads the run's
+    rejections (the flow loads its pairs table before it stops)."""
+    from ..console import shell_command
+    from ..pairs import summary
+
+    counts = summary(table.select(["status", "reason"]).to_pylist())
+    accepted = counts.get(("accepted", None), 0)
+    rejected = sorted(((n, reason) for (status, reason), n in counts.items() if status == "rejected"),
+                      key=lambda c: (-c[0], c[1] or ""))
+    total = accepted + sum(n for n, _ in rejected)
+    by_reason = ", ".join(f"{reason} {n}" for n, reason in rejected)
+    fixes = [population.fix] if population.fix else []
+    for _, reason in rejected:
+        fix = REASON_FIXES.get(reason)
+        if fix and fix not in fixes:
+            fixes.append(fix)
+    told = f"{accepted} of {total} records accepted" + (f": {by_reason}" if by_reason else "")
+    sql = f"SELECT pair_id, reason, detail FROM pairs WHERE run_id = '{run_id}' AND status = 'rejected'"
+    see = "the rejections: " + shell_command("patchgrid", "query", "--warehouse", str(warehouse), sql)
+    return "; ".join([f"{population.missing.format(pairs=pairs)} ({told})", *fixes[:2], see])

@@ -1,6 +1,9 @@
 """`patchgrid study`, `query` and `serve` as a researcher runs them: real processes."""
 from __future__ import annotations
 
+import json
+import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -8,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from patchgrid.warehouse.loader import query
 from tests.support.engines import needs_vllm
 from tests.support.pairs import DATA
 
@@ -35,6 +39,86 @@ def test_study_prints_run_id_then_query_reads_it(tmp_path):
     lines = q.stdout.strip().splitlines()
     assert lines[0].split() == ["sweep", "n"] and lines[1].split()[0] == "mlp_out" and lines[2].split()[0] == "resid"
     assert lines[-1] == "(2 rows)"
+
+
+@needs_vllm
+def test_study_ends_with_a_summary_and_quiet_and_json_are_for_scripts(tmp_path):
+    wh = tmp_path / "w.duckdb"
+    args = ("study", "--model", "tiny-llama", "--pairs", str(DATA), "--limit", "2", "--no-require-known",
+            "--sweeps", "resid", "--warehouse", str(wh), "--workdir", str(tmp_path / "work"))
+    res = cli(*args, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    lines = res.stdout.strip().splitlines()
+    run_id = lines[-1]  # the last line is the run id alone, as --quiet prints it
+    assert run_id.startswith("run-") and "cached" not in res.stdout  # the flow's own lines go to stderr
+    assert re.fullmatch(rf"run {run_id} completed in \d+\.\d s: model tiny-llama, warehouse {re.escape(str(wh))}",
+                        lines[0])
+    (counts,) = query(wh, "SELECT count(*), count(*) FILTER (WHERE status = 'accepted'), "
+                          "count(*) FILTER (WHERE status = 'rejected') FROM pairs")[1]
+    reasons = query(wh, "SELECT reason, n FROM rejections ORDER BY n DESC, reason")[1]
+    assert lines[1] == (f"records: {counts[0]} read, {counts[1]} accepted, {counts[2]} rejected ("
+                        + ", ".join(f"{reason} {n}" for reason, n in reasons) + ")")
+    (n_effects,) = query(wh, "SELECT count(*) FROM effects")[1][0]
+    at = lines.index("sweep  pairs  effect_rows  patched_runs")
+    assert lines[at + 1].split() == ["resid", "2", str(n_effects), str(n_effects)] and lines[at + 2] == "(1 rows)"
+    at = next(k for k, line in enumerate(lines) if line.split()[:3] == ["sweep", "cell", "metric"])
+    assert lines[at].split() == ["sweep", "cell", "metric", "n_pairs", "mean_of", "mean", "ci95_low", "ci95_high"]
+    cells = lines[at + 1:at + 7]  # the 3 strongest of resid clean into corrupt, then corrupt into clean
+    assert lines[at + 7] == "(6 rows)" and ["(noise)" in c for c in cells] == [False] * 3 + [True] * 3
+    for cell in cells:
+        words = cell.replace(" (noise)", "").split()
+        assert words[0] == "resid" and words[4:6] == ["logprob_diff", "2"] and words[6] in ("recovery", "effect")
+        low, mean, high = (float(w) for w in (words[8], words[7], words[9]))
+        assert low <= mean <= high
+    # the two commands it gives work as printed
+    query_line, report_line = (next(x for x in lines if x.startswith(p)) for p in ("query:  ", "report: "))
+    q = cli(*shlex.split(query_line.split(None, 1)[1])[1:], cwd=tmp_path)
+    assert q.returncode == 0 and q.stdout.strip().splitlines()[-1] == "(20 rows)", q.stderr
+    rep = cli(*shlex.split(report_line.split(None, 1)[1])[1:], cwd=tmp_path)
+    assert rep.returncode == 0 and (tmp_path / "report" / "report.html").is_file(), rep.stderr[-3000:]
+    # the rerun (every step cached) for scripts: the summary as one JSON object, or the run id alone
+    js = cli(*args, "--json", cwd=tmp_path)
+    assert js.returncode == 0, js.stderr[-3000:]
+    summary = json.loads(js.stdout)
+    assert set(summary) == {"run_id", "warehouse", "model", "status", "seconds", "records", "sweeps", "strongest",
+                            "commands"}
+    assert (summary["run_id"], summary["status"], summary["records"]["read"]) == (run_id, "completed", counts[0])
+    assert summary["sweeps"] == [{"sweep": "resid", "pairs": 2, "effect_rows": n_effects, "patched_runs": n_effects}]
+    assert set(summary["strongest"][0]) >= {"sweep", "cell", "metric", "n_pairs", "mean", "ci95_low", "ci95_high"}
+    quiet = cli(*args, "--quiet", cwd=tmp_path)
+    assert quiet.returncode == 0 and quiet.stdout == f"{run_id}\n", quiet.stderr[-3000:]
+
+
+@needs_vllm
+def test_a_data_set_with_no_accepted_pair_says_why_and_loads_its_rejections(tmp_path):
+    source = tmp_path / "bad.jsonl"
+    records = [  # prompts of different token lengths, and a pair whose prompts are the same
+        ("The capital of France is", "The capital of the United Kingdom of Great Britain is", " Paris", " London"),
+        ("Rome is in", "The city of San Francisco is in", " Italy", " California"),
+        ("The capital of Spain is", "The capital of Spain is", " Madrid", " Rome")]
+    source.write_text("".join(json.dumps(dict(zip(("clean_prompt", "corrupt_prompt", "clean_answer",
+                                                   "corrupt_answer"), r))) + "\n" for r in records))
+    wh = tmp_path / "w.duckdb"
+    res = cli("study", "--model", "tiny-llama", "--pairs", str(source), "--sweeps", "resid", "--warehouse", str(wh),
+              "--workdir", str(tmp_path / "work"), cwd=tmp_path)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    last = res.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"patchgrid: error: no accepted pairs in {source} (0 of 3 records accepted: "
+                           "length_mismatch 2, identical_prompts 1); a clean and a corrupt prompt must be as many "
+                           "tokens long"), last
+    assert "the two prompts of a pair must differ" in last and ".parquet" not in last
+    # the query the error names reads the failed run's rejections
+    sql = re.search(r'the rejections: patchgrid query --warehouse \S+ "(.+)"$', last).group(1)
+    run_id = re.search(r"run_id = '(run-[0-9a-f]+)'", sql).group(1)
+    q = cli("query", "--warehouse", str(wh), sql, cwd=tmp_path)
+    assert q.returncode == 0, q.stderr
+    assert [line.split()[:2] for line in q.stdout.strip().splitlines()[1:-1]] == [
+        ["0", "length_mismatch"], ["1", "length_mismatch"], ["2", "identical_prompts"]]
+    q = cli("query", "--warehouse", str(wh), "SELECT r.status, x.reason, x.n FROM runs r JOIN rejections x "
+            f"USING (run_id) WHERE run_id = '{run_id}' ORDER BY x.n DESC", cwd=tmp_path)
+    assert q.returncode == 0, q.stderr
+    assert [line.split() for line in q.stdout.strip().splitlines()[1:]] == [
+        ["failed", "length_mismatch", "2"], ["failed", "identical_prompts", "1"], ["(2", "rows)"]]
 
 
 @needs_vllm
