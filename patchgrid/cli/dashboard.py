@@ -14,13 +14,13 @@ from .common import UsageError
 STOP_WAIT_S = 10
 
 
-def streamlit_args(warehouse: Path, port: int, refresh: float) -> list[str]:
-    """The command line that serves the dashboard of `warehouse` on `port` (loopback only unless
-    Streamlit's own settings say otherwise), with no usage statistics sent and no browser opened."""
+def streamlit_args(warehouse: Path, address: str, port: int, refresh: float) -> list[str]:
+    """The command line that serves the dashboard of `warehouse` on `address`:`port`, with no usage
+    statistics sent, no browser opened and no file watched."""
     from ..dashboard import APP
 
     return [sys.executable, "-m", "streamlit", "run", str(APP), "--server.headless", "true",
-            "--server.port", str(port), "--browser.gatherUsageStats", "false",
+            "--server.address", address, "--server.port", str(port), "--browser.gatherUsageStats", "false",
             "--server.fileWatcherType", "none", "--", "--warehouse", str(warehouse), "--refresh", f"{refresh:g}"]
 
 
@@ -44,9 +44,9 @@ def cmd_dashboard(args) -> int:
         raise UsageError(f"--warehouse {args.warehouse}: no warehouse file there (run a study into it first)")
     if args.refresh <= 0:
         raise UsageError(f"--refresh {args.refresh:g}: the seconds between reads must be more than 0")
-    print(f"patchgrid dashboard: http://localhost:{args.port} (the warehouse {warehouse}, read-only); "
+    print(f"patchgrid dashboard: http://{args.address}:{args.port} (the warehouse {warehouse}, read-only); "
           "Ctrl-C stops it", flush=True)
-    proc = subprocess.Popen(streamlit_args(warehouse, args.port, args.refresh), start_new_session=True)
+    proc = subprocess.Popen(streamlit_args(warehouse, args.address, args.port, args.refresh), start_new_session=True)
     try:
         return proc.wait()
     except (Cancelled, KeyboardInterrupt):

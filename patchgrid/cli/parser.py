@@ -53,6 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     dash = command("dashboard", dashboard.cmd_dashboard,
                    "a live dashboard of the warehouse in the browser (Streamlit), read-only")
     add_settings(dash, StudySpec, only=("warehouse",))
+    dash.add_argument("--address", default="127.0.0.1",
+                      help="the address the page is served on (0.0.0.0: every interface, for other machines)")
     dash.add_argument("--port", type=int, default=8501, help="the port the page is served on")
     dash.add_argument("--refresh", type=float, default=2.0, metavar="S", help="seconds between reads of the runs")
     q = command("query", warehouse.cmd_query, "run SQL on the warehouse, read-only")
