@@ -163,3 +163,56 @@ def test_a_site_the_family_lacks_is_one_clear_line():
     assert out.stderr.strip().splitlines()[-1] == ("patchgrid: error: --site resid_mid: the gptj block is parallel: "
                                                    "attention and MLP both read the layer's input (resid_pre), so no "
                                                    "stream exists between them")
+
+
+def _pairs_table(tmp_path):
+    src = tmp_path / "facts.jsonl"
+    rows = [{"case_id": i, "requested_rewrite": {"prompt": "The capital of {} is", "relation_id": "P36",
+                                                 "subject": s, "target_true": {"str": a}}}
+            for i, (s, a) in enumerate([("France", "Paris"), ("Germany", "Berlin"), ("Japan", "Tokyo"), ("", "x")])]
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    res = subprocess.run([sys.executable, "-m", "patchgrid", "pairs", "check", "--model", "tiny-llama", "--source",
+                          str(src), "--out", "pairs.parquet"], capture_output=True, text=True, timeout=300,
+                         cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    return tmp_path / "pairs.parquet"
+
+
+def test_sweep_loads_its_rows_into_a_warehouse_that_query_and_report_read(tmp_path):
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "patchgrid", *args], capture_output=True, text=True,
+                              timeout=300, cwd=tmp_path)
+
+    _pairs_table(tmp_path)
+    sweep = ["sweep", "--model", "tiny-llama", "--backend", "hf", "--pairs", "pairs.parquet", "--limit", "2",
+             "--sweeps", "resid", "--warehouse", "results/w.duckdb"]  # a folder not there yet: made
+    # refused before any work: no warehouse, no cache, no effects file left behind
+    bad = cli(*sweep, "--run-id", "no spaces")
+    assert bad.returncode == 2 and "--run-id 'no spaces' may hold only" in bad.stderr.strip().splitlines()[-1]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["facts.jsonl", "pairs.parquet"]
+    res = cli(*sweep)
+    assert res.returncode == 0, res.stderr[-3000:]
+    run_id = res.stdout.strip().splitlines()[-1].split()[1]
+    assert res.stdout.strip().splitlines()[-1] == f"run {run_id} -> results/w.duckdb" and run_id.startswith("sweep-")
+    got = cli("query", "--warehouse", "results/w.duckdb", "--format", "json",
+              "SELECT run_id, model, status, params FROM runs")
+    assert got.returncode == 0, got.stderr
+    (run,) = json.loads(got.stdout)
+    params = json.loads(run["params"])
+    assert (run["run_id"], run["model"], run["status"]) == (run_id, "tiny-llama", "completed")
+    assert params["command"] == "sweep" and params["sweeps"] == ["resid"] and params["limit"] == 2
+    assert params["pairs_table"] == str(tmp_path / "pairs.parquet")
+    counts = cli("query", "--warehouse", "results/w.duckdb", "--format", "csv",
+                 "SELECT (SELECT count(DISTINCT pair_id) FROM effects) AS swept, (SELECT count(*) FROM pairs) AS pairs,"
+                 " (SELECT max(n_pairs) FROM effect_summary WHERE sweep = 'resid') AS n")
+    assert counts.stdout.splitlines()[1] == "2,4,2", counts.stdout  # every row of the table; 2 pairs swept
+    rep = cli("report", "--warehouse", "results/w.duckdb", "--out", "rep")
+    assert rep.returncode == 0, rep.stderr
+    assert run_id in (tmp_path / "rep" / "report.html").read_text()
+    # a rerun with the same inputs is the same run: its rows replaced, never duplicated
+    again = cli(*sweep)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.stdout.strip().splitlines()[-1] == f"run {run_id} -> results/w.duckdb"
+    twice = cli("query", "--warehouse", "results/w.duckdb", "--format", "csv",
+                "SELECT (SELECT count(*) FROM runs), (SELECT count(DISTINCT pair_id) FROM effects)")
+    assert twice.stdout.splitlines()[1] == "1,2"

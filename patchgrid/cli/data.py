@@ -1,10 +1,12 @@
-"""Commands on data: build a model folder, pair a data set, sweep a pairs table."""
+"""Commands on data: build a model folder, pair a data set, sweep a pairs table into the warehouse."""
 from __future__ import annotations
 
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 
 from ..settings import SpecError
+from ..spec import StudySpec
 from ..sweeps import SweepConfig
 from .common import UsageError
 from .options import settings_from
@@ -43,25 +45,30 @@ def cmd_sweep(args) -> int:
     from ..models import prepare
     from ..pairs import accepted_pairs, read_pairs
     from ..sweeps import cache_spec, check_family, noised, run_sweeps, subject_noise
+    from ..warehouse.loader import check_writable
 
     try:
         config = SweepConfig(**settings_from(args, SweepConfig))
+        StudySpec.of(run_id=args.run_id)  # the run id's own check
     except SpecError as exc:
         raise UsageError(exc.flag_message) from None
     if args.limit is not None and args.limit < 1:
         raise UsageError(f"--limit {args.limit} must be at least 1")
     if not Path(args.pairs).is_file():
         raise UsageError(f"--pairs {args.pairs}: no such file (make one with `patchgrid pairs check`)")
+    check_writable(args.warehouse)  # before any work; one not there yet is made when the run loads
     pairs = accepted_pairs(read_pairs(args.pairs), args.limit)
     if not pairs:
         raise UsageError(f"--pairs {args.pairs}: holds no accepted pairs")
-    noise_std = 0.0
+    noise = None
     if noised(config.sweeps):  # as a study does: over the whole data set
         import pyarrow.parquet as pq
 
         # as a study measures it: over the whole data set's subjects (every row of the table)
         subjects = pq.read_table(args.pairs, columns=["subject"]).column("subject").to_pylist()
-        noise_std = subject_noise(prepare(args.model), subjects, config.trace_noise_scale).std
+        noise = subject_noise(prepare(args.model), subjects, config.trace_noise_scale)
+    noise_std = noise.std if noise else 0.0
+    started = _now()
     engine = load_engine(args.model, args.backend)
     try:
         try:
@@ -79,6 +86,38 @@ def cmd_sweep(args) -> int:
         engine.close()
     write_effects(rows, args.out)
     print(f"{len(pairs)} pairs, {len(rows)} effect rows -> {args.out}")
+    measured = noise.recorded() if noise else {}
+    run_id = load_sweep(args, config, [cache.baselines[p.pair_id] for p in pairs], started, measured)
+    print(f"run {run_id} -> {args.warehouse}")
     return 0
 
 
+def _now():
+    return datetime.now(timezone.utc).replace(tzinfo=None)
+
+
+def load_sweep(args, config: SweepConfig, baselines: list[dict], started, measured: dict) -> str:
+    """The sweep's rows as a run of the warehouse, as a study loads its own: its pairs table (the
+    rejections too), the swept pairs' baselines and the effects file, and its parameters in `runs`;
+    a rerun with the same inputs (the same run id) replaces its rows. Returns the run id."""
+    from ..cache import model_identity
+    from ..fingerprint import fingerprint
+    from ..flows.study import code_version
+    from ..models import prepare
+    from ..pairs import read_pairs
+    from ..settings import recorded
+    from ..sweeps import SWEEP_KINDS, settings_of
+    from ..warehouse.loader import load_run, start_run
+
+    model_sha = model_identity(prepare(args.model))["weights_sha256"]
+    own = {"command": "sweep", "model": args.model, "pairs_table": str(Path(args.pairs).resolve()),
+           "limit": args.limit, "backend": args.backend}
+    params = {**own, **recorded(config, set(settings_of(config.sweeps)))}
+    identity = {**own, **recorded(config, set(settings_of(config.sweeps)), noted=False)}
+    run_id = args.run_id or "sweep-" + fingerprint(model_sha, identity)[:12]
+    start_run(args.warehouse, {"run_id": run_id, "flow_run_id": None, "model": args.model, "model_hash": model_sha,
+                               "params": {**params, **measured}, "code_version": code_version(),
+                               "started": started})
+    load_run(args.warehouse, run_id, read_pairs(args.pairs), baselines, [args.out], finished=_now(),
+             sweep_kinds={name: kind.drawing for name, kind in SWEEP_KINDS.items()})
+    return run_id

@@ -33,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     _patch(command("patch", pair.cmd_patch, "patch one clean/corrupt pair at every layer and position"))
     _paths(command("paths", pair.cmd_paths, "path patching on one clean/corrupt pair: senders to receivers"))
     _pairs(sub)
-    _sweep(command("sweep", data.cmd_sweep, "cache clean activations and run sweeps over a pairs table"))
+    _sweep(command("sweep", data.cmd_sweep, "a pairs table -> cache -> sweeps -> effects file and warehouse"))
     _study(command("study", study.cmd_study, "a whole study: data set -> pairs -> cache -> sweeps -> warehouse"),
            summary=True)
     srv = command("serve", study.cmd_serve, "serve the study flow on a cron schedule from this process")
@@ -117,11 +117,11 @@ def _pairs(sub) -> None:
 
 
 def _sweep(p) -> None:
-    add_settings(p, StudySpec, only=("model", "limit", "backend"))
+    add_settings(p, StudySpec, only=("model", "limit", "backend", "warehouse", "run_id"))
     p.add_argument("--pairs", required=True, help="a pairs table written by `patchgrid pairs check`")
     add_settings(p, SweepConfig)
     p.add_argument("--cache", default=".patchgrid-cache", help="activation cache folder")
-    p.add_argument("--out", default="effects.parquet")
+    p.add_argument("--out", default="effects.parquet", help="the effect rows, also loaded into --warehouse")
 
 
 def _study(p, summary: bool = False) -> None:
