@@ -78,10 +78,7 @@ class Warehouse:
 
     def columns(self, name: str) -> list[str]:
         """The columns of view `name`, in order."""
-        views = self.views()
-        if name not in views:
-            raise WarehouseError(_names_hint("view", name, views))
-        return [c for (c, *_) in query(self.path, f"DESCRIBE {_ident(name)}")[1]]
+        return [c for (c, *_) in self._read(name, [], f"DESCRIBE {_ident(name)}")[1]]
 
     def runs(self, *, frame: str | None = None):
         """Every run, newest first: the run_overview view (status, reason, parameters, counts of
@@ -113,22 +110,31 @@ class Warehouse:
                 params.append(value)
         picked = "*" if columns is None else ", ".join(_ident(c) for c in columns)
         sql = f"SELECT {picked} FROM {_ident(name)}" + (" WHERE " + " AND ".join(where) if where else "")
-        try:
-            return self.sql(sql, params, frame=frame)
-        except WarehouseError as exc:
-            used = [c for c, v in filters.items() if v is not None]
-            raise self._explained(name, [*used, *(columns or [])], exc) from exc
+        used = [c for c, v in filters.items() if v is not None]
+        return _frame(*self._read(name, [*used, *(columns or [])], sql, params), frame or self.frame)
 
-    def _explained(self, name: str, wanted: list[str], exc: WarehouseError) -> WarehouseError:
-        """A failed view() read, with the view or column that is not there and the valid ones."""
+    def _read(self, name: str, wanted: list[str], sql: str, params=None) -> tuple[list[str], list[tuple]]:
+        """query() on view `name` naming columns `wanted`; a view or column that is not there is
+        refused with DuckDB's error, the closest name and the valid ones."""
+        try:
+            return query(self.path, sql, params)
+        except WarehouseError as exc:
+            explained = self._explained(name, wanted, exc)
+            if explained is None:
+                raise
+            raise explained from exc
+
+    def _explained(self, name: str, wanted: list[str], exc: WarehouseError) -> WarehouseError | None:
+        """A failed read of view `name` explained: the view or column that is not there, with the valid
+        ones; None when both are there (the error is about something else)."""
         views = self.views()
         if name not in views:
             return WarehouseError(f"{exc}: {_names_hint('view', name, views)}")
-        have = self.columns(name)
+        have = [c for (c, *_) in query(self.path, f"DESCRIBE {_ident(name)}")[1]]
         missing = [c for c in wanted if c not in have]
         if missing:
             return WarehouseError(f"{exc}: {_names_hint(f'column in view {name}', missing[0], have)}")
-        return exc
+        return None
 
 
 def open(warehouse: str | Path = "warehouse.duckdb", *, frame: str = "pandas") -> Warehouse:  # noqa: A001
