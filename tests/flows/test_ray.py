@@ -2,7 +2,8 @@
 node with no engine resources, where the flow runs, and two worker nodes that declare two logical
 GPUs each. Every stage that touches the model runs in the engine actors; the warehouse holds exactly
 what a local run gives, also when an engine fails, an actor's process is killed and a worker node
-dies mid-study; no actor of a run outlives it."""
+dies mid-study; no actor of a run outlives it. (The expensive cases run once each: the study with
+its faults, and the tensor-parallel study.)"""
 from __future__ import annotations
 
 import json
@@ -171,25 +172,6 @@ def test_a_stuck_call_times_out_and_a_failed_engine_is_replaced(cluster, tmp_pat
     assert _alive_actors(cluster) == []
 
 
-def test_a_study_on_the_cluster_runs_its_model_work_in_the_actors(cluster, local_run, prefect_api, tmp_path,
-                                                                  monkeypatch):
-    import transformers
-
-    import patchgrid.engine as engine_module
-    from patchgrid.flows.study import study
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("the flow's own process loaded a model")
-
-    monkeypatch.setattr(engine_module, "load_engine", refuse)
-    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", refuse)
-    study(_ray_spec(cluster, tmp_path))
-    _same_data(tmp_path / "ray.duckdb", local_run)
-    served = _provenance(tmp_path / "work")
-    assert served and all(s["cuda_visible_devices"] is not None for s in served)
-    assert _alive_actors(cluster) == [], "the run's actors outlived it"
-
-
 TP = dict(model="tiny-llama", pairs=str(DATA), sweeps="resid,trace", limit=2, require_known=False, trace_samples=2,
           shard_size=1)
 
@@ -288,10 +270,21 @@ def _alive(pid: int) -> bool:
     return Path(f"/proc/{pid}").exists()
 
 
-def test_a_failed_engine_a_killed_actor_and_a_dead_node_cost_only_their_shards(cluster, local_run, prefect_api,
-                                                                               tmp_path):
+def test_a_study_on_the_cluster_survives_a_failed_engine_a_killed_actor_and_a_dead_node(cluster, local_run,
+                                                                                      prefect_api, tmp_path,
+                                                                                      monkeypatch):
+    """The flow runs with model loading refused in its own process: every stage's model work runs in
+    the actors; the faults cost only the shards they hit."""
+    import transformers
+
+    import patchgrid.engine as engine_module
     from patchgrid.flows.study import study
 
+    def refuse(*args, **kwargs):
+        raise AssertionError("the flow's own process loaded a model")
+
+    monkeypatch.setattr(engine_module, "load_engine", refuse)
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", refuse)
     faults = Faults(cluster, tmp_path)
     faults.start()
     try:
@@ -306,5 +299,7 @@ def test_a_failed_engine_a_killed_actor_and_a_dead_node_cost_only_their_shards(c
     _same_data(tmp_path / "ray.duckdb", local_run)
     # the actor whose engine died started a fresh one and went on serving
     hit = faults.done[0][1]
-    assert max(s["engine_starts"] for s in _provenance(tmp_path / "work") if s["actor"] == hit) == 2
+    served = _provenance(tmp_path / "work")
+    assert max(s["engine_starts"] for s in served if s["actor"] == hit) == 2
+    assert all(s["cuda_visible_devices"] is not None for s in served)
     assert _alive_actors(cluster) == [], "the run's actors outlived it"
