@@ -48,7 +48,11 @@ def heatmap(rows: list[dict], value: str, title: str, selectable: bool = False) 
 def runs_panel(warehouse: str, signature: tuple) -> None:
     """The runs as they land (re-run every --refresh seconds): the whole page is drawn again when
     a run lands or changes state."""
-    found = data.runs(warehouse)
+    try:
+        found = data.runs(warehouse)
+    except ValueError as exc:  # WarehouseError: the warehouse went away or cannot be read; said, then tried again
+        st.error(str(exc))
+        return
     if data.runs_signature(found) != signature:
         st.rerun()
     st.table(pd.DataFrame(found).drop(columns=["params"]) if found else pd.DataFrame({"runs": []}))
