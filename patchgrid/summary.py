@@ -38,28 +38,32 @@ def sweeps(warehouse, run_id: str) -> list[dict]:
 
 
 # Each sweep's cells on its headline metric (the `metric` its rows name), in each direction (clean
-# into corrupt, and corrupt into clean where the sweep ran it), strongest first: by mean
-# recovery where the cell has one, then (a metric without recovery, or spans too small) by the
-# mean effect towards the clean run's value. `mean_of` says which the numbers are.
+# into corrupt, and corrupt into clean where the sweep ran it), strongest first: by mean recovery
+# where the cell has one, else (a metric without recovery, or spans too small) by the mean effect
+# towards the clean run's value (`mean_of` says which); a cell with an interval (two pairs or more)
+# before one without, so that one pair's cell does not head the list.
 _STRONGEST = """
 WITH headline AS (
     SELECT sweep, arg_max(metric, n) AS metric
     FROM (SELECT sweep, metric, count(*) AS n FROM effects WHERE run_id = ? GROUP BY ALL) GROUP BY sweep
 ), judged AS (
-    SELECT s.*, m.min_span IS NOT NULL AND s.n_recovery > 0 AS by_recovery, m.better
+    SELECT s.*, m.better, m.min_span IS NOT NULL AND s.n_recovery > 0 AS by_recovery
     FROM effect_summary s JOIN headline h USING (sweep, metric) JOIN metrics m USING (metric)
     WHERE s.run_id = ?
-), ranked AS (
-    SELECT *, row_number() OVER (PARTITION BY sweep, direction ORDER BY by_recovery DESC,
-        CASE WHEN by_recovery THEN mean_recovery ELSE better * mean_effect END DESC NULLS LAST,
-        layer, position_role, head, neuron, sender, receiver) AS k
+), valued AS (
+    SELECT *, CASE WHEN by_recovery THEN 'recovery' ELSE 'effect' END AS mean_of,
+           CASE WHEN by_recovery THEN mean_recovery ELSE mean_effect END AS mean,
+           CASE WHEN by_recovery THEN ci95_low ELSE effect_ci95_low END AS low,
+           CASE WHEN by_recovery THEN ci95_high ELSE effect_ci95_high END AS high
     FROM judged
+), ranked AS (
+    SELECT *, row_number() OVER (PARTITION BY sweep, direction ORDER BY by_recovery DESC, low IS NOT NULL DESC,
+        CASE WHEN by_recovery THEN mean ELSE better * mean END DESC NULLS LAST,
+        layer, position_role, head, neuron, sender, receiver) AS k
+    FROM valued
 )
-SELECT sweep, site, direction, layer, position_role, head, neuron, sender, receiver, metric, n_pairs,
-       CASE WHEN by_recovery THEN 'recovery' ELSE 'effect' END AS mean_of,
-       CASE WHEN by_recovery THEN mean_recovery ELSE mean_effect END AS mean,
-       CASE WHEN by_recovery THEN ci95_low ELSE effect_ci95_low END AS ci95_low,
-       CASE WHEN by_recovery THEN ci95_high ELSE effect_ci95_high END AS ci95_high
+SELECT sweep, site, direction, layer, position_role, head, neuron, sender, receiver, metric, n_pairs, mean_of, mean,
+       low AS ci95_low, high AS ci95_high
 FROM ranked WHERE k <= ? ORDER BY sweep, direction, k"""
 
 

@@ -33,6 +33,8 @@ def warehouse(tmp_path):
     for i, p in enumerate(make_pair(f"p{i}", ROLES) for i in range(3)):
         for layer, r in ((0, 0.1), (1, 0.5 + 0.1 * i), (2, 0.9)):
             effects.append(row(p, r, layer=layer, position=1))
+        if i == 0:  # a cell of one pair, no interval: after the cells of three, however strong
+            effects.append(row(p, 1.0, layer=3, position=1))
         effects.append(row(p, 0.3, direction="noise", layer=0, position=1))  # corrupt into clean: its own ranking
         effects.append(row(p, 0.2, sweep="mlp_out", site="mlp_out", layer=0, position=0))
         # attribution patching: one site estimated and verified, one estimated only
@@ -51,7 +53,7 @@ def test_the_summary_counts_records_sweeps_and_time(warehouse):
     assert list(s["records"]["rejected_by_reason"]) == ["length_mismatch", "not_known_clean"]  # most first
     assert s["sweeps"] == [{"sweep": "atp", "pairs": 3, "effect_rows": 6, "patched_runs": 3},
                            {"sweep": "mlp_out", "pairs": 3, "effect_rows": 3, "patched_runs": 3},
-                           {"sweep": "resid", "pairs": 3, "effect_rows": 12, "patched_runs": 12}]
+                           {"sweep": "resid", "pairs": 3, "effect_rows": 13, "patched_runs": 13}]
     assert (s["status"], s["model"], s["seconds"]) == ("completed", "m", 41.5)
     json.dumps(s)  # --json prints it as it is
 
@@ -68,6 +70,9 @@ def test_the_strongest_cells_of_each_sweep_with_their_interval(warehouse):
     assert second["ci95_low"] == pytest.approx(0.6 - 4.3027 * se, abs=1e-4)
     assert second["ci95_high"] == pytest.approx(0.6 + 4.3027 * se, abs=1e-4)
     assert second["cell"] == "resid L1 last"
+    every = study_summary(warehouse, "r", per_sweep=4)["strongest"]
+    assert [(c["layer"], c["n_pairs"]) for c in every if c["sweep"] == "resid" and c["direction"] == "denoise"] == [
+        (2, 3), (1, 3), (0, 3), (3, 1)]
     # attribution patching's rows are in atp's own views, not effect_summary's
     assert [(c["sweep"], c["direction"], c["layer"], round(c["mean"], 4)) for c in strongest
             if c not in resid] == [("mlp_out", "denoise", 0, 0.2), ("resid", "noise", 0, 0.3)]
@@ -93,3 +98,22 @@ def test_the_commands_quote_what_the_shell_would_split(tmp_path):
 def test_an_unknown_run_is_named(warehouse):
     with pytest.raises(ValueError, match="no run nope"):
         study_summary(warehouse, "nope")
+
+
+def test_a_study_with_nothing_to_run_says_why_in_one_line():
+    """The line a study stops with when no pair is accepted: counts by reason (most first), the
+    likely fixes, and the query that reads the run's rejections."""
+    from patchgrid.sweeps.populations import ACCEPTED_PAIRS, TRACED_FACTS, nothing_to_run
+
+    table = pairs_table([pair("a", "rejected", "not_known_clean"), pair("b", "rejected", "not_known_corrupt"),
+                         pair("c", "rejected", "not_known_clean"), pair("d", "rejected", "no_partner")])
+    line = nothing_to_run(ACCEPTED_PAIRS, table, "f.jsonl", "w.duckdb", "run-1")
+    assert line == ("no accepted pairs in f.jsonl (0 of 4 records accepted: not_known_clean 2, no_partner 1, "
+                    "not_known_corrupt 1); the model knows none of these facts: try --no-require-known; a fact needs "
+                    "another of its relation to swap subjects with: add facts of the same relations; the rejections: "
+                    "patchgrid query --warehouse w.duckdb \"SELECT pair_id, reason, detail FROM pairs WHERE run_id = "
+                    "'run-1' AND status = 'rejected'\"")
+    traced = nothing_to_run(TRACED_FACTS, pairs_table([pair("a"), pair("b", "rejected", "length_mismatch")]),
+                            "f.jsonl", "w.duckdb", "run-1")
+    assert traced.startswith("no fact in f.jsonl that the model knows alone (its top prediction the answer): nothing "
+                             "to trace (1 of 2 records accepted: length_mismatch 1); leave trace out of --sweeps")
