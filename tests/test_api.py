@@ -164,7 +164,7 @@ def test_a_study_in_process(prefect_api, tmp_path):
     assert [(s["sweep"], s["pairs"]) for s in summary["sweeps"]] == [("resid", 2)]
     assert summary["strongest"] and all(c["sweep"] == "resid" and c["metric"] for c in summary["strongest"])
     cells = run.view("effect_summary", metric="logprob_diff")
-    assert set(cells.run_id) == {run.run_id} and set(cells.n_pairs) == {2}
+    assert set(cells.run_id) == {run.run_id} and cells.n_pairs.max() == 2  # a role only one pair has: 1
     assert patchgrid.open(wh).latest_run() == run.run_id
     page = run.report(tmp_path / "report")
     assert page == tmp_path / "report" / "report.html" and run.run_id in page.read_text()
