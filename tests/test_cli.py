@@ -185,7 +185,7 @@ def test_sweep_loads_its_rows_into_a_warehouse_that_query_and_report_read(tmp_pa
 
     _pairs_table(tmp_path)
     sweep = ["sweep", "--model", "tiny-llama", "--backend", "hf", "--pairs", "pairs.parquet", "--limit", "2",
-             "--sweeps", "resid", "--warehouse", "results/w.duckdb"]  # a folder not there yet: made
+             "--sweeps", "resid", "--warehouse", "results/w.duckdb", "--out", "rows/effects.parquet"]  # folders made
     # refused before any work: no warehouse, no cache, no effects file left behind
     bad = cli(*sweep, "--run-id", "no spaces")
     assert bad.returncode == 2 and "--run-id 'no spaces' may hold only" in bad.stderr.strip().splitlines()[-1]
@@ -193,6 +193,7 @@ def test_sweep_loads_its_rows_into_a_warehouse_that_query_and_report_read(tmp_pa
     res = cli(*sweep)
     assert res.returncode == 0, res.stderr[-3000:]
     run_id = res.stdout.strip().splitlines()[-1].split()[1]
+    assert (tmp_path / "rows" / "effects.parquet").is_file() and (tmp_path / "results" / "w.data").is_dir()
     assert res.stdout.strip().splitlines()[-1] == f"run {run_id} -> results/w.duckdb" and run_id.startswith("sweep-")
     got = cli("query", "--warehouse", "results/w.duckdb", "--format", "json",
               "SELECT run_id, model, status, params FROM runs")

@@ -84,6 +84,7 @@ def cmd_sweep(args) -> int:
         print(file=sys.stderr)
     finally:
         engine.close()
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)  # made once there are rows to write
     write_effects(rows, args.out)
     print(f"{len(pairs)} pairs, {len(rows)} effect rows -> {args.out}")
     measured = noise.recorded() if noise else {}
