@@ -65,7 +65,7 @@ STUDY = [
     ("trace samples zero", {"--trace-samples": "0"}, "--trace-samples 0 must be at least 1"),
     ("unknown sweep", {"--sweeps": "resid,bogus"}, "unknown sweep 'bogus'"),
     ("missing pairs file", {"--pairs": "missing.jsonl"}, "--pairs missing.jsonl: no such file"),
-    ("warehouse folder missing", {"--warehouse": "/no/such/dir/w.duckdb"}, "folder /no/such/dir does not exist"),
+    ("warehouse under a file", {"--warehouse": "/dev/null/w.duckdb"}, "/dev/null is a file, not a folder"),
     ("unknown model name", {"--model": "gpt-17"}, "unknown model 'gpt-17'"),
     ("model folder without config", _no_config, "has no config.json"),
     ("model path is a file", _file_model, "is a file, not a model folder"),
