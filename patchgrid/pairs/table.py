@@ -18,8 +18,7 @@ def to_table(rows: list[dict]) -> pa.Table:
 
 def write_pairs(rows: list[dict], path: str | Path) -> Path:
     path = Path(path)
-    if path.parent and not path.parent.exists():
-        raise ValueError(f"--out {path}: folder {path.parent} does not exist")
+    path.parent.mkdir(parents=True, exist_ok=True)  # a missing output folder is made
     return write_parquet(to_table(rows), path)
 
 
