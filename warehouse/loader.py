@@ -320,7 +320,18 @@ def query(path: str | Path, sql: str, params=None, *, arrow: bool = False):
         raise WarehouseError(f"query refused: {first} (a query reads the warehouse only: no files, no extensions)") \
             from None
     except duckdb.Error as exc:
-        first = str(exc).strip().splitlines()[0]
-        raise WarehouseError(f"query failed: {first}") from None
+        raise WarehouseError(f"query failed: {_with_hints(exc)}") from exc
     finally:
         con.close()
+
+
+# DuckDB's lines that say what was meant, kept beside the first line of its message
+_HINTS = ("did you mean", "candidate bindings", "hint")
+
+
+def _with_hints(exc: Exception) -> str:
+    """DuckDB's error on one line: its first line and its hints ("Did you mean ...?", the candidate
+    bindings), without the query echo and caret lines."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    hints = [line for line in lines[1:] if line.lower().startswith(_HINTS)]
+    return "; ".join(lines[:1] + hints)

@@ -46,3 +46,17 @@ def test_the_report_connection_is_sandboxed_too(tmp_path):
         con.close()
     # the JSON parameters of a run still read
     assert query(wh, "SELECT params->>'x' FROM runs")[1] == [("1",)]
+
+
+@pytest.mark.parametrize("sql, hint", [
+    ("SELECT * FROM effect_summar", 'Did you mean "effect_summary"?'),
+    ("SELECT nope FROM runs", "Candidate bindings:"),
+])
+def test_a_failed_query_keeps_duckdbs_hint_on_one_line(tmp_path, sql, hint):
+    wh = tmp_path / "w.duckdb"
+    load(tmp_path, wh)
+    with pytest.raises(WarehouseError, match="query failed") as failed:
+        query(wh, sql)
+    message = str(failed.value)
+    assert hint in message and "\n" not in message, message
+    assert failed.value.__cause__ is not None  # DuckDB's own error, kept
