@@ -181,7 +181,7 @@ def test_study_with_the_new_sites_and_paths_fills_the_warehouse_and_the_report(t
     (["--limit", "0"], "--limit 0 must be at least 1"),
     (["--sweeps", "resid,everything"], "unknown sweep 'everything'"),
     (["--pairs", "no/such/file.jsonl"], "--pairs no/such/file.jsonl: no such file"),
-    (["--warehouse", "/no/such/dir/w.duckdb"], "folder /no/such/dir does not exist"),
+    (["--warehouse", "/dev/null/w.duckdb"], "/dev/null is a file, not a folder"),
     (["--model", "not-a-model"], "unknown model 'not-a-model'"),
     (["--model", "tiny-gptj", "--sweeps", "resid,resid_mid"],
      "sweep resid_mid: site resid_mid: the gptj block is parallel"),
