@@ -129,7 +129,12 @@ def test_a_rerun_changing_one_setting_recomputes_what_depends_on_it(base_run, na
         assert "COMPLETED" in states.get(step, set()), f"{name}: {step} was not computed again ({states})"
     for step in cached:
         assert states.get(step, {"CACHED"}) == {"CACHED"}, f"{name}: {step} was computed again ({states})"
-    recorded = f"{name}" in spec.recorded_params() or name in changed.recorded_params()
-    assert (run_id != base_id) == (recorded or name == "run_id"), name
-    if not recorded and name != "run_id":  # the same run: its numbers did not change
+    # a setting that enters the run id gives another run; one that is only noted (recorded, out of the
+    # run id: the engines' sizes) is in the same run's recorded parameters
+    identifies = name in spec.identity_params() or name in changed.identity_params()
+    assert (run_id != base_id) == (identifies or name == "run_id"), name
+    if name in changed.recorded_params() and not identifies:
+        params = query(changed.warehouse, "SELECT params FROM runs WHERE run_id = ?", [run_id])[1][0][0]
+        assert name in params, f"{name} is not in the run's recorded parameters: {params}"
+    if not identifies and name != "run_id":  # the same run: its numbers did not change
         assert _effects(changed.warehouse, run_id) == _effects(spec.warehouse, base_id)
