@@ -107,7 +107,6 @@ class RayEngines(Engines):
         self.timeout_s, self.attempts, self.log = timeout_s, attempts, log
         self._free: deque[_Actor] = deque()
         self._starting: list[_Actor] = []
-        self._busy: set[int] = set()
         self._all: dict[int, _Actor] = {}
         self._lock = threading.Condition()
         self._generation = 0
@@ -187,7 +186,6 @@ class RayEngines(Engines):
     def _replace(self, actor: _Actor, why: str) -> None:
         _kill(actor)
         with self._lock:
-            self._busy.discard(id(actor))
             if self._all.get(actor.slot) is not actor or self._closed:
                 return
             del self._all[actor.slot]
@@ -238,7 +236,6 @@ class RayEngines(Engines):
                 self._admit_started()
                 if self._free:
                     actor = self._free.popleft()
-                    self._busy.add(id(actor))
                     return actor
                 if not self._all:
                     raise RuntimeError(f"no engine actor of run {self.run_id} is left: each died or could not start")
@@ -267,7 +264,6 @@ class RayEngines(Engines):
 
     def _give_back(self, actor: _Actor) -> None:
         with self._lock:
-            self._busy.discard(id(actor))
             if self._all.get(actor.slot) is actor and not self._closed:
                 self._free.append(actor)
             self._lock.notify_all()
