@@ -18,10 +18,12 @@ from pathlib import Path
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
+from prefect.futures import as_completed
 from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from patchgrid.engine import Engines, LocalEngines
+from patchgrid.progress import report
 from patchgrid.spec import ShardSpec, StudySpec
 from patchgrid.stopping import Cancelled, cancel_on_signals, one_line, signalled
 from patchgrid.tasks.cache import cache_activations
@@ -177,16 +179,22 @@ def sweep_shards_on_ray(spec: StudySpec, shards: list[ShardSpec], model_sha256: 
     next actor that is free (patchgrid.cluster.RayEngines), so a slow node holds only its own shard."""
     progress = create_progress_artifact(progress=0.0, key=f"sweeps-{spec.run_id}".lower(),
                                         description=f"Sweeps of run {spec.run_id} on Ray: shards done")
+    # the shards' patched runs are counted in the actors, where nobody listens: the caller is told shards done
+    report("shards on Ray", 0, len(shards))
     with ThreadPoolTaskRunner(max_workers=spec.ray_workers) as runner:
         futures = [runner.submit(sweep_shard, parameters=dict(spec=spec, shard=shard, model_sha256=model_sha256,
                                                                engines=engines)) for shard in shards]
-        paths = []
-        for k, (shard, future) in enumerate(zip(shards, futures)):
+        of = {id(future): shard for future, shard in zip(futures, shards)}
+        paths = {}
+        for k, future in enumerate(as_completed(futures)):  # shards done as they finish, whatever their order
+            shard = of[id(future)]
             path = future.result()
             if not Path(path).is_file():  # a cached result whose file was removed: compute it again
                 path = sweep_shard.with_options(refresh_cache=True)(spec, shard, model_sha256, engines)
-            paths.append(path)
+            paths[shard.out] = path
             update_progress_artifact(progress, progress=100.0 * (k + 1) / len(futures))
+            report("shards on Ray", k + 1, len(shards))
+    paths = [paths[shard.out] for shard in shards]  # in the shards' order
     missing = [p for p in paths if not Path(p).is_file()]
     if missing:
         raise RuntimeError(f"{len(missing)} shard files are not visible here (is the work folder shared with the "

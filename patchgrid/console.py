@@ -1,9 +1,10 @@
-"""What the command line shows a researcher: quiet engine logs, a progress bar, tables."""
+"""What the command line shows a researcher: quiet engine logs, progress bars, tables."""
 from __future__ import annotations
 
 import logging
 import os
 import sys
+import threading
 
 
 def quiet_engine_logs() -> None:
@@ -44,22 +45,68 @@ def one_line_failures() -> None:
                 handler.addFilter(_NoRunFailures())
 
 
-class ProgressBar:
-    """Patched runs done in the current shard, on one refreshing line of stderr."""
+class ProgressBars:
+    """A study's progress (patchgrid.progress's listener): one tqdm bar on stderr per stage, the
+    stage's name its description; a stage that starts closes the one before. On a terminal the bar
+    redraws in place; elsewhere (a log, a test reading stderr) it is a line every few seconds, and
+    at each stage's start and end. Use it as a context manager: the last bar is closed on exit."""
 
-    def __init__(self):
-        self.shard, self.last = 0, None
+    def __init__(self, stream=None, *, interval: float | None = None):
+        self.stream = stream or sys.stderr
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.interval = interval if interval is not None else (0.1 if self.tty else 5.0)
+        self.bar, self.stage = None, None
+        self.lock = threading.Lock()  # Ray's shards are waited on in threads of the flow's process
 
-    def __call__(self, done: int, total: int):
-        if self.last is None or done < self.last:
-            self.shard += 1
-        self.last = done
-        width = 30
-        filled = int(width * done / max(total, 1))
-        # sys.stderr.write, not print: the flow's log_prints would turn a print into a log record
-        sys.stderr.write(f"\rshard {self.shard} [{'#' * filled}{'.' * (width - filled)}] {done}/{total} patched runs"
-                         + ("" if done < total else "\n"))
-        sys.stderr.flush()
+    def __call__(self, stage: str, done: int, total: int, note: str = "") -> None:
+        with self.lock:
+            bar = self.bar
+            if bar is None or stage != self.stage or done < bar.n or total != bar.total:
+                bar = self._open(stage, total)
+            if note:
+                bar.set_postfix_str(note, refresh=False)
+            bar.update(done - bar.n)
+            if done >= total:
+                self._close()
+
+    def _open(self, stage: str, total: int):
+        from tqdm import tqdm
+
+        self._close()
+        # sys.stderr, never print: the flow's log_prints would turn a print into a log record
+        self.bar = tqdm(total=total, desc=stage, file=self.stream if self.tty else _Lines(self.stream),
+                        mininterval=self.interval, ascii=not self.tty, dynamic_ncols=self.tty,
+                        ncols=None if self.tty else 100)
+        self.stage = stage
+        return self.bar
+
+    def _close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        self.bar, self.stage = None, None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        with self.lock:
+            self._close()
+
+
+class _Lines:
+    """A stream that is not a terminal, for tqdm: each redraw (tqdm's carriage return, then the
+    bar) becomes a line of its own."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, text: str) -> None:
+        for part in text.split("\r"):
+            if part.strip():
+                self.stream.write(part.rstrip() + "\n")
+
+    def flush(self) -> None:
+        self.stream.flush()
 
 
 def format_rows(cols, rows) -> str:

@@ -31,7 +31,7 @@ REASONS = (
     "missing_field", "bad_field", "empty_subject", "empty_answer", "subject_not_in_prompt", "duplicate_id",
     "subject_not_found", "answer_multi_token", "answer_too_long", "answer_tokenization", "too_long", "length_mismatch",
     "differs_outside_subject",
-    "identical_prompts", "same_answer", "no_partner", "not_known_clean", "not_known_corrupt",
+    "identical_prompts", "same_answer", "no_partner", "not_known_clean", "not_known_corrupt", "limit_reached",
 )
 # The sweep kinds (patchgrid.sweeps.registry registers a kind by each name, in this order)
 SWEEP_NAMES = ("resid", "resid_pre", "resid_mid", "attn_out", "mlp_out", "embed", "heads", "neurons", "qkv", "trace",

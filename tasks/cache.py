@@ -38,8 +38,9 @@ def found_or_built(pairs, need, root: str, *, engine) -> tuple[str, bool, float]
     """The cache folder covering `need` for `pairs` (found, or built on `engine`), whether it was
     built, and its size per pair: plain values, which cross back from an engine actor."""
     from patchgrid.cache import load_or_build
+    from patchgrid.progress import stage
 
-    cache, built = load_or_build(engine, pairs, need, Path(root))
+    cache, built = load_or_build(engine, pairs, need, Path(root), progress=stage("activation cache (pairs captured)"))
     return str(cache.folder), built, cache.bytes_per_pair
 
 

@@ -14,14 +14,16 @@ from .keys import engine_inputs, keyed_by
 def sweep_shard(spec: StudySpec, shard: ShardSpec, model_sha256: str, engines: Engines) -> str:
     """Run every sweep over one shard of pairs where the engines run; return its effects file (its
     engine's provenance beside it, for a shard run in an engine actor)."""
-    from patchgrid.progress import report
+    from patchgrid.progress import stage
     from patchgrid.shards import compute_shard
 
     logger = get_run_logger()
     if Path(shard.out).is_file():  # written whole (rename) by an earlier attempt of this same shard
         logger.info("shard %s already done", shard.out)
         return shard.out
-    n = engines.run(using_engine(compute_shard, shard=shard, progress=report), provenance=shard.out + ".engine.json")
+    # a shard run in an engine actor reports nothing there: the flow counts shards done (sweep_shards_on_ray)
+    progress = stage(f"patched runs ({Path(shard.out).stem})")
+    n = engines.run(using_engine(compute_shard, shard=shard, progress=progress), provenance=shard.out + ".engine.json")
     logger.info("shard of %d pairs: %d effect rows -> %s", len(shard.pairs), n, shard.out)
     return shard.out
 

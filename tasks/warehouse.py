@@ -27,6 +27,7 @@ def load_warehouse(spec: StudySpec, pairs_table: str, baseline_files: list[str],
     import pyarrow.parquet as pq
 
     from patchgrid.pairs import read_pairs
+    from patchgrid.progress import stage
     from patchgrid.rows import BASELINE
     from patchgrid.sweeps import SWEEP_KINDS
     from patchgrid.warehouse.loader import load_run
@@ -36,7 +37,8 @@ def load_warehouse(spec: StudySpec, pairs_table: str, baseline_files: list[str],
     # how each kind is drawn, so that the views select its rows by their shape, never by its name
     kinds = {name: kind.drawing for name, kind in SWEEP_KINDS.items()}
     counts = load_run(spec.warehouse, spec.run_id, read_pairs(pairs_table), baselines, effect_files,
-                      finished=finished, status=status, sweep_kinds=kinds)
+                      finished=finished, status=status, sweep_kinds=kinds,
+                      progress=stage("warehouse load (files)"))
     get_run_logger().info("warehouse %s: loaded %s", spec.warehouse, counts)
     return counts
 

@@ -231,14 +231,15 @@ def _checked_effects(source: Path, target: Path) -> int:
 
 
 def load_run(path: str | Path, run_id: str, pairs, baselines, effect_files, *, finished=None,
-             status: str = "completed", sweep_kinds: dict[str, str] | None = None) -> dict:
+             status: str = "completed", sweep_kinds: dict[str, str] | None = None, progress=None) -> dict:
     """Publish a run's pairs table, baselines and effect Parquet files as its new load, replacing
     its earlier one, and record the run as `status`.
 
     pairs: a pyarrow table in the rows.PAIR shape; baselines: rows.BASELINE rows (a list of dicts or
     a table); effect_files: Parquet files in the rows.EFFECT shape; sweep_kinds: {sweep: drawing}
     (SweepKind.drawing) of the kinds the rows may come from, recorded with the load (kinds.py;
-    None records none, and the views infer what they need). Returns counts of rows loaded.
+    None records none, and the views infer what they need). `progress`: told (files done, files),
+    the effect files one by one and then the pairs and baselines. Returns counts of rows loaded.
     """
     kinds = sweep_kind_table(sweep_kinds)
     PAIR.check(pairs)
@@ -247,14 +248,20 @@ def load_run(path: str | Path, run_id: str, pairs, baselines, effect_files, *, f
     layout = ensure(path)
     counts = {"pairs": pairs.num_rows, "baselines": base_table.num_rows, "effects": 0}
 
+    files = len(effect_files) + 1  # the effect files, then the rest at once
+    progress = progress or (lambda done, total: None)
+
     def fill(folder: Path) -> None:
         (folder / "effects").mkdir()
+        progress(0, files)
         for k, f in enumerate(effect_files):
             counts["effects"] += _checked_effects(Path(f), folder / "effects" / f"part-{k:05d}.parquet")
+            progress(k + 1, files)
         pq.write_table(base_table.cast(BASELINE.schema), folder / "baselines.parquet")
         pq.write_table(kinds, folder / "sweep_kinds.parquet")
         pq.write_table(pairs.select(PAIR_IN_WAREHOUSE.columns).cast(PAIR_IN_WAREHOUSE.schema),
                        folder / "pairs.parquet")
+        progress(files, files)
 
     publish_dir(fill, layout.run_dir(run_id), f"load={stamp()}")
     row = _latest_state(layout, run_id) or {"run_id": run_id, "model": ""}

@@ -12,6 +12,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from ..models import MANIFEST, settled_sha256, weights_hash
+from ..progress import Progress
 from ..rows import BASELINE
 from .arrow import logprobs_table, record_batch, run_schema, write_table
 from .damage import damage
@@ -49,8 +50,9 @@ def pairs_identity(pairs) -> str:
 
 
 def load_or_build(engine, pairs, spec: CacheSpec, root: Path, *, batch_pairs: int = 64,
-                  log=print) -> tuple[ActivationCache, bool]:
-    """Find a complete cache data set covering `spec` for these pairs and model, or build one.
+                  log=print, progress: Progress | None = None) -> tuple[ActivationCache, bool]:
+    """Find a complete cache data set covering `spec` for these pairs and model, or build one;
+    `progress` is told the pairs captured so far, after each engine call.
 
     Returns (cache, built): built is False when the clean forwards were found, not run.
     """
@@ -64,7 +66,7 @@ def load_or_build(engine, pairs, spec: CacheSpec, root: Path, *, batch_pairs: in
     key = hashlib.sha256(json.dumps({**ident, "captured": captured, "noise": spec.noise if spec.noised() else None},
                                     sort_keys=True).encode()).hexdigest()[:24]
     folder = root / key
-    _build(engine, pairs, spec, ident, folder, batch_pairs, log)
+    _build(engine, pairs, spec, ident, folder, batch_pairs, log, progress)
     return ActivationCache(folder), True
 
 
@@ -86,13 +88,13 @@ def _find(root: Path, ident: dict, spec: CacheSpec, log) -> Path | None:
     return None
 
 
-def _build(engine, pairs, spec: CacheSpec, ident: dict, folder: Path, batch_pairs: int, log) -> None:
+def _build(engine, pairs, spec: CacheSpec, ident: dict, folder: Path, batch_pairs: int, log, progress) -> None:
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
     try:
         captured = spec.captured()
         widths = {k: engine.shape.width(k.split(".")[0]) for keys in captured.values() for k in keys}
-        baselines, logprobs = _write_runs(engine, pairs, spec, captured, widths, tmp, batch_pairs, log)
+        baselines, logprobs = _write_runs(engine, pairs, spec, captured, widths, tmp, batch_pairs, log, progress)
         with pa.ipc.new_file(str(tmp / "baselines.arrow"), BASELINE.schema) as w:
             w.write_table(BASELINE.table(baselines))
         write_table(tmp / "logprobs.arrow", logprobs_table(logprobs, engine.shape.vocab_size))
@@ -111,7 +113,7 @@ def _build(engine, pairs, spec: CacheSpec, ident: dict, folder: Path, batch_pair
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _write_runs(engine, pairs, spec: CacheSpec, captured, widths, tmp: Path, batch_pairs: int, log):
+def _write_runs(engine, pairs, spec: CacheSpec, captured, widths, tmp: Path, batch_pairs: int, log, progress):
     """Every run's file in `tmp`, `batch_pairs` pairs per engine call; returns (the baseline rows,
     the clean runs' log-probabilities), in pair order."""
     schemas, writers = {}, {}
@@ -119,6 +121,8 @@ def _write_runs(engine, pairs, spec: CacheSpec, captured, widths, tmp: Path, bat
         schemas[run] = run_schema(keys, widths, engine.dtype)
         writers[run] = pa.ipc.new_file(str(tmp / f"{run}.arrow"), schemas[run])
     baselines, logprobs = [], []
+    progress = progress or (lambda done, total: None)
+    progress(0, len(pairs))
     try:
         for start in range(0, len(pairs), batch_pairs):
             chunk = pairs[start:start + batch_pairs]
@@ -128,6 +132,7 @@ def _write_runs(engine, pairs, spec: CacheSpec, captured, widths, tmp: Path, bat
             baselines += base
             logprobs += [r.logprobs for r in by_run["clean"]]
             log(f"cached {', '.join(captured)} runs of {min(start + batch_pairs, len(pairs))}/{len(pairs)} pairs")
+            progress(min(start + batch_pairs, len(pairs)), len(pairs))
     finally:
         for w in writers.values():
             w.close()

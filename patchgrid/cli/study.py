@@ -1,18 +1,57 @@
 """Commands that run the study flow: study, serve, and the demo's study."""
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import sys
 from pathlib import Path
 
-from ..console import ProgressBar, format_rows, one_line_failures, quiet_prefect
+from ..console import ProgressBars, format_rows, one_line_failures, quiet_prefect
 from ..spec import SpecError, StudySpec
 from ..sweeps import SweepConfig
 from .common import UsageError
 from .options import settings_from
 
 DEMO_SWEEPS = ("resid", "attn_out", "mlp_out", "heads", "trace")
+DEPLOYMENT = "patchgrid-study"  # serve's deployment, unless --name names it
+TAKES_A_STUDY_FILE = "takes_a_study_file"  # the parser default that marks a command taking --config
+
+
+class CommandParser(argparse.ArgumentParser):
+    """A command's parser. One that takes a study file (add_config_option: study, serve) reads it
+    first: the file's settings become the command's defaults, the flags given override them, and
+    the file's text is the `config` setting (recorded with the run)."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        if self.get_default(TAKES_A_STUDY_FILE):
+            self._read_study_file(sys.argv[1:] if args is None else list(args))
+        return super().parse_known_args(args, namespace)
+
+    def _read_study_file(self, args: list[str]) -> None:
+        from ..studyfile import StudyFileError, read_study_file
+
+        first = argparse.ArgumentParser(add_help=False, exit_on_error=False)
+        first.add_argument("--config", dest="config_file")
+        try:
+            path = first.parse_known_args(args)[0].config_file
+        except argparse.ArgumentError:
+            return  # --config without a file: the command's own parse says so
+        if path is None:
+            return
+        try:
+            settings, text = read_study_file(path)
+        except StudyFileError as exc:
+            self.exit(2, f"patchgrid: error: {' '.join(str(exc).split())}\n")
+        self.set_defaults(**settings, config=text)
+
+
+def add_config_option(p) -> None:
+    """--config FILE: a study file (patchgrid.studyfile), read before the rest (CommandParser)."""
+    p.add_argument("--config", dest="config_file", metavar="FILE", default=None,
+                   help="a study file (TOML): settings by name (e.g. limit = 2, sweeps = \"resid,heads\"), the "
+                        "defaults of this command; flags given override them; its content is recorded with the run")
+    p.set_defaults(**{TAKES_A_STUDY_FILE: True})
 
 
 def study_spec(args, **overrides) -> StudySpec:
@@ -28,8 +67,14 @@ def study_spec(args, **overrides) -> StudySpec:
     except SpecError as exc:
         raise UsageError(exc.flag_message) from None
     from ..models import prepare
+    from ..sweeps.base import check_layers
 
     prepare(spec.model)  # a bad model name fails here, before Prefect starts
+    if spec.sweep.layers is not None:  # so does a layer the model does not have
+        try:
+            check_layers(spec.sweep, _n_layers(spec.model), spec.model)
+        except SpecError as exc:
+            raise UsageError(exc.flag_message) from None
     return spec
 
 
@@ -40,7 +85,7 @@ def _run_study(spec: StudySpec, verbose: bool = False) -> str:
     if not verbose:
         one_line_failures()
     _migrate_prefect_database()
-    with reporting_to(ProgressBar()):
+    with ProgressBars() as bars, reporting_to(bars):  # progress on stderr, one bar per stage
         return study(spec)
 
 
@@ -84,7 +129,8 @@ def format_summary(s: dict) -> str:
     rec = s["records"]
     reasons = ", ".join(f"{reason} {n}" for reason, n in rec["rejected_by_reason"].items())
     took = "" if s["seconds"] is None else f" in {s['seconds']:.1f} s"
-    lines = [f"run {s['run_id']} {s['status']}{took}: model {s['model']}, warehouse {s['warehouse']}",
+    named = f" ({s['name']})" if s.get("name") else ""
+    lines = [f"run {s['run_id']}{named} {s['status']}{took}: model {s['model']}, warehouse {s['warehouse']}",
              f"records: {rec['read']} read, {rec['accepted']} accepted, {rec['rejected']} rejected"
              + (f" ({reasons})" if reasons else ""),
              "\nsweeps (effect rows: one per patched run, or per estimate for atp):",
@@ -141,7 +187,7 @@ def cmd_serve(args) -> int:
     if args.concurrency_limit < 1:
         raise UsageError(f"--concurrency-limit {args.concurrency_limit}: at least 1 run must be allowed at once")
     quiet_prefect(True)
-    from ..serving import concurrency_limit, local_prefect_server, overlap_line
+    from ..serving import concurrency_limit, local_prefect_server, overlap_line, serve
 
     # Prefect's ephemeral mode cannot schedule: without a server to talk to, start one on loopback,
     # before Prefect is imported here so that its settings see the server's address.
@@ -149,8 +195,9 @@ def cmd_serve(args) -> int:
         from ..flows.study import study
 
         print(overlap_line(args.concurrency_limit, args.on_overlap), file=sys.stderr)
-        study.serve(name=args.name, cron=args.cron, parameters={"spec": spec},
-                    global_limit=concurrency_limit(args.concurrency_limit, args.on_overlap))
+        # until the first SIGINT or SIGTERM, which stops the runs in flight too
+        serve(study, name=spec.name or DEPLOYMENT, cron=args.cron, parameters={"spec": spec},
+              concurrency_limit=concurrency_limit(args.concurrency_limit, args.on_overlap))
     return 0
 
 

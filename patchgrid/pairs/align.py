@@ -58,6 +58,14 @@ def answer_text(prompt: str, answer: str) -> str:
     return " " + answer
 
 
+def answer_tokens(tokenizer, prompt: str, answer: str) -> tuple[str, tuple[int, ...]]:
+    """The one rule an answer is tokenised by, a data set's or one typed at the command line: the text
+    that follows the prompt (answer_text: a space before it when the prompt does not end in one) and
+    its tokens; no tokens for an empty answer."""
+    text = answer_text(prompt, answer)
+    return text, (tuple(tokenizer.encode(text, add_special_tokens=False)) if answer.strip() else ())
+
+
 @dataclass(frozen=True)
 class Answer:
     text: str  # as it follows the prompt (with its leading space)
@@ -70,8 +78,7 @@ def answer_ids(tokenizer, prompt: str, prompt_ids: tuple[int, ...], answer: str,
                max_len: int) -> Answer:
     """The tokens an answer is scored by after `prompt` (whose tokens are `prompt_ids`) under the
     policy asked for (`full`, `single` or `first-token`)."""
-    text = answer_text(prompt, answer)
-    ids = tuple(tokenizer.encode(text, add_special_tokens=False)) if answer.strip() else ()
+    text, ids = answer_tokens(tokenizer, prompt, answer)
     if not ids:
         raise Rejection("empty_answer", f"the {which} answer {answer!r} is empty")
     if len(ids) > 1 and policy == "single":

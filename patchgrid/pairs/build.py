@@ -12,12 +12,15 @@ from ..rows import ANSWER_POLICIES
 from .align import Rejection
 from .explicit import check_explicit
 from .facts import Fact, fact_of, pair_facts
+from .limit import Limit
 from .row import pair_row
 from .sources import Record, read_source
 
 
 def build_pairs(records: list[Record], tokenizer, *, max_len: int, seed: int = 0, answer_policy: str = "full",
-                engine=None, require_known: bool = False) -> list[dict]:
+                engine=None, require_known: bool = False, limit: Limit | None = None) -> list[dict]:
+    """One row per record. With an engine, records are judged in the data set's order; with a
+    `limit`, only until the records judged hold its N members (limit.py)."""
     check_answer_policy(answer_policy)
     if require_known and engine is None:
         raise ValueError("require_known needs an engine")
@@ -36,8 +39,8 @@ def build_pairs(records: list[Record], tokenizer, *, max_len: int, seed: int = 0
                 rows[i] = pair_row(rec, reason=(r.code, r.detail), usable_alone=False)
     # with an engine, every fact is asked whether the model knows it alone (causal tracing's
     # facts); pairs are filtered by what the model knows only with require_known
-    pair_facts(facts, rows, tokenizer, seed, engine, require_known)
-    check_explicit(records, pairs, rows, tokenizer, answer_policy, max_len, engine, require_known)
+    pair_facts(facts, rows, tokenizer, seed, engine, require_known, limit)
+    check_explicit(records, pairs, rows, tokenizer, answer_policy, max_len, engine, require_known, limit)
     return rows
 
 
@@ -56,11 +59,12 @@ def summary(rows: list[dict]) -> dict[tuple[str, str | None], int]:
 
 
 def build_from_source(model: str, source: str, fmt: str | None = None, *, seed: int = 0,
-                      answer_policy: str = "full", engine=None,
-                      require_known: bool | None = None) -> tuple[str, list[Record], list[dict]]:
+                      answer_policy: str = "full", engine=None, require_known: bool | None = None,
+                      limit: Limit | None = None) -> tuple[str, list[Record], list[dict]]:
     """Read a data set and pair and align it with `model`'s tokenizer; with an engine, ask the model
     which facts it knows alone, and (require_known, by default with an engine) keep only pairs it
-    knows. Returns (format, records, one row per record)."""
+    knows; with a `limit`, only until the records judged hold its N members. Returns (format,
+    records, one row per record)."""
     from transformers import AutoConfig, AutoTokenizer
 
     from ..models import prepare
@@ -71,5 +75,5 @@ def build_from_source(model: str, source: str, fmt: str | None = None, *, seed: 
     fmt, records = read_source(source, fmt)
     max_len = shape_of(AutoConfig.from_pretrained(folder, trust_remote_code=False)).max_len
     rows = build_pairs(records, tokenizer, max_len=max_len, seed=seed, answer_policy=answer_policy, engine=engine,
-                       require_known=engine is not None if require_known is None else require_known)
+                       require_known=engine is not None if require_known is None else require_known, limit=limit)
     return fmt, records, rows

@@ -3,13 +3,18 @@ checked as they are; with an engine, asked whether the model knows them."""
 from __future__ import annotations
 
 from .align import Prompt, Rejection, align, answer_ids, check_fits, check_follows, tokenize_with_subject
+from .facts import Judging
 from .known import Scorer, unknown_side
+from .limit import Limit, batches
 from .row import pair_row
 
 
-def check_explicit(records, idx, rows, tok, policy, max_len, engine, require_known: bool) -> None:
+def check_explicit(records, idx, rows, tok, policy, max_len, engine, require_known: bool,
+                   limit: Limit | None = None) -> None:
     """The row of each explicit pair `records[i]` (i in `idx`) in `rows`; with an engine, its
-    known-check numbers, and with require_known the pairs the model does not know rejected."""
+    known-check numbers, and with require_known the pairs the model does not know rejected. The
+    pairs are judged in the data set's order, in batches; with a `limit`, judging stops once the
+    pairs judged hold its N members, and the rest are rejected as not judged (limit_reached)."""
     ok = []
     for i in idx:
         rec = records[i]
@@ -24,7 +29,18 @@ def check_explicit(records, idx, rows, tok, policy, max_len, engine, require_kno
         ok.append((i, a, b))
     if engine is None or not ok:
         return
-    _judge(ok, rows, engine, require_known)
+    scorer = Scorer(engine)
+    judging = Judging("judging pairs", len(ok), rows)
+    done = 0
+    for batch in batches(list(range(len(ok))), limit):
+        _judge([ok[k] for k in batch], rows, scorer, require_known)
+        done += len(batch)
+        judging.batch_done(done)
+        if limit is not None and done < len(ok) and limit.reached(rows[:ok[batch[-1]][0] + 1]):
+            break
+    for i, _, _ in ok[done:]:  # not reached: the limit was
+        reason, detail = limit.reason()
+        rows[i].update(status="rejected", reason=reason, detail=detail)
 
 
 def _aligned(rec, tok, policy, max_len):
@@ -55,11 +71,10 @@ def _aligned(rec, tok, policy, max_len):
     return clean, corrupt, a, b
 
 
-def _judge(ok, rows, engine, require_known: bool) -> None:
-    """One engine call scoring the accepted pairs `ok` ((row index, clean answer, corrupt answer)):
+def _judge(ok, rows, scorer: Scorer, require_known: bool) -> None:
+    """One engine call scoring the aligned pairs `ok` ((row index, clean answer, corrupt answer)):
     their known-check numbers and known_alone into their rows; with require_known, the pairs the
     model does not know rejected."""
-    scorer = Scorer(engine)
     wanted: set = set()
     for i, a, b in ok:
         wanted |= scorer.needs(tuple(rows[i]["clean_ids"]), tuple(rows[i]["corrupt_ids"]), a.ids, b.ids)

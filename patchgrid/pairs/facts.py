@@ -9,8 +9,10 @@ from collections import defaultdict
 from dataclasses import dataclass
 from itertools import islice
 
+from ..progress import report
 from .align import Answer, Prompt, Rejection, align, answer_ids, check_fits, check_follows, tokenize_with_subject
 from .known import Scorer, unknown_side
+from .limit import Limit, batches
 from .row import pair_row
 from .sources import Record
 
@@ -34,7 +36,55 @@ def fact_of(tok, rec: Record, policy: str, max_len: int) -> Fact:
     return Fact(rec, prompt, answer_ids(tok, rec.prompt, prompt.ids, rec.answer, policy, "clean", max_len))
 
 
-def pair_facts(facts: dict[int, Fact], rows, tok, seed: int, engine, require_known: bool) -> None:
+def pair_facts(facts: dict[int, Fact], rows, tok, seed: int, engine, require_known: bool,
+               limit: Limit | None = None) -> None:
+    """The row of every fact in `rows`: paired with its first partner that lines up (and, with
+    require_known, that the model knows both ways). With an engine, facts are judged in the data
+    set's order, in batches; with a `limit`, judging stops once the facts judged hold its N members,
+    and the rest are rejected as not judged (limit_reached)."""
+    walks = _walks(facts, tok, seed)
+    scorer = Scorer(engine) if engine is not None and facts else None
+    order = list(facts)  # in record order
+    judging = Judging("judging facts", len(order), rows) if scorer is not None else None
+    done = 0
+    for batch in batches(order, limit if scorer is not None else None):
+        _decide([walks[i] for i in batch], scorer, require_known, judging)
+        for i in batch:
+            rows[i] = _fact_row(facts[i], walks[i], scorer)
+        done += len(batch)
+        if judging is not None:
+            judging.batch_done(done)
+        if limit is not None and done < len(order) and limit.reached(rows[:batch[-1] + 1]):
+            break
+    for i in order[done:]:  # not reached: the limit was
+        a = facts[i]
+        rows[i] = pair_row(a.rec, reason=limit.reason(), clean=a.prompt, clean_answer=a.answer, usable_alone=True)
+
+
+class Judging:
+    """What the caller is told while records are judged (patchgrid.progress): records decided of
+    all, and the pairs accepted so far."""
+
+    def __init__(self, stage: str, total: int, rows):
+        self.stage, self.total, self.rows, self.base = stage, total, rows, 0
+        report(stage, 0, total)
+
+    def round_done(self, decided: int, chosen: int) -> None:
+        """A round of the current batch: `decided` of its records decided, `chosen` of them accepted."""
+        self._tell(self.base + decided, chosen)
+
+    def batch_done(self, done: int) -> None:
+        self.base = done
+        self._tell(done, 0)
+
+    def _tell(self, done: int, chosen: int) -> None:
+        accepted = sum(1 for r in self.rows if r is not None and r["status"] == "accepted") + chosen
+        report(self.stage, done, self.total, f"{accepted} pairs accepted")
+
+
+def _walks(facts: dict[int, Fact], tok, seed: int) -> dict[int, Walk]:
+    """Each fact's search for a partner, through the facts of its relation and template whose subject
+    has as many tokens and whose answer differs, in an order drawn by a generator seeded per fact."""
     groups: dict[tuple, list[int]] = defaultdict(list)
     for i, f in facts.items():
         groups[(f.rec.relation, f.rec.template)].append(i)
@@ -46,39 +96,45 @@ def pair_facts(facts: dict[int, Fact], rows, tok, seed: int, engine, require_kno
                  and facts[j].prompt.span[1] - facts[j].prompt.span[0] == span]
         random.Random(f"{seed}:{a.rec.record_id}").shuffle(cands)
         walks[i] = Walk(facts, i, cands, tok)
-    scorer = Scorer(engine) if engine is not None and facts else None
+    return walks
+
+
+def _decide(walks: list[Walk], scorer: Scorer | None, require_known: bool, judging: Judging | None) -> None:
+    """Walk `walks` until each is decided, asking the model (`scorer`) for the scores they need."""
     need: set = set()
     if scorer is not None:
         # every fact's own answer and top token (known_alone), whether it pairs or not; and every
         # one-token answer it may be paired with: read at the last prompt position of the forward
         # the prompt takes anyway, they cost nothing
-        need = {(f.prompt.ids, f.answer_ids) for f in facts.values()}
-        need |= {(facts[i].prompt.ids, facts[j].answer_ids) for i, w in walks.items() for j in w.cands
-                 if len(facts[j].answer_ids) == 1}
+        need = {(w.a.prompt.ids, w.a.answer_ids) for w in walks}
+        need |= {(w.a.prompt.ids, w.facts[j].answer_ids) for w in walks for j in w.cands
+                 if len(w.facts[j].answer_ids) == 1}
     # Partners are tried in their drawn order; the scores a fact's next candidates need are asked
     # for in rounds, one engine call each, twice as many candidates per fact each round. Scoring
     # every candidate up front costs a forward per multi-token answer per prompt (minutes on the
     # shipped facts); most facts take their first candidate.
-    undecided = list(walks.values())
+    undecided = walks
     while undecided:
         for w in undecided:
             w.step(scorer, require_known, need)
         undecided = [w for w in undecided if not w.done]
+        if judging is not None:
+            judging.round_done(len(walks) - len(undecided), sum(w.chosen is not None for w in walks))
         if not need:
             break
         scorer.ask(need)
         need = set()
-    for i, w in walks.items():
-        a = facts[i]
-        known_alone = None if scorer is None else scorer.top[a.prompt.ids] == a.answer_ids[0]
-        common = dict(usable_alone=True, known_alone=known_alone, clean_answer=a.answer)
-        if w.chosen is None:
-            rows[i] = pair_row(a.rec, reason=w.reason(), clean=a.prompt, **common)
-            continue
-        b, judged = w.chosen
-        rows[i] = pair_row(a.rec, clean=a.prompt, corrupt=b.prompt, corrupt_prompt=b.rec.prompt,
-                           corrupt_subject=b.rec.subject, corrupt_answer_text=b.rec.answer,
-                           corrupt_answer=b.answer, judged=judged, **common)
+
+
+def _fact_row(a: Fact, w: Walk, scorer: Scorer | None) -> dict:
+    known_alone = None if scorer is None else scorer.top[a.prompt.ids] == a.answer_ids[0]
+    common = dict(usable_alone=True, known_alone=known_alone, clean_answer=a.answer)
+    if w.chosen is None:
+        return pair_row(a.rec, reason=w.reason(), clean=a.prompt, **common)
+    b, judged = w.chosen
+    return pair_row(a.rec, clean=a.prompt, corrupt=b.prompt, corrupt_prompt=b.rec.prompt,
+                    corrupt_subject=b.rec.subject, corrupt_answer_text=b.rec.answer,
+                    corrupt_answer=b.answer, judged=judged, **common)
 
 
 class Walk:

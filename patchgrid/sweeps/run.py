@@ -102,6 +102,7 @@ def run_sweeps(engine, pairs, store, config: SweepConfig, progress: Progress | N
     kinds = [SWEEP_KINDS[name] for name in config.sweeps]
     total = count_runs(pairs, config, shape.n_layers, shape.n_heads, shape.d_mlp, shape.kv_heads)
     calls = _Calls(engine, pairs, store, config.max_requests, progress, total)
+    calls.counted(0)  # the bar shows from the start: a kind's phases (atp's gradients) come first
     phase = SweepRun(engine, pairs, store, noise_std, attributor, calls.uncounted)
     ctx = SweepContext(config, shape.n_layers, shape.n_heads, 0.0, shape.d_mlp, shape.kv_heads)
     for kind in kinds:
