@@ -146,6 +146,7 @@ def prepare(name: str, *, trust_remote_code: bool = False) -> Path:
         if not (path / "config.json").is_file():
             raise ModelError(f"model folder {name!r} has no config.json")
         _refuse_remote_code(path, name)
+        _check_config(path, name)
         return path.resolve()
     if name.count("/") == 1 and not name.startswith((".", "/")):
         return _from_hub(name, trust_remote_code=trust_remote_code)
@@ -168,6 +169,26 @@ def _refuse_remote_code(folder: Path, name: str) -> None:
                          "code that comes with a model")
 
 
+def _check_config(folder: Path, name: str) -> None:
+    """The folder's config.json as transformers reads it; one it refuses (a hidden size the heads do
+    not divide, an unknown model type) is a ModelError naming the folder and transformers' own reason."""
+    from transformers import AutoConfig
+
+    try:
+        AutoConfig.from_pretrained(folder, trust_remote_code=False)
+    except Exception as exc:  # transformers' and huggingface_hub's validation errors share no base class
+        raise ModelError(f"model folder {name!r}: transformers cannot read its config.json: {_reason(exc)}") from exc
+
+
+def _reason(exc: BaseException) -> str:
+    """An error's own reason, one line: the innermost cause's message (a validation error's own first
+    line names only the validator), or its type where it has none."""
+    while exc.__cause__ is not None:
+        exc = exc.__cause__
+    text = " ".join(str(exc).split())
+    return text or type(exc).__name__
+
+
 def _from_hub(model_id: str, *, trust_remote_code: bool) -> Path:
     try:
         from huggingface_hub import snapshot_download
@@ -179,6 +200,7 @@ def _from_hub(model_id: str, *, trust_remote_code: bool) -> Path:
         raise ModelError(f"could not fetch model {model_id!r} from the Hugging Face hub: {exc}") from exc
     if not trust_remote_code:
         _refuse_remote_code(Path(folder), model_id)
+        _check_config(Path(folder), model_id)
     return Path(folder)
 
 

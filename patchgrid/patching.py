@@ -1,7 +1,8 @@
 """Patch one clean/corrupt pair typed at the command line at every layer (and head) and position.
 
 LD (logit difference) = logit(clean answer) - logit(corrupt answer) at the last position. An answer
-may be several tokens: it is scored whole after the prompt (patchgrid.metrics).
+is tokenised as a data set's is (pairs.align.answer_tokens: after a space when the prompt does not end
+in one) and may be several tokens: it is then scored whole after the prompt (patchgrid.metrics).
 """
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from dataclasses import dataclass
 from . import metrics
 from .cache import MemoryStore
 from .metrics import METRICS
-from .pairs.align import position_roles
+from .pairs.align import Answer, Rejection, answer_tokens, check_follows, position_roles
 from .pairs.pair import Pair
 from .sites import PATCHABLE
 from .sweeps import SweepConfig, cache_spec, kind_for_site, run_sweeps
@@ -38,12 +39,30 @@ class PairTokens:
         return self.corrupt_answer_ids[0]
 
 
-def answer_tokens(tokenizer, text: str, field: str) -> tuple[int, ...]:
-    """The answer's tokens as typed (a leading space is the user's to give)."""
-    ids = tuple(tokenizer.encode(text, add_special_tokens=False)) if text.strip() else ()
+def _answer(tokenizer, prompt: str, prompt_ids: tuple[int, ...], answer: str, flag: str, which: str):
+    """An answer typed at the command line, by the data sets' rule (answer_tokens), checked to be
+    what follows the prompt's tokens as a data set's answer is (check_follows)."""
+    text, ids = answer_tokens(tokenizer, prompt, answer)
     if not ids:
-        raise PairError(f"{field} {text!r} is empty")
+        raise PairError(f"{flag} {answer!r} is empty")
+    try:
+        check_follows(tokenizer, prompt, prompt_ids, Answer(text, ids, ids, "full" if len(ids) > 1 else "single"),
+                      which)
+    except Rejection as exc:
+        raise PairError(f"{flag} {answer!r}: {exc.detail}") from exc
     return ids
+
+
+def split_answers(tokenizer, tokens: PairTokens, clean_answer: str, corrupt_answer: str) -> list[str]:
+    """A line for each answer that is several tokens: its tokens, and how it is scored."""
+    lines = []
+    for flag, answer, ids in (("--clean-answer", clean_answer, tokens.clean_answer_ids),
+                              ("--corrupt-answer", corrupt_answer, tokens.corrupt_answer_ids)):
+        if len(ids) > 1:
+            lines.append(f"{flag} {answer!r} is {len(ids)} tokens {[tokenizer.decode([t]) for t in ids]}: scored "
+                         "whole after the prompt (teacher-forced), on the log-probability difference (logprob_diff) "
+                         "rather than the logit difference of one token")
+    return lines
 
 
 def tokenize_pair(tokenizer, clean: str, corrupt: str, clean_answer: str, corrupt_answer: str) -> PairTokens:
@@ -54,8 +73,8 @@ def tokenize_pair(tokenizer, clean: str, corrupt: str, clean_answer: str, corrup
     if len(c) != len(k):
         raise PairError(f"--clean and --corrupt tokenize to different lengths ({len(c)} vs {len(k)} tokens), "
                         "so positions do not line up")
-    a = answer_tokens(tokenizer, clean_answer, "--clean-answer")
-    b = answer_tokens(tokenizer, corrupt_answer, "--corrupt-answer")
+    a = _answer(tokenizer, clean, c, clean_answer, "--clean-answer", "clean")
+    b = _answer(tokenizer, corrupt, k, corrupt_answer, "--corrupt-answer", "corrupt")
     if a == b:
         shown = [tokenizer.decode([t]) for t in a]
         raise PairError(f"--clean-answer {clean_answer!r} and --corrupt-answer {corrupt_answer!r} are the same "

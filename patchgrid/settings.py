@@ -42,16 +42,21 @@ class SpecError(ValueError):
 
 def setting(default, help: str, *, choices: tuple | None = None, check: Check | None = None,
             record: str = "always", flag: str | None = None, cli: bool = True, output: bool = False,
-            item: str | None = None):
+            item: str | None = None, applies_with: tuple[str, object] | None = None, parse: Callable | None = None):
     """A settings field. `choices`: the values it may take (each item of a list setting), or a
     function giving them;
     `check`: a further check; `flag`: the command-line flag when not --<name>; `cli`: False for a
     setting the command line does not offer (the flow and Python callers may set it); `output`: the
     value is where something is written (cache keys count it by its path); `item`: what one item of
-    a list setting is called in messages (default: the name, singular)."""
+    a list setting is called in messages (default: the name, singular); `applies_with`: (another setting,
+    its value): this one applies only when that one has that value, and a value other than the default is
+    refused otherwise (the sweeps' own settings apply by the kinds that read them: patchgrid.spec); `parse`:
+    turns the setting's text (the command line's, a study file's) into its value, raising ValueError with a
+    message template ({name}: the setting); a setting with one takes text on the command line."""
     if record not in RECORDS:
         raise ValueError(f"record {record!r} is not one of {', '.join(RECORDS)}")
-    meta = dict(help=help, choices=choices, check=check, record=record, flag=flag, cli=cli, output=output, item=item)
+    meta = dict(help=help, choices=choices, check=check, record=record, flag=flag, cli=cli, output=output, item=item,
+                applies_with=applies_with, parse=parse)
     if isinstance(default, (list, dict, set)):
         raise TypeError("a setting's default must be immutable (use a tuple)")
     return field(default=default, metadata=meta)
@@ -69,6 +74,28 @@ def above_zero(v) -> str | None:
     return None if v is None or v > 0 else f"{{name}} {v} must be above 0"
 
 
+def number_list(value) -> tuple[int, ...]:
+    """`0,2,5`, with ranges `0-3,7` (both ends included), or a sequence of numbers, as sorted distinct
+    numbers; anything else is a ValueError (a message template, {name}: the setting)."""
+    items = value.split(",") if isinstance(value, str) else list(value) if isinstance(value, (list, tuple)) else [value]
+    out: set[int] = set()
+    for item in (i for i in items if str(i).strip()):  # empty items dropped, as in comma_list
+        text = str(item).strip().replace("{", "{{").replace("}", "}}")
+        if isinstance(item, int) and not isinstance(item, bool):
+            low = high = item
+        else:
+            first, dash, last = text.partition("-")
+            if not (first.isdigit() and (last.isdigit() or not dash)):
+                raise ValueError(f"{{name}} {text!r} is not a number nor a range a-b (e.g. 0,2,5 or 0-3,7)")
+            low, high = int(first), int(last or first)
+        if low < 0 or high < low:
+            raise ValueError(f"{{name}} {text!r}: numbers must not be negative and a range a-b must have a <= b")
+        out.update(range(low, high + 1))
+    if not out:
+        raise ValueError("{name}: no numbers given (e.g. 0,2,5 or 0-3,7)")
+    return tuple(sorted(out))
+
+
 def comma_list(value) -> tuple:
     """`a,b` or a sequence of names, as a tuple of names (spaces and empty items dropped)."""
     items = value.split(",") if isinstance(value, str) else list(value)
@@ -81,7 +108,9 @@ def is_list(cls, name: str) -> bool:
 
 
 def scalar_type(cls, name: str) -> type:
-    """The field's type, without `| None`."""
+    """The field's type, without `| None` (text for a setting with its own `parse`)."""
+    if next(f for f in dataclasses.fields(cls) if f.name == name).metadata.get("parse"):
+        return str
     hint = _hints(cls)[name]
     args = [a for a in typing.get_args(hint) if a is not type(None)]
     return args[0] if typing.get_origin(hint) in (typing.Union, types.UnionType) else hint
@@ -114,13 +143,37 @@ def normalise_and_check(obj) -> None:
     check; the first failure is raised as a SpecError naming the setting."""
     cls = type(obj)
     for f in settings_fields(cls):
-        value = getattr(obj, f.name)
-        if is_list(cls, f.name) and value is not None:
-            value = comma_list(value)
-            object.__setattr__(obj, f.name, value)
-        problem = _problem(f, value, is_list(cls, f.name))
-        if problem:
-            raise SpecError(f.name, problem, flag_of(f))
+        object.__setattr__(obj, f.name, checked(cls, f, getattr(obj, f.name)))
+    for f in settings_fields(cls):
+        if not applies(obj, f):
+            other, wanted = f.metadata["applies_with"]
+            flag = flag_of(next(g for g in settings_fields(cls) if g.name == other))
+            raise SpecError(f.name, f"{{name}} applies only with {flag} {wanted} (the {other.replace('_', ' ')} is "
+                                    f"{getattr(obj, other)})", flag_of(f))
+
+
+def applies(obj, f: dataclasses.Field) -> bool:
+    """Whether setting `f` of `obj` can apply as `obj` is set (its `applies_with`); one left at its
+    default always does."""
+    when = f.metadata.get("applies_with")
+    return when is None or getattr(obj, f.name) == f.default or getattr(obj, when[0]) == when[1]
+
+
+def checked(cls, f: dataclasses.Field, value):
+    """Setting `f` of `cls` as `value` gives it: normalised (text through its `parse`, a comma list as a
+    tuple) and checked (its choices and its check); otherwise a SpecError naming it."""
+    parse = f.metadata.get("parse")
+    if parse and value is not None:
+        try:
+            value = parse(value)
+        except ValueError as exc:
+            raise SpecError(f.name, str(exc), flag_of(f)) from exc
+    if is_list(cls, f.name) and value is not None:
+        value = comma_list(value)
+    problem = _problem(f, value, is_list(cls, f.name))
+    if problem:
+        raise SpecError(f.name, problem, flag_of(f))
+    return value
 
 
 def _problem(f: dataclasses.Field, value, listed: bool) -> str | None:

@@ -13,7 +13,18 @@ from .models import DEFAULT_MODEL
 from .pairs.pair import Pair
 from .pairs.sources import FORMATS
 from .rows import ANSWER_POLICIES
-from .settings import SpecError, above_zero, at_least, comma_list, normalise_and_check, not_negative, recorded, setting
+from .settings import (
+    SpecError,
+    above_zero,
+    at_least,
+    comma_list,
+    flag_of,
+    normalise_and_check,
+    not_negative,
+    recorded,
+    setting,
+    settings_fields,
+)
 from .shipped import SHIPPED_PAIRS
 from .sweeps import SweepConfig
 
@@ -22,6 +33,7 @@ VLLM_SIZES = ("gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens"
 RUN_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 DEVICE = re.compile(r"^(cpu|cuda(:[0-9]+)?)$")
 ATP_DTYPES = ("float32", "bfloat16", "float16")  # the gradient model's (patchgrid.attribution)
+LABEL_LENGTH = 200  # a run's name (--name), at most
 
 
 def _run_id(value) -> str | None:
@@ -38,6 +50,26 @@ def _device(value) -> str | None:
     if value is None or DEVICE.match(value):
         return None
     return f"{{name}} {value!r} is not a device: use cpu, cuda or cuda:N"
+
+
+def check_sweep_settings_apply(config: SweepConfig) -> None:
+    """A setting that only some sweep kinds read (their `settings`) and that differs from its default
+    is refused when none of those kinds runs: it would change nothing."""
+    from .sweeps import SWEEP_KINDS, settings_of
+
+    for f in settings_fields(SweepConfig):
+        value, readers = getattr(config, f.name), [n for n, kind in SWEEP_KINDS.items() if f.name in kind.settings]
+        if readers and value != f.default and f.name not in settings_of(config.sweeps):
+            kinds = " and ".join(readers) + (" sweeps" if len(readers) > 1 else " sweep")
+            raise SpecError(f.name, f"{{name}} applies only to the {kinds} (--sweeps {','.join(config.sweeps)})",
+                            flag_of(f))
+
+
+def _label(value) -> str | None:
+    if value is None or (0 < len(value) <= LABEL_LENGTH and value.isprintable() and value.strip()):
+        return None
+    shown = repr(value[:LABEL_LENGTH]).replace("{", "{{").replace("}", "}}")
+    return f"{{name}} {shown}: a label is one line of 1 to {LABEL_LENGTH} printable characters"
 
 
 def sweep_names(sweeps) -> tuple[str, ...]:
@@ -71,15 +103,18 @@ class StudySpec:
                                  check=_run_id, record="never")
     runner: str = setting("local", "local: shards one after another in this process; ray: shards as Ray tasks",
                           choices=RUNNERS, record="never")
-    ray_address: str | None = setting(None, "a Ray cluster (default: a local Ray the flow starts)", record="never")
+    ray_address: str | None = setting(None, "a Ray cluster (default: a local Ray the flow starts)", record="never",
+                                       applies_with=("runner", "ray"))
     ray_workers: int = setting(2, "engine actors, each one vLLM engine (Ray runner)", check=at_least(1),
-                               record="never")
+                               record="never", applies_with=("runner", "ray"))
     gpus_per_engine: float | None = setting(None, "GPUs per engine actor (Ray runner; default: tensor_parallel_size "
                                             "on a cluster with GPUs, 0 on one without)", check=not_negative,
-                                            record="never")
-    tensor_parallel_size: int = setting(1, "ranks per engine (Ray runner)", check=at_least(1), record="never")
+                                            record="never", applies_with=("runner", "ray"))
+    tensor_parallel_size: int = setting(1, "ranks per engine (Ray runner)", check=at_least(1), record="never",
+                                        applies_with=("runner", "ray"))
     ray_timeout_s: float = setting(3600.0, "the longest wait on Ray for one call, an engine actor's start or one "
-                                   "stage's work (Ray runner)", check=above_zero, record="never")
+                                   "stage's work (Ray runner)", check=above_zero, record="never",
+                                   applies_with=("runner", "ray"))
     gpu_memory_utilization: float | None = setting(
         None, "vllm: the fraction of each GPU's memory an engine may take, weights and KV cache (default: vLLM's "
         "own on a GPU, lowered by the atp memory plan to make room for the gradient model; 0.3 of the host's on "
@@ -96,16 +131,19 @@ class StudySpec:
     atp_dtype: str = setting("float32", "atp: the gradient model's dtype (the estimates are a linearisation; half "
                              "precision adds its own error, so it changes the numbers: recorded, and in the run id "
                              "when not float32, the default)", choices=ATP_DTYPES, record="if_changed")
+    name: str | None = setting(None, "a label for the run, shown in the warehouse's runs (run_overview.name) and the "
+                               "summary (serve: also the deployment's name, default patchgrid-study); recorded, not "
+                               "in the run id", check=_label, record="noted")
+    config: str | None = setting(None, "the study file's content (TOML) the settings were read from (patchgrid "
+                                 "study --config FILE, patchgrid.study(config=FILE)); recorded, not in the run id",
+                                 record="noted", cli=False)
     sweep: SweepConfig = field(default=SweepConfig())
 
     def __post_init__(self):
         if isinstance(self.sweep, dict):  # a flow parameter given as JSON
             object.__setattr__(self, "sweep", SweepConfig(**self.sweep))
-        normalise_and_check(self)
-        if self.ray_address and self.runner != "ray":
-            raise SpecError("ray_address", "needs runner ray")
-        if self.tensor_parallel_size > 1 and self.runner != "ray":
-            raise SpecError("tensor_parallel_size", "> 1 runs in Ray engine actors: use runner ray")
+        normalise_and_check(self)  # the Ray settings too: each applies only with runner ray (applies_with)
+        check_sweep_settings_apply(self.sweep)
 
     @classmethod
     def of(cls, **settings) -> StudySpec:

@@ -108,8 +108,8 @@ def test_pairs_check_prints_counts_and_writes_table(tmp_path):
             for i, (s, a) in enumerate([("France", "Paris"), ("Germany", "Berlin"), ("Japan", "Tokyo"), ("", "x")])]
     src.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "pairs.parquet"
-    res = run_cli("pairs", "check", "--model", "smollm2-135m", "--source", str(src), "--out", str(out),
-                  "--require-known", "--backend", "hf")
+    res = run_cli("pairs", "check", "--model", "smollm2-135m", "--pairs", str(src), "--out", str(out),
+                  "--backend", "hf")  # require-known by default, as in a study
     assert res.returncode == 0, res.stderr
     assert "4 records, format counterfact" in res.stdout
     assert "empty_subject" in res.stdout
@@ -127,7 +127,7 @@ def test_pairs_check_prints_counts_and_writes_table(tmp_path):
 def test_pairs_check_bad_source(tmp_path, content, message):
     src = tmp_path / "facts.jsonl"
     src.write_text(content)
-    res = run_cli("pairs", "check", "--model", "tiny-llama", "--source", str(src), "--out", str(tmp_path / "o.parquet"))
+    res = run_cli("pairs", "check", "--model", "tiny-llama", "--pairs", str(src), "--out", str(tmp_path / "o.parquet"))
     assert res.returncode == 2
     assert message in res.stderr.strip().splitlines()[-1] and "Traceback" not in res.stderr
 
@@ -142,7 +142,7 @@ def test_pairs_check_answer_policy(tmp_path):
                                         ("Ghana", "Accra")])]
     src.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "pairs.parquet"
-    base = ["pairs", "check", "--model", "smollm2-135m", "--source", str(src), "--out", str(out)]
+    base = ["pairs", "check", "--model", "smollm2-135m", "--pairs", str(src), "--out", str(out), "--no-require-known"]
     res = run_cli(*base)  # full by default: Abuja and Accra (two tokens each) are scored whole
     assert res.returncode == 0, res.stderr
     assert "accepted" in res.stdout and "answer_multi_token" not in res.stdout
@@ -171,9 +171,9 @@ def _pairs_table(tmp_path):
                                                  "subject": s, "target_true": {"str": a}}}
             for i, (s, a) in enumerate([("France", "Paris"), ("Germany", "Berlin"), ("Japan", "Tokyo"), ("", "x")])]
     src.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    res = subprocess.run([sys.executable, "-m", "patchgrid", "pairs", "check", "--model", "tiny-llama", "--source",
-                          str(src), "--out", "pairs.parquet"], capture_output=True, text=True, timeout=300,
-                         cwd=tmp_path)
+    res = subprocess.run([sys.executable, "-m", "patchgrid", "pairs", "check", "--model", "tiny-llama", "--pairs",
+                          str(src), "--out", "pairs.parquet", "--no-require-known"], capture_output=True, text=True,
+                         timeout=300, cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     return tmp_path / "pairs.parquet"
 
@@ -184,7 +184,7 @@ def test_sweep_loads_its_rows_into_a_warehouse_that_query_and_report_read(tmp_pa
                               timeout=300, cwd=tmp_path)
 
     _pairs_table(tmp_path)
-    sweep = ["sweep", "--model", "tiny-llama", "--backend", "hf", "--pairs", "pairs.parquet", "--limit", "2",
+    sweep = ["sweep", "--model", "tiny-llama", "--backend", "hf", "--pairs-table", "pairs.parquet", "--limit", "2",
              "--sweeps", "resid", "--warehouse", "results/w.duckdb", "--out", "rows/effects.parquet"]  # folders made
     # refused before any work: no warehouse, no cache, no effects file left behind
     bad = cli(*sweep, "--run-id", "no spaces")

@@ -62,8 +62,8 @@ def test_a_wheel_install_checks_the_shipped_pairs(tmp_path):
     module, data = where.stdout.split()
     assert str(REPO) not in module and str(env_dir) in data and Path(data).is_file()
     res = subprocess.run([str(env_dir / "bin" / "python"), "-m", "patchgrid", "pairs", "check", "--model", "tiny-llama",
-                          "--source", data, "--out", str(work / "pairs.parquet")], capture_output=True, text=True,
-                         cwd=work, timeout=600, env=dict(os.environ, PYTHONPATH=""))
+                          "--pairs", data, "--out", str(work / "pairs.parquet"), "--no-require-known"],
+                         capture_output=True, text=True, cwd=work, timeout=600, env=dict(os.environ, PYTHONPATH=""))
     assert res.returncode == 0, res.stderr[-3000:]
     assert "1157 records" in res.stdout and (work / "pairs.parquet").is_file()
 
@@ -77,8 +77,8 @@ def test_what_commands_write_by_default_is_ignored():
     from patchgrid.cli import DEFAULT_STUDY, build_parser
 
     parser = build_parser()
-    pairs_out = parser.parse_args(["pairs", "check", "--source", "x"]).out
-    sweep = parser.parse_args(["sweep", "--pairs", "x"])
+    pairs_out = parser.parse_args(["pairs", "check", "--pairs", "x"]).out
+    sweep = parser.parse_args(["sweep", "--pairs-table", "x"])
     written = [f"{DEFAULT_STUDY.workdir}/runs/r/pairs.parquet", f"{DEFAULT_STUDY.workdir}/cache/k/clean.arrow",
                DEFAULT_STUDY.warehouse, DEFAULT_STUDY.warehouse + ".wal", DEFAULT_STUDY.warehouse + ".lock",
                "report/report.html", pairs_out, sweep.out, f"{sweep.cache}/k/manifest.json"]

@@ -33,7 +33,16 @@ def test_the_flow_takes_the_spec_as_its_one_typed_parameter():
     ({"trace_samples": 0}, "trace_samples 0 must be at least 1", "--trace-samples 0 must be at least 1"),
     ({"sweeps": "resid,bogus"}, "unknown sweep 'bogus'", "unknown sweep 'bogus'"),
     ({"backend": "tpu"}, "backend 'tpu' is not one of", "--backend 'tpu' is not one of"),
-    ({"tensor_parallel_size": 2}, "runs in Ray engine actors", "--tensor-parallel-size > 1"),
+    ({"tensor_parallel_size": 2}, "tensor_parallel_size applies only with --runner ray (the runner is local)",
+     "--tensor-parallel-size applies only with --runner ray"),
+    ({"ray_workers": 9}, "ray_workers applies only with --runner ray", "--ray-workers applies only with --runner ray"),
+    ({"gpus_per_engine": 1.0}, "gpus_per_engine applies only", "--gpus-per-engine applies only with --runner ray"),
+    ({"ray_address": "head:6379"}, "ray_address applies only", "--ray-address applies only with --runner ray"),
+    ({"ray_timeout_s": 5.0}, "ray_timeout_s applies only", "--ray-timeout-s applies only with --runner ray"),
+    ({"sweeps": "resid", "path_senders": "head.1.1"}, "path_senders applies only to the paths sweep (--sweeps resid)",
+     "--path-senders applies only to the paths sweep (--sweeps resid)"),
+    ({"sweeps": "resid,heads", "verify_top": 5}, "verify_top applies only to the atp sweep",
+     "--verify-top applies only to the atp sweep (--sweeps resid,heads)"),
     ({"run_id": "a b"}, "run_id 'a b' may hold only", "--run-id 'a b' may hold only"),
     ({"answer_policy": "whole"}, "answer_policy 'whole' is not one of single, full, first-token",
      "--answer-policy 'whole' is not one of"),
@@ -88,7 +97,9 @@ def test_outputs_count_by_path_inputs_by_content(tmp_path):
 def test_atp_settings_key_the_run_only_when_the_atp_sweep_runs():
     plain = StudySpec()
     assert "verify_top" not in plain.recorded_params()
-    assert fingerprint(plain.recorded_params()) == fingerprint(StudySpec.of(verify_top=5).recorded_params())
+    assert fingerprint(plain.recorded_params()) == fingerprint(StudySpec.of(verify_top=20).recorded_params())
+    with pytest.raises(SpecError, match="verify_top applies only to the atp sweep"):  # it would change nothing
+        StudySpec.of(verify_top=5)
     atp = StudySpec.of(sweeps="atp", verify_top=5)
     assert atp.recorded_params()["verify_top"] == 5 and atp.sweep.verify_top == 5
     assert fingerprint(atp.recorded_params()) != fingerprint(StudySpec.of(sweeps="atp").recorded_params())
@@ -131,7 +142,7 @@ def test_the_command_options_are_generated_from_the_settings(command):
         assert flag_of(f) in actions[f.name].option_strings
         assert f.metadata["help"] in actions[f.name].help
     extra = ["--cron", "0 3 * * *"] if command == "serve" else []
-    pairs = ["--pairs", "p.parquet"] if command == "sweep" else []
+    pairs = ["--pairs-table", "p.parquet"] if command == "sweep" else []
     args = parser.parse_args([command, *pairs, *extra, "--sweeps", "resid,atp", "--verify-top", "3",
                               "--no-start-midstack", "--max-requests", "64"])
     config = SweepConfig(**settings_from(args, SweepConfig))

@@ -6,7 +6,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ..settings import SpecError
-from ..spec import StudySpec
+from ..spec import StudySpec, check_sweep_settings_apply
 from ..sweeps import SweepConfig
 from .common import UsageError
 from .options import settings_from
@@ -21,17 +21,19 @@ def cmd_models_prepare(args) -> int:
 
 def cmd_pairs_check(args) -> int:
     from ..engine import load_engine
-    from ..pairs import build_from_source, summary, write_pairs
+    from ..pairs import build_from_source, read_source, summary, write_pairs
 
+    if args.require_known and Path(args.pairs).is_file():
+        read_source(args.pairs, args.pairs_format)  # a file that cannot be read stops here, before an engine starts
     engine = load_engine(args.model, args.backend) if args.require_known else None
     try:
-        fmt, records, rows = build_from_source(args.model, args.source, args.pairs_format, seed=args.seed,
+        fmt, records, rows = build_from_source(args.model, args.pairs, args.pairs_format, seed=args.seed,
                                                answer_policy=args.answer_policy, engine=engine)
     finally:
         if engine is not None:
             engine.close()
     out = write_pairs(rows, args.out)
-    print(f"{args.source}: {len(records)} records, format {fmt}")
+    print(f"{args.pairs}: {len(records)} records, format {fmt}")
     for (status, reason), n in summary(rows).items():
         print(f"  {status:<9} {reason or '':<24} {n:>6}")
     print(f"wrote {out}")
@@ -49,23 +51,24 @@ def cmd_sweep(args) -> int:
 
     try:
         config = SweepConfig(**settings_from(args, SweepConfig))
+        check_sweep_settings_apply(config)  # a kind's setting while that kind does not run
         StudySpec.of(run_id=args.run_id)  # the run id's own check
     except SpecError as exc:
         raise UsageError(exc.flag_message) from None
     if args.limit is not None and args.limit < 1:
         raise UsageError(f"--limit {args.limit} must be at least 1")
-    if not Path(args.pairs).is_file():
-        raise UsageError(f"--pairs {args.pairs}: no such file (make one with `patchgrid pairs check`)")
+    if not Path(args.pairs_table).is_file():
+        raise UsageError(f"--pairs-table {args.pairs_table}: no such file (make one with `patchgrid pairs check`)")
     check_writable(args.warehouse)  # before any work; one not there yet is made when the run loads
-    pairs = accepted_pairs(read_pairs(args.pairs), args.limit)
+    pairs = accepted_pairs(read_pairs(args.pairs_table), args.limit)
     if not pairs:
-        raise UsageError(f"--pairs {args.pairs}: holds no accepted pairs")
+        raise UsageError(f"--pairs-table {args.pairs_table}: holds no accepted pairs")
     noise = None
     if noised(config.sweeps):  # as a study does: over the whole data set
         import pyarrow.parquet as pq
 
         # as a study measures it: over the whole data set's subjects (every row of the table)
-        subjects = pq.read_table(args.pairs, columns=["subject"]).column("subject").to_pylist()
+        subjects = pq.read_table(args.pairs_table, columns=["subject"]).column("subject").to_pylist()
         noise = subject_noise(prepare(args.model), subjects, config.trace_noise_scale)
     noise_std = noise.std if noise else 0.0
     started = _now()
@@ -111,7 +114,7 @@ def load_sweep(args, config: SweepConfig, baselines: list[dict], started, measur
     from ..warehouse.loader import load_run, start_run
 
     model_sha = model_identity(prepare(args.model))["weights_sha256"]
-    own = {"command": "sweep", "model": args.model, "pairs_table": str(Path(args.pairs).resolve()),
+    own = {"command": "sweep", "model": args.model, "pairs_table": str(Path(args.pairs_table).resolve()),
            "limit": args.limit, "backend": args.backend}
     params = {**own, **recorded(config, set(settings_of(config.sweeps)))}
     identity = {**own, **recorded(config, set(settings_of(config.sweeps)), noted=False)}
@@ -119,6 +122,6 @@ def load_sweep(args, config: SweepConfig, baselines: list[dict], started, measur
     start_run(args.warehouse, {"run_id": run_id, "flow_run_id": None, "model": args.model, "model_hash": model_sha,
                                "params": {**params, **measured}, "code_version": code_version(),
                                "started": started})
-    load_run(args.warehouse, run_id, read_pairs(args.pairs), baselines, [args.out], finished=_now(),
+    load_run(args.warehouse, run_id, read_pairs(args.pairs_table), baselines, [args.out], finished=_now(),
              sweep_kinds={name: kind.drawing for name, kind in SWEEP_KINDS.items()})
     return run_id

@@ -8,10 +8,13 @@ from ..settings import choices_of, flag_of, is_list, scalar_type, settings_field
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """--help shows every default (once: a help text that speaks of its default already is left as it is)."""
+    """--help shows every default (once: a help text that speaks of its default already is left as it is;
+    a required option has none)."""
 
     def _get_help_string(self, action):
-        return action.help if "default" in (action.help or "") else super()._get_help_string(action)
+        if "default" in (action.help or "") or action.required:
+            return action.help
+        return super()._get_help_string(action)
 
 
 def add_settings(parser, cls, *, only: tuple[str, ...] | None = None, exclude: tuple[str, ...] = (),

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 from ..console import fixed, format_patch_table, format_paths_table
 from ..settings import settings_fields
@@ -13,13 +14,25 @@ DEMO = dict(clean="The capital of France is", corrupt="The capital of Germany is
 PATH_SETTINGS = tuple(f.name for f in settings_fields(SweepConfig) if f.name.startswith("path_"))
 
 
+def typed_pair(args):
+    """The pair given on the command line, tokenised (answers by the data sets' rule); a warning on
+    stderr for each answer that is several tokens."""
+    from ..patching import split_answers, tokenize_pair
+
+    tokenizer = tokenizer_of(args.model)
+    pair = tokenize_pair(tokenizer, args.clean, args.corrupt, args.clean_answer, args.corrupt_answer)
+    for line in split_answers(tokenizer, pair, args.clean_answer, args.corrupt_answer):
+        print(f"patchgrid: warning: {line}", file=sys.stderr)
+    return pair
+
+
 def cmd_patch(args) -> int:
     from ..engine import load_engine
-    from ..patching import sweep_pair, tokenize_pair
+    from ..patching import sweep_pair
 
     positions = parse_positions(args.position)
     # Everything about the pair is checked before an engine starts.
-    pair = tokenize_pair(tokenizer_of(args.model), args.clean, args.corrupt, args.clean_answer, args.corrupt_answer)
+    pair = typed_pair(args)
     for p in positions or ():
         if not 0 <= p < len(pair.clean):
             raise UsageError(f"--position {p} is out of range (the prompts have {len(pair.clean)} tokens)")
@@ -34,9 +47,9 @@ def cmd_patch(args) -> int:
 
 def cmd_paths(args) -> int:
     from ..engine import load_engine
-    from ..patching import paths_pair, tokenize_pair
+    from ..patching import paths_pair
 
-    pair = tokenize_pair(tokenizer_of(args.model), args.clean, args.corrupt, args.clean_answer, args.corrupt_answer)
+    pair = typed_pair(args)
     positions = None if args.position == "roles" else parse_positions(args.position)
     if positions is None and args.position != "roles":  # all: every position one by one
         positions = list(range(len(pair.clean)))

@@ -5,11 +5,14 @@ from __future__ import annotations
 import argparse
 
 from ..engine import DTYPES
+from ..metrics import METRICS
 from ..models import BUILTIN
+from ..rows import SWEEP_NAMES
 from ..serving import DEFAULT_CONCURRENCY_LIMIT, DEFAULT_ON_OVERLAP, ON_OVERLAP
 from ..sites import PATCHABLE
 from ..spec import StudySpec
 from ..sweeps import SweepConfig
+from ..warehouse.compare import MEASURES as COMPARED
 from . import dashboard, data, pair, study, warehouse
 from .options import HelpFormatter, add_settings
 
@@ -17,29 +20,39 @@ DEFAULT_STUDY = StudySpec()
 # The settings that describe one pair's engine, shared by the one-pair commands
 ENGINE_SETTINGS = ("model", "backend")
 PAIR = ("--clean", "--corrupt", "--clean-answer", "--corrupt-answer")
+PAIR_HELP = {"--clean": "the clean prompt", "--corrupt": "the corrupt prompt, as many tokens as the clean one",
+             "--clean-answer": "the clean prompt's answer, tokenised as a data set's is: after a space when the "
+                               "prompt does not end in one",
+             "--corrupt-answer": "the corrupt prompt's answer, tokenised the same way"}
+VERBOSE = "a failure's traceback on the console"
+
+
+def _leaf(sub, name: str, func, help: str, verbose: str = VERBOSE) -> argparse.ArgumentParser:
+    """A command: its parser, which shows every default in --help and takes --verbose (main reads it)."""
+    p = sub.add_parser(name, help=help, description=help, formatter_class=HelpFormatter)
+    p.set_defaults(func=func)
+    p.add_argument("--verbose", action="store_true", help=verbose)
+    return p
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="patchgrid", description="Activation-patching studies on vLLM.",
                                      formatter_class=HelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=study.CommandParser)
 
-    def command(name, func, help):
-        p = sub.add_parser(name, help=help, formatter_class=HelpFormatter)
-        p.set_defaults(func=func)
-        return p
+    def command(name, func, help, verbose=VERBOSE):
+        return _leaf(sub, name, func, help, verbose)
 
     _models(sub)
     _patch(command("patch", pair.cmd_patch, "patch one clean/corrupt pair at every layer and position"))
     _paths(command("paths", pair.cmd_paths, "path patching on one clean/corrupt pair: senders to receivers"))
     _pairs(sub)
     _sweep(command("sweep", data.cmd_sweep, "a pairs table -> cache -> sweeps -> effects file and warehouse"))
-    _study(command("study", study.cmd_study, "a whole study: data set -> pairs -> cache -> sweeps -> warehouse"),
-           summary=True)
+    _study(command("study", study.cmd_study, "a whole study: data set -> pairs -> cache -> sweeps -> warehouse",
+                   verbose="Prefect's run log on the console, and a failure's traceback"), summary=True)
     srv = command("serve", study.cmd_serve, "serve the study flow on a cron schedule from this process")
     _study(srv)
     srv.add_argument("--cron", required=True, help='e.g. "0 3 * * *"')
-    srv.add_argument("--name", default="patchgrid-study")
     srv.add_argument("--port", type=int, default=4200,
                      help="for the local Prefect server, when PREFECT_API_URL is unset")
     srv.add_argument("--concurrency-limit", type=int, default=DEFAULT_CONCURRENCY_LIMIT, metavar="N",
@@ -59,37 +72,55 @@ def build_parser() -> argparse.ArgumentParser:
     dash.add_argument("--refresh", type=float, default=2.0, metavar="S", help="seconds between reads of the runs")
     q = command("query", warehouse.cmd_query, "run SQL on the warehouse, read-only")
     add_settings(q, StudySpec, only=("warehouse",))
-    q.add_argument("sql")
-    q.add_argument("--format", choices=warehouse.QUERY_FORMATS, default="table",
-                   help="table: aligned columns; csv; json: a list of objects; parquet (needs --out)")
-    q.add_argument("--out", default=None, metavar="FILE",
-                   help="write the result to FILE (its folder made when missing; nothing written if the query "
-                        "fails) instead of printing it")
+    q.add_argument("sql", help="the query: SQL on the warehouse's views")
+    _result_options(q)
+    _compare(command("compare", warehouse.cmd_compare,
+                     "two runs' averaged cells side by side: both means, the difference B - A and its 95 percent t interval"))
     _demo(command("demo", pair.cmd_demo, "the France/Germany example, then a study of the shipped pairs"))
     return parser
 
 
+def _result_options(p) -> None:
+    p.add_argument("--format", choices=warehouse.QUERY_FORMATS, default="table",
+                   help="table: aligned columns; csv; json: a list of objects; parquet (needs --out)")
+    p.add_argument("--out", default=None, metavar="FILE",
+                   help="write the result to FILE (its folder made when missing; nothing written if the query "
+                        "fails) instead of printing it")
+
+
+def _compare(p) -> None:
+    p.add_argument("run_a", metavar="RUN_A", help="a run id: the baseline (A)")
+    p.add_argument("run_b", metavar="RUN_B", help="a run id of the same model, compared with A (B - A)")
+    add_settings(p, StudySpec, only=("warehouse",))
+    p.add_argument("--sweep", choices=SWEEP_NAMES, default=None, help="only this sweep's cells (default: every sweep)")
+    p.add_argument("--metric", choices=tuple(METRICS), default=None,
+                   help="the metric compared (default: logprob_diff where both runs have it, else logit_diff)")
+    p.add_argument("--measure", choices=tuple(COMPARED), default="effect",
+                   help="the per-pair value averaged: effect (every pair) or recovery (pairs with a span kept)")
+    p.add_argument("--top", type=int, default=None, metavar="N", help="only the N cells that differ most")
+    _result_options(p)
+
+
 def _models(sub) -> None:
-    models = sub.add_parser("models", help="model folders")
+    models = sub.add_parser("models", help="model folders", formatter_class=HelpFormatter)
     msub = models.add_subparsers(dest="models_command", required=True)
-    prep = msub.add_parser("prepare", help="build a model folder if missing and print its path")
+    prep = _leaf(msub, "prepare", data.cmd_models_prepare, "build a model folder if missing and print its path")
     prep.add_argument("name", help=f"{', '.join(BUILTIN)}, a folder or a hub id")
-    prep.set_defaults(func=data.cmd_models_prepare)
 
 
 def _one_pair(p) -> None:
     for name in PAIR:
-        p.add_argument(name, required=True)
+        p.add_argument(name, required=True, help=PAIR_HELP[name])
     add_settings(p, StudySpec, only=ENGINE_SETTINGS)
-    p.add_argument("--dtype", default="auto", choices=DTYPES)
+    p.add_argument("--dtype", default="auto", choices=DTYPES, help="the engine's dtype (auto: the model's own)")
 
 
 def _patch(p) -> None:
     _one_pair(p)
-    p.add_argument("--site", required=True, choices=PATCHABLE)
+    p.add_argument("--site", required=True, choices=PATCHABLE, help="the site patched")
     p.add_argument("--position", default="all", help="a position, a comma list, or all (each separately)")
     p.add_argument("--top", type=int, default=None,
-                   help="show only the N rows that move the metric most (neurons: 20 unless given)")
+                   help="show only the N rows that move the metric most (default: every row; neurons: 20)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
@@ -104,30 +135,28 @@ def _paths(p) -> None:
 
 
 def _pairs(sub) -> None:
-    pairs = sub.add_parser("pairs", help="prompt pairs")
+    pairs = sub.add_parser("pairs", help="prompt pairs", formatter_class=HelpFormatter)
     psub = pairs.add_subparsers(dest="pairs_command", required=True)
-    check = psub.add_parser("check", help="pair and align a data set; print counts by status and reason",
-                            formatter_class=HelpFormatter)
-    check.set_defaults(func=data.cmd_pairs_check)
-    check.add_argument("--source", required=True, help="a .jsonl, .json or .parquet file, or a hub data-set name")
-    add_settings(check, StudySpec, only=("model", "pairs_format", "require_known", "answer_policy", "backend"),
-                 defaults={"require_known": False})
+    check = _leaf(psub, "check", data.cmd_pairs_check, "pair and align a data set; print counts by status and reason")
+    add_settings(check, StudySpec, only=("model", "pairs", "pairs_format", "require_known", "answer_policy", "backend"))
     add_settings(check, SweepConfig, only=("seed",))
-    check.add_argument("--out", default="pairs.parquet")
+    check.add_argument("--out", default="pairs.parquet", help="the pairs table written (what `sweep --pairs-table` "
+                                                              "reads), its folder made when missing")
 
 
 def _sweep(p) -> None:
     add_settings(p, StudySpec, only=("model", "limit", "backend", "warehouse", "run_id"))
-    p.add_argument("--pairs", required=True, help="a pairs table written by `patchgrid pairs check`")
+    p.add_argument("--pairs-table", required=True, metavar="FILE",
+                   help="a pairs table written by `patchgrid pairs check` (its --out)")
     add_settings(p, SweepConfig)
     p.add_argument("--cache", default=".patchgrid-cache", help="activation cache folder")
     p.add_argument("--out", default="effects.parquet", help="the effect rows, also loaded into --warehouse")
 
 
 def _study(p, summary: bool = False) -> None:
+    study.add_config_option(p)
     add_settings(p, StudySpec)
     add_settings(p, SweepConfig)
-    p.add_argument("--verbose", action="store_true", help="Prefect's run log on the console")
     if summary:  # what a study prints when it ends (a served run prints nothing)
         out = p.add_mutually_exclusive_group()
         out.add_argument("--quiet", action="store_true", help="print only the run id (default: a summary)")

@@ -113,7 +113,7 @@ PAIR_FILES = [
 @pytest.mark.parametrize("name, content, message", PAIR_FILES, ids=[p[0] for p in PAIR_FILES])
 def test_pairs_check_refuses(tmp_path, name, content, message):
     (tmp_path / "bad.jsonl").write_bytes(content)
-    res = run(["pairs", "check", "--model", "tiny-llama", "--source", str(tmp_path / "bad.jsonl"), "--out",
+    res = run(["pairs", "check", "--model", "tiny-llama", "--pairs", str(tmp_path / "bad.jsonl"), "--out",
                str(tmp_path / "o.parquet")], tmp_path)
     assert_one_clear_line(res, message)
 
@@ -126,7 +126,7 @@ def test_query_and_report_refuse(tmp_path):
                           "query failed")
     assert_one_clear_line(run(["report", "--warehouse", str(tmp_path / "w.duckdb"), "--run", "nope", "--out",
                                str(tmp_path / "r")], tmp_path), "run 'nope' is not in the warehouse")
-    assert_one_clear_line(run(["sweep", "--pairs", str(tmp_path / "none.parquet")], tmp_path), "no such file")
+    assert_one_clear_line(run(["sweep", "--pairs-table", str(tmp_path / "none.parquet")], tmp_path), "no such file")
 
 
 def test_study_refuses_a_broken_pairs_file_before_it_starts(tmp_path):
