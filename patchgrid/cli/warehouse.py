@@ -1,4 +1,4 @@
-"""Commands on the warehouse: the report, and read-only SQL printed or written as a file."""
+"""Commands on the warehouse: the report, read-only SQL and two runs compared, printed or written as a file."""
 from __future__ import annotations
 
 import csv
@@ -43,21 +43,35 @@ def cmd_report(args) -> int:
 def cmd_query(args) -> int:
     from ..warehouse.loader import query
 
-    if args.format == "parquet" and args.out is None:
+    return show_result(args.format, args.out, lambda arrow: query(args.warehouse, args.sql, arrow=arrow))
+
+
+def cmd_compare(args) -> int:
+    from ..warehouse.compare import compare
+
+    return show_result(args.format, args.out, lambda arrow: compare(
+        args.warehouse, args.run_a, args.run_b, sweep=args.sweep, metric=args.metric, measure=args.measure,
+        top=args.top, arrow=arrow))
+
+
+def show_result(fmt: str, out: str | None, read) -> int:
+    """A read of the warehouse printed, or written into file `out`, in format `fmt` (QUERY_FORMATS);
+    read(arrow): its (columns, rows), or a pyarrow table when `arrow`."""
+    if fmt == "parquet" and out is None:
         raise UsageError("--format parquet needs --out FILE (Parquet is binary, not for the terminal)")
     # the sandbox's query, whatever the format: a query that fails writes nothing
-    if args.format == "parquet":
-        table = query(args.warehouse, args.sql, arrow=True)
-        write_whole(args.out, lambda f: _write_parquet(table, f))
-        print(f"{table.num_rows} rows -> {args.out}", file=sys.stderr)
+    if fmt == "parquet":
+        table = read(True)
+        write_whole(out, lambda f: _write_parquet(table, f))
+        print(f"{table.num_rows} rows -> {out}", file=sys.stderr)
         return 0
-    cols, rows = query(args.warehouse, args.sql)
-    text = {"table": _table, "csv": _csv, "json": _json}[args.format](cols, rows)
-    if args.out is None:
+    cols, rows = read(False)
+    text = {"table": _table, "csv": _csv, "json": _json}[fmt](cols, rows)
+    if out is None:
         sys.stdout.write(text)
     else:
-        write_whole(args.out, lambda f: f.write(text.encode()))
-        print(f"{len(rows)} rows -> {args.out}", file=sys.stderr)
+        write_whole(out, lambda f: f.write(text.encode()))
+        print(f"{len(rows)} rows -> {out}", file=sys.stderr)
     return 0
 
 
