@@ -7,6 +7,7 @@
     wh.view("effect_summary", metric="logprob_diff")
 
     run = patchgrid.study(model="tiny-llama", sweeps="resid", limit=2, require_known=False)
+    run = patchgrid.study(config="study.toml", limit=4)   # a study file's settings, some overridden
     run.summary(), run.view("effect_summary"), run.report("report")
 
 Everything reads through `patchgrid.warehouse.loader.query`, the sandbox `patchgrid query` reads
@@ -113,6 +114,16 @@ class Warehouse:
         used = [c for c, v in filters.items() if v is not None]
         return _frame(*self._read(name, [*used, *(columns or [])], sql, params), frame or self.frame)
 
+    def compare(self, run_a: str, run_b: str, *, sweep: str | None = None, metric: str | None = None,
+                measure: str = "effect", top: int | None = None, frame: str | None = None):
+        """Run B's averaged cells against run A's (what `patchgrid compare` prints): per cell, both runs'
+        pairs and means, the difference B - A and its 95% t interval (paired over shared pairs, else
+        Welch's), largest |difference| first (warehouse/compare.py)."""
+        from .warehouse.compare import compare
+
+        return _frame(*compare(self.path, run_a, run_b, sweep=sweep, metric=metric, measure=measure, top=top),
+                      frame or self.frame)
+
     def _read(self, name: str, wanted: list[str], sql: str, params=None) -> tuple[list[str], list[tuple]]:
         """query() on view `name` naming columns `wanted`; a view or column that is not there is
         refused with DuckDB's error, the closest name and the valid ones."""
@@ -174,11 +185,18 @@ class Run:
         return write_report(self.warehouse.path, out, self.run_id)
 
 
-def study(**settings) -> Run:
+def study(config: str | Path | None = None, **settings) -> Run:
     """Run a study in this process and return its Run. settings: those of `patchgrid study`, by their
     Python names (StudySpec.of: model, pairs, sweeps, limit, warehouse, require_known, backend, ...).
+    config: a study file (TOML, as `patchgrid study --config` takes: patchgrid.studyfile), whose
+    settings the others given here override; its content is recorded with the run.
     The study flow runs here; it needs a Prefect API (PREFECT_API_URL), or starts Prefect's
     temporary one. A rerun with the same settings is the same run, found in the caches."""
+    if config is not None:
+        from .studyfile import read_study_file
+
+        given, text = read_study_file(config)
+        settings = {**given, **settings, "config": text}
     source = Path(str(settings.get("pairs", "")))
     if "pairs" in settings and source.exists():  # the flow's tasks are cached by the data set's path
         settings["pairs"] = str(source.resolve())

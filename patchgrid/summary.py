@@ -83,9 +83,10 @@ def cell_name(cell: dict) -> str:
 
 
 def run_state(warehouse, run_id: str) -> dict:
-    """The run's model, status, reason and seconds from start to finish (None while it runs)."""
-    rows = _rows(warehouse, "SELECT model, status, reason, date_diff('millisecond', started, finished) / 1000.0 "
-                            "AS seconds FROM runs WHERE run_id = ?", [run_id])
+    """The run's label (its `name` setting, or None), model, status, reason and seconds from start to
+    finish (None while it runs)."""
+    rows = _rows(warehouse, "SELECT params ->> 'name' AS name, model, status, reason, date_diff('millisecond', "
+                            "started, finished) / 1000.0 AS seconds FROM runs WHERE run_id = ?", [run_id])
     if not rows:
         raise ValueError(f"warehouse {warehouse}: no run {run_id}")
     return rows[0]
@@ -103,7 +104,8 @@ def commands(warehouse, run_id: str, report_dir: str = "report") -> dict:
 def study_summary(warehouse: str | Path, run_id: str, per_sweep: int = STRONGEST_PER_SWEEP) -> dict:
     """Everything the study's summary says, as one JSON-ready dict."""
     state = run_state(warehouse, run_id)
-    return {"run_id": run_id, "warehouse": str(warehouse), "model": state["model"], "status": state["status"],
+    return {"run_id": run_id, "name": state["name"], "warehouse": str(warehouse), "model": state["model"],
+            "status": state["status"],
             "seconds": None if state["seconds"] is None else float(state["seconds"]),
             "records": records(warehouse, run_id), "sweeps": sweeps(warehouse, run_id),
             "strongest": [{**c, "cell": cell_name(c)} for c in strongest(warehouse, run_id, per_sweep)],

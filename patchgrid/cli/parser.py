@@ -59,10 +59,13 @@ def build_parser() -> argparse.ArgumentParser:
                      help="at most N runs of the deployment at once (N >= 1)")
     srv.add_argument("--on-overlap", choices=tuple(ON_OVERLAP), default=DEFAULT_ON_OVERLAP,
                      help="a run due while N are running: wait for one to end, or skip it (cancelled)")
-    rep = command("report", warehouse.cmd_report, "an HTML page and PNGs of a study's heatmaps, from the warehouse")
+    rep = command("report", warehouse.cmd_report,
+                  "an HTML page of a run's figures, each also as PNG, SVG and PDF, from the warehouse")
     add_settings(rep, StudySpec, only=("warehouse",))
-    rep.add_argument("--run", default=None, help="a run id (default: the latest run)")
-    rep.add_argument("--out", required=True, help="folder for report.html and the PNGs")
+    rep.add_argument("--run", default=None,
+                     help="a run id (default: the latest completed run); a run that failed, was cancelled or is "
+                          "still running is reported with its status, the reason it ended and what it loaded")
+    rep.add_argument("--out", required=True, help="folder for report.html and each figure's PNG, SVG and PDF")
     dash = command("dashboard", dashboard.cmd_dashboard,
                    "a live dashboard of the warehouse in the browser (Streamlit), read-only")
     add_settings(dash, StudySpec, only=("warehouse",))

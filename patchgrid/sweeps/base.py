@@ -24,6 +24,7 @@ from ..cache import NOISED, CacheSpec
 from ..effects import effect_row, reading_from
 from ..metrics import Reading
 from ..plan import Request, Start, latest_start
+from ..settings import SpecError
 from .populations import ACCEPTED_PAIRS, Population
 
 if TYPE_CHECKING:
@@ -203,9 +204,28 @@ def baselines(row: dict) -> tuple[Reading, Reading]:
     return reading_from(row, "clean"), reading_from(row, "corrupt")
 
 
+def grid_layers(ctx: SweepContext) -> list[int]:
+    """The layers a grid patches: the given ones (config.layers), or every layer of the model; a layer
+    the model does not have is refused (check_layers)."""
+    check_layers(ctx.config, ctx.n_layers)
+    return list(range(ctx.n_layers)) if ctx.config.layers is None else list(ctx.config.layers)
+
+
+def check_layers(config, n_layers: int, model: str = "the model") -> None:
+    """Refuse given layers (config.layers) past the model's last, naming the setting and its count."""
+    past = [layer for layer in config.layers or () if layer >= n_layers]
+    if past:
+        raise SpecError("layers", f"{{name}} {past[0]}: {model} has {n_layers} layers (0-{n_layers - 1})")
+
+
+def given_positions(pair, config) -> list[int]:
+    """The given positions (config.positions) that the pair's prompt has."""
+    return [p for p in config.positions if p < len(pair.clean_ids)]
+
+
 def every_position(pair, config) -> list[int]:
     """The positions patched one by one: the given ones, or every position of the prompt."""
-    return list(range(len(pair.clean_ids))) if config.positions is None else list(config.positions)
+    return list(range(len(pair.clean_ids))) if config.positions is None else given_positions(pair, config)
 
 
 def unit_positions(pair, config) -> list[int | None]:
@@ -213,7 +233,7 @@ def unit_positions(pair, config) -> list[int | None]:
     one by one (head_positions `every`); or every position at once (None) and the positions of the
     head_position_roles."""
     if config.positions is not None:
-        return list(config.positions)
+        return given_positions(pair, config)
     if config.head_positions == "every":
         return list(range(len(pair.corrupt_ids)))
     chosen = [None] + [pair.roles.index(role) for role in config.head_position_roles if role in pair.roles]

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..rows import DIRECTIONS
-from ..settings import SpecError, at_least, normalise_and_check, not_negative, setting
+from ..settings import SpecError, at_least, normalise_and_check, not_negative, number_list, setting
 from ..sites import QKV
 from .paths import PATH_MLPS, check_ends
 from .registry import SWEEP_KINDS
@@ -50,9 +50,16 @@ class SweepConfig:
     max_requests: int = setting(2048, "patched runs per engine call (bounds memory; the numbers do not change)",
                                 check=at_least(1), record="never")
     # Patch only these positions, each on its own (every sweep but heads' defaults: all positions;
-    # heads: every position at once and the head_position_roles).
-    positions: tuple[int, ...] | None = setting(None, "patch only these positions, each on its own",
-                                                record="if_changed", cli=False)
+    # heads: every position at once and the head_position_roles); and only these layers.
+    positions: tuple[int, ...] | None = setting(
+        None, "patch only these prompt positions, each on its own, in every sweep (e.g. 0,2,5 or 0-3,7; a pair's "
+        "prompt shorter than a position leaves it out); default: every position, and for heads, neurons, qkv and "
+        "paths every position at once and the roles' positions", record="if_changed", parse=number_list)
+    layers: tuple[int, ...] | None = setting(
+        None, "patch only these layers (e.g. 0,2,5 or 0-3,7; refused past the model's last layer): the layers of "
+        "the layer sweeps, trace's restored layers (window centres), the cells atp estimates and verifies, and the "
+        "paths senders and receivers given as every one (heads, attn_out, mlp_out); default: every layer",
+        record="if_changed", parse=number_list)
     start_midstack: bool = setting(
         True, "start each patched run at its lowest patched layer from the cached stream below it (plan.Start); "
         "--no-start-midstack runs every layer of every patched run (the numbers are the same)")

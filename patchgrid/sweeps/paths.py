@@ -34,7 +34,7 @@ from ..cache import CacheSpec, layer_keys, stream_keys
 from ..metrics import Reading
 from ..plan import Patch, Request
 from ..sites import LOGITS, QKV, parse_unit_name, site_key, unit_name
-from .base import Cell, SweepKind, as_run, scored, unit_positions
+from .base import Cell, SweepKind, as_run, grid_layers, scored, unit_positions
 
 SENDER_SITES = ("head", "attn_out", "mlp_out")
 SENDER_KINDS = {"heads": "head", "attn_out": "attn_out", "mlp_out": "mlp_out"}  # every one of a site
@@ -83,7 +83,7 @@ class PathSweep(SweepKind):
             if s in SENDER_KINDS:
                 site = SENDER_KINDS[s]
                 heads = range(ctx.n_heads) if site == "head" else [None]
-                out += [(site, layer, h) for layer in range(ctx.n_layers) for h in heads]
+                out += [(site, layer, h) for layer in grid_layers(ctx) for h in heads]
             else:
                 site, layer, head = parse_unit_name(s)
                 self._check(s, layer, head, ctx)
@@ -99,7 +99,7 @@ class PathSweep(SweepKind):
             if r == LOGITS:
                 out.append(LOGITS)
                 continue
-            heads = ([(L, h) for L in range(ctx.n_layers) for h in range(ctx.n_heads)] if r == "heads"
+            heads = ([(L, h) for L in grid_layers(ctx) for h in range(ctx.n_heads)] if r == "heads"
                      else [parse_unit_name(r)[1:]])
             for L, h in heads:
                 self._check(r, L, h, ctx)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ..cache import CacheSpec, layer_keys, stream_keys
 from ..plan import Patch, Request
-from .base import Cell, SweepKind, every_position, scored
+from .base import Cell, SweepKind, every_position, grid_layers, scored
 
 
 def prompt_into(pair, direction: str):
@@ -41,7 +41,7 @@ class PositionSweep(SweepKind):
         return CacheSpec(keys, runs, streams)
 
     def cells(self, pair, ctx):
-        layers = range(ctx.n_layers) if self.layered else [None]
+        layers = grid_layers(ctx) if self.layered else [None]
         positions = every_position(pair, ctx.config)
         return [Cell(self.name, self.site, direction, layer, pos)
                 for direction in self.directions(ctx.config) for layer in layers for pos in positions]

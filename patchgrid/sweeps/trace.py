@@ -13,7 +13,7 @@ from ..cache import CacheSpec, layer_keys, stream_keys
 from ..effects import effect_row
 from ..metrics import Reading
 from ..plan import Noise, Patch, Request, trace_seed
-from .base import Cell, SweepKind, baselines, every_position, scored
+from .base import Cell, SweepKind, baselines, every_position, grid_layers, scored
 from .populations import TRACED_FACTS
 
 
@@ -66,7 +66,7 @@ class TraceSweep(SweepKind):
         windowed = [s for s in config.trace_sites if s != "resid"]
         for s in range(config.trace_samples):
             out.append(Cell(self.name, None, sample=s))
-            for layer in range(ctx.n_layers):
+            for layer in grid_layers(ctx):
                 for pos in positions:
                     if "resid" in config.trace_sites:
                         out.append(Cell(self.name, "resid", "denoise", layer, pos, sample=s))

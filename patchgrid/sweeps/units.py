@@ -12,7 +12,7 @@ from __future__ import annotations
 from ..cache import CacheSpec, layer_keys, stream_keys
 from ..plan import Patch, Request
 from ..sites import SITES
-from .base import Cell, SweepKind, scored, unit_positions
+from .base import Cell, SweepKind, grid_layers, scored, unit_positions
 
 
 class UnitSweep(SweepKind):
@@ -42,11 +42,12 @@ class UnitSweep(SweepKind):
 
     def cells(self, pair, ctx):
         return [Cell(self.name, site, "denoise", layer, pos, **{SITES[site].unit_field: unit})
-                for site in self.sites for pos in self.positions(pair, ctx.config) for layer in range(ctx.n_layers)
+                for site in self.sites for pos in self.positions(pair, ctx.config) for layer in grid_layers(ctx)
                 for unit in range(self.units(site, ctx))]
 
     def count(self, pair, ctx):
-        return len(self.positions(pair, ctx.config)) * ctx.n_layers * sum(self.units(s, ctx) for s in self.sites)
+        per_layer = len(self.positions(pair, ctx.config)) * sum(self.units(s, ctx) for s in self.sites)
+        return len(grid_layers(ctx)) * per_layer
 
     def request(self, pair, cell, ctx, source):
         positions = None if cell.position is None else (cell.position,)

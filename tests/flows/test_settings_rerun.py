@@ -28,7 +28,7 @@ BASE = dict(model="tiny-llama", pairs=str(DATA), sweeps="resid,trace,atp,paths",
             trace_samples=2, shard_size=1, backend="hf", atp_kinds="resid", verify_top=2, verify_random=1,
             path_senders="attn_out.1", path_inputs="v")
 # Settings a local rerun cannot change: they need a Ray cluster (tests/flows/test_ray.py runs one).
-NEEDS_RAY = {"runner", "ray_address", "tensor_parallel_size", "ray_timeout_s"}
+NEEDS_RAY = {"runner", "ray_address", "tensor_parallel_size", "ray_timeout_s", "ray_workers", "gpus_per_engine"}
 # Settings that need a model which knows its facts (the tiny test model knows none): recorded, so a
 # change gives another run (checked by tests/test_spec.py); tests/pairs cover what they do.
 NEEDS_A_KNOWING_MODEL = {"require_known"}
@@ -47,14 +47,14 @@ CHANGES = {
     "shard_size": (2, {"sweep_shard"}, {"align_pairs", "measure_trace_noise", "cache_activations"}),
     "backend": ("vllm", {"align_pairs", "cache_activations", "sweep_shard"}, {"measure_trace_noise"}),
     "run_id": ("run-by-hand", {"align_pairs", "sweep_shard"}, {"measure_trace_noise", "cache_activations"}),
-    "ray_workers": (3, set(), set(STEPS)),
-    "gpus_per_engine": (0.5, set(), set(STEPS)),
     "gpu_memory_utilization": (0.5, set(), set(STEPS)),
     "max_num_seqs": (64, set(), set(STEPS)),
     "max_num_batched_tokens": (4096, set(), set(STEPS)),
     "atp_device": ("cpu", {"sweep_shard"}, {"align_pairs", "measure_trace_noise", "cache_activations"}),
     "atp_dtype": ("bfloat16", {"align_pairs", "sweep_shard"}, {"measure_trace_noise", "cache_activations"}),
-    "sweeps": ("resid,trace,atp", {"align_pairs", "sweep_shard"}, {"measure_trace_noise"}),
+    "name": ("a label", set(), set(STEPS)),
+    "config": ('limit = 2\nsweeps = "resid,trace,atp,paths"\n', set(), set(STEPS)),
+    "sweeps": ("resid,atp,paths", {"align_pairs", "sweep_shard"}, {"measure_trace_noise"}),
     "resid_directions": (("denoise",), {"align_pairs", "sweep_shard"}, {"measure_trace_noise"}),
     "head_position_roles": (("last",), {"align_pairs", "sweep_shard"}, {"measure_trace_noise"}),
     "head_positions": ("every", {"align_pairs", "sweep_shard"}, {"measure_trace_noise", "cache_activations"}),
@@ -65,6 +65,7 @@ CHANGES = {
     "seed": (1, {"align_pairs", "cache_activations", "sweep_shard"}, {"measure_trace_noise"}),
     "max_requests": (7, {"sweep_shard"}, {"align_pairs", "measure_trace_noise", "cache_activations"}),
     "positions": ((0, 2), {"align_pairs", "sweep_shard"}, {"measure_trace_noise"}),
+    "layers": ("0,2-3", {"align_pairs", "sweep_shard"}, {"measure_trace_noise", "cache_activations"}),
     "start_midstack": (False, {"align_pairs", "cache_activations", "sweep_shard"}, {"measure_trace_noise"}),
     "atp_kinds": ("resid,attn_out,heads", {"align_pairs", "sweep_shard"}, {"measure_trace_noise"}),
     "verify_top": (3, {"align_pairs", "sweep_shard"}, {"measure_trace_noise", "cache_activations"}),
