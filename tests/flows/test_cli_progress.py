@@ -1,0 +1,65 @@
+"""`patchgrid study` shows each long stage's progress on stderr, one tqdm bar per stage (a line every
+few seconds where stderr is no terminal), and `--limit N` judges only the facts it needs: the
+records not reached are in the pairs table as limit_reached, and the summary's counts add up."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from patchgrid.warehouse.loader import query
+from tests.support.known import known_facts
+from tests.support.pairs import write_jsonl
+from tests.support.processes import env_for
+
+
+@pytest.fixture(scope="module")
+def study(engines, tokenizers, tmp_path_factory):
+    """A study of 2 pairs on 60 facts tiny-llama knows (require_known, as by default), by the CLI."""
+    tmp = tmp_path_factory.mktemp("progress")
+    facts = write_jsonl(tmp / "known.jsonl", known_facts(engines.get("tiny-llama", "hf", dtype="float32"),
+                                                          tokenizers("tiny-llama"), 60))
+    wh = tmp / "w.duckdb"
+    res = subprocess.run([sys.executable, "-m", "patchgrid", "study", "--model", "tiny-llama", "--backend", "hf",
+                          "--pairs", str(facts), "--limit", "2", "--sweeps", "resid", "--warehouse", str(wh),
+                          "--workdir", str(tmp / "work")], capture_output=True, text=True, timeout=600, cwd=tmp,
+                         env={**env_for(tmp), "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120"})
+    assert res.returncode == 0, res.stderr[-3000:]
+    return res, wh
+
+
+def _last_line(stderr: str, stage: str) -> str:
+    lines = [line for line in stderr.splitlines() if re.match(stage + ":", line)]
+    assert lines, f"no progress line for {stage!r} in:\n{stderr[-3000:]}"
+    return lines[-1]
+
+
+def test_every_stage_shows_its_progress_on_stderr(study):
+    res, _ = study
+    assert "\r" not in res.stderr  # not a terminal: a line per redraw, never a bar redrawn in place
+    judging = _last_line(res.stderr, "judging facts")
+    assert re.search(r"\|\s*8/60 \[.*, \d+ pairs accepted\]$", judging), judging  # stopped at the first batch
+    for stage, total in ((r"activation cache \(pairs captured\)", 2), (r"patched runs \(shard-00000-\w+\)", None),
+                         (r"warehouse load \(files\)", 2)):
+        line = _last_line(res.stderr, stage)
+        done, of = map(int, re.search(r"\|\s*(\d+)/(\d+) \[", line).groups())
+        assert done == of and (total is None or of == total), line
+        assert "100%" in line
+    assert "patched runs" not in res.stdout and "judging" not in res.stdout  # stdout: the summary alone
+
+
+def test_limit_leaves_the_records_not_reached_unjudged_and_counted(study):
+    res, wh = study
+    run_id = res.stdout.strip().splitlines()[-1]
+    by = dict(((status, reason), n) for status, reason, n in query(
+        wh, f"SELECT status, coalesce(reason, ''), count(*) FROM pairs WHERE run_id = '{run_id}' GROUP BY ALL")[1])
+    assert by.pop(("rejected", "limit_reached")) == 60 - 8  # judged: the first batch of 8 facts, no more
+    assert by.get(("accepted", ""), 0) >= 2 and sum(by.values()) == 8
+    (n_pairs,) = query(wh, f"SELECT count(DISTINCT pair_id) FROM effects WHERE run_id = '{run_id}'")[1][0]
+    assert n_pairs == 2
+    records = next(line for line in res.stdout.splitlines() if line.startswith("records: "))
+    read, accepted, rejected = map(int, re.match(r"records: (\d+) read, (\d+) accepted, (\d+) rejected",
+                                                 records).groups())
+    assert read == 60 == accepted + rejected and "limit_reached 52" in records, records
