@@ -143,3 +143,9 @@ def test_a_refused_command_leaves_no_warehouse(tmp_path, command):
     res = cli(*command, cwd=tmp_path)  # the default warehouse, in the current folder
     assert res.returncode == 2, res.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_misspelt_view_keeps_duckdbs_hint(tmp_path, warehouse):
+    """DuckDB's cause and hint survive to the command's one line (warehouse.loader._with_hints)."""
+    res = cli("query", "--warehouse", str(warehouse), "SELECT * FROM effect_sumary", cwd=tmp_path)
+    one_line_error(res, 'Table with name effect_sumary does not exist!; Did you mean "effect_summary"?')
