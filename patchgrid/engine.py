@@ -8,13 +8,14 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
-from typing import Protocol, TypeVar
-
-import torch
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from .models import prepare
 from .plan import Request, Result
 from .sites import ModelShape, shape_of
+
+if TYPE_CHECKING:  # the command line starts without torch (seconds of its start-up)
+    import torch
 
 BACKENDS = ("vllm", "hf")
 DEFAULT_BACKEND = "vllm"
