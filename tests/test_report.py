@@ -1,15 +1,21 @@
-"""The report: a self-contained page that headless Chromium renders with every figure drawn."""
+"""The report: a self-contained page that headless Chromium renders with every figure drawn, no
+label clipped or over another (on the page and in the figures' PNG, SVG and PDF files), each cell's
+pair count in its hover text and the cells of few pairs marked."""
 from __future__ import annotations
 
 import html
+import math
 import random
+import re
 import shutil
+import xml.etree.ElementTree as ET
 
 import pytest
 
 from patchgrid.metrics import METRICS
 from patchgrid.pairs import to_table
-from patchgrid.report import write_report
+from patchgrid.report import FORMATS, heatmap_figure, scatter_figure, svg_heatmap, write_report
+from patchgrid.report.figures import FEW_PAIRS, Scatter, note, pairs
 from patchgrid.warehouse.loader import load_run, query, start_run
 from tests.support.effect_rows import (
     CLEAN,
@@ -204,6 +210,21 @@ def paths_warehouse(tmp_path_factory):
     return build(tmp_path_factory.mktemp("report-paths"), paths=True)
 
 
+@pytest.fixture(scope="module")
+def pages(tmp_path_factory, warehouse):
+    """Each study's report written once for the module, its page: the plain study's with every figure
+    in PNG, SVG and PDF (as `patchgrid report` writes them), the others' PNGs alone, to save time."""
+    written = {}
+
+    def page_of(study):
+        if study not in written:
+            formats = FORMATS if study == warehouse else ("png",)
+            written[study] = write_report(study, tmp_path_factory.mktemp("pages") / "out", formats=formats)
+        return written[study]
+
+    return page_of
+
+
 def _figures(warehouse):
     from patchgrid.report import collect
     from patchgrid.warehouse.loader import connect
@@ -220,14 +241,27 @@ def _rows(warehouse, sql):
     return [dict(zip(cols, r)) for r in rows]
 
 
-def test_report_files(warehouse, tmp_path):
-    page = write_report(warehouse, tmp_path / "out")
+def test_report_files(warehouse, pages):
+    page = pages(warehouse)
     text = page.read_text()
     assert "run-report" in text and "synthetic-model" in text
     for forbidden in ("http://", "https://", "<script", "<link"):
         assert forbidden not in text.replace('xmlns="http://www.w3.org/2000/svg"', "")
-    pngs = sorted(p.name for p in (tmp_path / "out").glob("*.png"))
+    pngs = sorted(p.name for p in page.parent.glob("*.png"))
     assert text.count("<figure") == len(pngs)
+    # every figure as PNG, SVG and PDF, each linked from its caption
+    for png in pngs:
+        stem = png.removesuffix(".png")
+        svg, pdf = page.parent / f"{stem}.svg", page.parent / f"{stem}.pdf"
+        assert ET.parse(svg).getroot().tag == "{http://www.w3.org/2000/svg}svg", stem
+        assert pdf.read_bytes()[:5] == b"%PDF-", stem
+        assert (page.parent / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", stem
+        for fmt in ("PNG", "SVG", "PDF"):
+            assert f"<a href='{stem}.{fmt.lower()}'>{fmt}</a>" in text, (stem, fmt)
+    # the captions give the pairs per cell; the small multiples' (3 pairs a relation) mark them few
+    multiples = text[text.index("<h2>By relation"):]
+    assert multiples.count(f"Cells averaged over fewer than {FEW_PAIRS} pairs are faded and marked with a dot") == 2
+    assert "Each cell averages 6 pairs" in text[:text.index("<h2>By relation")]
     for metric in METRICS:
         for key in ("resid-denoise", "resid-noise", "attn_out-denoise", "mlp_out-denoise", "heads-all", "heads-last"):
             assert f"{key}-{metric}.png" in pngs
@@ -276,14 +310,84 @@ def test_unknown_run(warehouse, tmp_path):
         write_report(warehouse, tmp_path, run_id="nope")
 
 
+# Every <text> of a figure's SVG as Chromium lays it out: its box on the page, its box in its own
+# coordinates (before its rotation) and its rotation (angle, centre)
+TEXT_BOXES = """fig => { const svg = fig.querySelector('svg'), s = svg.getBoundingClientRect();
+  return {svg: [s.left, s.top, s.right, s.bottom], texts: Array.from(svg.querySelectorAll('text')).map(t => {
+    const r = t.getBoundingClientRect(), b = t.getBBox();
+    const m = /rotate\\(([-\\d.e]+) ([-\\d.e]+) ([-\\d.e]+)\\)/.exec(t.getAttribute('transform') || '');
+    return {text: t.textContent, rect: [r.left, r.top, r.right, r.bottom],
+            box: [b.x, b.y, b.x + b.width, b.y + b.height], turn: m ? [+m[1], +m[2], +m[3]] : [0, 0, 0]}; })}; }"""
+
+
+def overlap(a, b, tolerance=0.5) -> bool:
+    """Whether boxes (x0, y0, x1, y1) overlap by more than `tolerance` px both ways."""
+    return a[0] < b[2] - tolerance and b[0] < a[2] - tolerance and a[1] < b[3] - tolerance and b[1] < a[3] - tolerance
+
+
+def turned_back(t):
+    """An SVG text's box in a frame turned back by its rotation (about the origin): two texts of one
+    rotation compare there as plain boxes, which their boxes on the page (axis-aligned) do not."""
+    angle, cx, cy = t["turn"]
+    r = math.radians(angle)
+    bx, by = cx * math.cos(r) + cy * math.sin(r), -cx * math.sin(r) + cy * math.cos(r)
+    x0, y0, x1, y1 = t["box"]
+    return (x0 - cx + bx, y0 - cy + by, x1 - cx + bx, y1 - cy + by)
+
+
+def label_faults(svg_box, texts) -> list:
+    """Texts outside their figure, and pairs of texts drawn over each other."""
+    faults = [("outside", t["text"]) for t in texts
+              if not (svg_box[0] - 0.5 <= t["rect"][0] and t["rect"][2] <= svg_box[2] + 0.5
+                      and svg_box[1] - 0.5 <= t["rect"][1] and t["rect"][3] <= svg_box[3] + 0.5)]
+    for i, a in enumerate(texts):
+        for b in texts[i + 1:]:
+            same = a["turn"][0] == b["turn"][0]
+            if overlap(turned_back(a), turned_back(b)) if same else overlap(a["rect"], b["rect"]):
+                faults.append(("overlap", a["text"], b["text"]))
+    return faults
+
+
+def assert_labels_inside_and_apart(fig, key):
+    laid = fig.evaluate(TEXT_BOXES)
+    assert laid["texts"], f"figure {key} has no labels"
+    assert label_faults(laid["svg"], laid["texts"]) == [], key
+
+
+def test_label_faults_finds_clipped_and_overlapping_labels():
+    """The check the browser test applies: a label past the figure's edge, two labels on one
+    another, and two rotated labels whose page boxes overlap but whose glyphs do not."""
+    def text(x0, y0, x1, y1, turn=(0, 0, 0)):
+        return {"text": f"{x0},{y0}", "rect": [x0, y0, x1, y1], "box": [x0, y0, x1, y1], "turn": list(turn)}
+
+    svg = (0, 0, 100, 100)
+    assert label_faults(svg, [text(10, 10, 40, 20), text(50, 10, 90, 20)]) == []
+    assert label_faults(svg, [text(80, 10, 120, 20)]) == [("outside", "80,10")]
+    assert label_faults(svg, [text(10, 10, 40, 20), text(30, 15, 60, 25)]) == [("overlap", "10,10", "30,15")]
+    # two labels turned -40 degrees about their own ends, a column (44 px) apart: their page boxes
+    # overlap, the labels do not; 8 px apart they do
+    def rotated(x, width=60):
+        box = [x - width, 40, x, 52]
+        r = math.radians(-40)
+        corners = [(x + (px - x) * math.cos(r) - (py - 46) * math.sin(r), 46 + (px - x) * math.sin(r)
+                    + (py - 46) * math.cos(r)) for px in box[::2] for py in box[1::2]]
+        rect = [min(c[0] for c in corners), min(c[1] for c in corners), max(c[0] for c in corners),
+                max(c[1] for c in corners)]
+        return {"text": str(x), "rect": rect, "box": box, "turn": [-40, x, 46]}
+
+    assert overlap(rotated(30)["rect"], rotated(74)["rect"]) and label_faults((-100, -100, 200, 200),
+                                                                              [rotated(30), rotated(74)]) == []
+    assert label_faults((-100, -100, 200, 200), [rotated(30), rotated(38)]) == [("overlap", "30", "38")]
+
+
 @pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (make test installs Debian's chromium)")
 @pytest.mark.parametrize("study", ["warehouse", "atp_warehouse", "paths_warehouse"])
-def test_page_renders_in_headless_chromium(study, tmp_path, request):
+def test_page_renders_in_headless_chromium(study, tmp_path, request, pages):
     from PIL import Image, ImageStat
     from playwright.sync_api import sync_playwright
 
     warehouse = request.getfixturevalue(study)
-    page_path = write_report(warehouse, tmp_path / "out")
+    page_path = pages(warehouse)
     errors, requests = [], []
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=[
@@ -311,6 +415,7 @@ def test_page_renders_in_headless_chromium(study, tmp_path, request):
                 if key in seen:
                     continue
                 seen.add(key)
+                assert_labels_inside_and_apart(fig, key)
                 shot = tmp_path / f"shot-{len(seen)}.png"
                 fig.screenshot(path=str(shot))
                 img = Image.open(shot).convert("RGB")
@@ -348,11 +453,11 @@ def test_head_panels_scale_to_their_own_largest_effect(warehouse):
         assert fig.limit == pytest.approx(largest)
 
 
-def test_a_run_without_atp_rows_has_no_atp_section(warehouse, tmp_path):
+def test_a_run_without_atp_rows_has_no_atp_section(warehouse, pages):
     data = _figures(warehouse)
     assert data["sections"]["atp"] is None
-    text = write_report(warehouse, tmp_path / "out").read_text()
-    assert "AtP" not in text and "atp" not in text and not list((tmp_path / "out").glob("atp-*.png"))
+    text = pages(warehouse).read_text()
+    assert "AtP" not in text and "atp" not in text and not list(pages(warehouse).parent.glob("atp-*.png"))
 
 
 def test_atp_figures_draw_the_estimates_labelled_by_their_metric(atp_warehouse):
@@ -411,9 +516,9 @@ def test_atp_scatter_plots_and_tables(atp_warehouse):
         assert [r["neuron"] for r in n["top"]] == [r["neuron"] for r in layer[:5]] and n["metric"] == "logit_diff"
 
 
-def test_atp_section_on_the_page(atp_warehouse, tmp_path):
-    text = write_report(atp_warehouse, tmp_path / "out").read_text()
-    pngs = sorted(p.name for p in (tmp_path / "out").glob("*.png"))
+def test_atp_section_on_the_page(atp_warehouse, pages):
+    text = pages(atp_warehouse).read_text()
+    pngs = sorted(p.name for p in pages(atp_warehouse).parent.glob("*.png"))
     assert text.count("<figure") == len(pngs)
     for key in ("atp-resid-logit_diff", "atp-heads-all-logit_diff", "atp-scatter-neuron-logit_diff"):
         assert f"{key}.png" in pngs
@@ -444,12 +549,13 @@ def test_atp_scatter_shows_a_fixed_sample_of_many_points(atp_warehouse, monkeypa
         assert f"10 of the {6 * (ATP_K + ATP_R)} verified sites are shown" in s.caption
 
 
-def test_a_run_without_paths_rows_has_no_path_section(warehouse, tmp_path):
+def test_a_run_without_paths_rows_has_no_path_section(warehouse, pages):
     data = _figures(warehouse)
     assert data["sections"]["paths"] is None
-    text = write_report(warehouse, tmp_path / "out").read_text()
+    text = pages(warehouse).read_text()
+    out = pages(warehouse).parent
     assert "Path patching" not in text and "path_summary" not in text
-    assert not list((tmp_path / "out").glob("paths-*.png")) and not list((tmp_path / "out").glob("qkv-*.png"))
+    assert not list(out.glob("paths-*.png")) and not list(out.glob("qkv-*.png"))
 
 
 def _flat(values):
@@ -527,9 +633,9 @@ def test_path_matrices_show_the_largest_senders_and_receivers(paths_warehouse, m
     assert f.rows == [s for s in PATH_SENDERS if s in f.rows] and f.cols == [r for r in PATH_RECEIVERS if r in f.cols]
 
 
-def test_path_section_on_the_page(paths_warehouse, tmp_path):
-    text = write_report(paths_warehouse, tmp_path / "out").read_text()
-    pngs = sorted(p.name for p in (tmp_path / "out").glob("*.png"))
+def test_path_section_on_the_page(paths_warehouse, pages):
+    text = pages(paths_warehouse).read_text()
+    pngs = sorted(p.name for p in pages(paths_warehouse).parent.glob("*.png"))
     assert text.count("<figure") == len(pngs)
     for metric in METRICS:
         for key in (f"paths-all-{metric}", f"paths-last-{metric}", f"qkv-k-all-{metric}",
@@ -554,3 +660,90 @@ def test_path_caption_says_direct_paths_when_mlps_are_frozen(tmp_path):
     assert "direct paths only" in mlps_caption({"path_mlps": "frozen"})
     assert "MLPs recomputed" in mlps_caption({"path_mlps": "recomputed"})
     assert "not recorded" in mlps_caption({})
+
+
+def test_a_cell_of_one_pair_says_1_pair():
+    assert (pairs(1), pairs(2), pairs(1, "prompt")) == ("1 pair", "2 pairs", "1 prompt")
+    row = {"metric": "logit_diff", "mean_recovery": 0.5, "ci95_low": None, "ci95_high": None, "n_recovery": 1}
+    assert note(row).endswith(", 1 pair")
+
+
+def test_cells_of_few_pairs_are_faded_and_dotted_and_their_counts_said(warehouse):
+    data = _figures(warehouse)
+    figure = next(f for f in data["figures"] if f.key == "resid-denoise-logprob_diff")
+    # six pairs behind every cell: none marked, the caption gives the count
+    assert {n for r in figure.counts for n in r} == {6} and not figure.few(0, 0)
+    assert figure.counts_caption() == " Each cell averages 6 pairs (hover a cell for its count)."
+    svg = svg_heatmap(figure)
+    assert 'class="few"' not in svg and "fill-opacity" not in svg
+    # three pairs per relation: every cell of the small multiples is faded and dotted, and says so
+    assert [m.title for m in data["multiples"]] == [f"{r} (3 pairs, logprob_diff)" for r in ("capital", "currency")]
+    for m in data["multiples"]:
+        n_cells = sum(v is not None for r in m.values for v in r)
+        svg = svg_heatmap(m)
+        assert n_cells and svg.count('class="few"') == n_cells and svg.count('fill-opacity="0.45"') == n_cells
+        assert f"fewer than {FEW_PAIRS} pairs are faded and marked with a dot" in m.counts_caption()
+        assert all(n.endswith(", 3 pairs") for r in m.notes for n in r if n)
+
+
+def test_small_multiples_have_their_own_colour_bar_and_every_layer(warehouse):
+    for m in _figures(warehouse)["multiples"]:
+        svg = svg_heatmap(m)
+        assert re.findall(r'class="tick-y"[^>]*>([^<]*)<', svg) == [str(layer) for layer in range(N_LAYERS)]
+        assert re.findall(r'class="bar-tick"[^>]*>([^<]*)<', svg) == ["+1", "0", "-1"]
+        assert " ".join(re.findall(r'class="bar-label"[^>]*>([^<]*)<', svg)) == "mean recovery (logprob_diff)"
+
+
+def figure_faults(fig) -> list:
+    """label_faults of a matplotlib figure as drawn: every text it draws, its box on the canvas and,
+    for labels turned by an angle other than a right one, its box before the turn about its anchor."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.text import Text
+
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    hidden = set()  # ticks beyond an axis' range: laid out, never drawn
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            lo, hi = sorted(axis.get_view_interval())
+            eps = (hi - lo) * 1e-9
+            hidden |= {id(label) for t in axis.get_major_ticks() + axis.get_minor_ticks()
+                       if not lo - eps <= t.get_loc() <= hi + eps for label in (t.label1, t.label2)}
+    texts = []
+    for t in fig.findobj(Text):
+        if not t.get_visible() or not t.get_text().strip() or id(t) in hidden:
+            continue
+        rect = list(t.get_window_extent(renderer).extents)
+        angle = t.get_rotation()
+        if angle % 90 == 0:
+            texts.append({"text": t.get_text(), "rect": rect, "box": rect, "turn": [0, 0, 0]})
+            continue
+        t.set_rotation(0)
+        box = list(t.get_window_extent(renderer).extents)
+        t.set_rotation(angle)
+        x, y = t.get_transform().transform(t.get_position())
+        texts.append({"text": t.get_text(), "rect": rect, "box": box, "turn": [angle, x, y]})
+    return label_faults((0, 0, fig.bbox.width, fig.bbox.height), texts)
+
+
+@pytest.mark.engine  # every figure of two reports drawn: seconds, as an engine test takes
+def test_figure_files_have_no_label_clipped_or_over_another(paths_warehouse, atp_warehouse):
+    figures = []
+    for warehouse in (paths_warehouse, atp_warehouse):
+        data = _figures(warehouse)
+        figures += [f for f in data["figures"] if f.metric in (None, data["headline"])] + data["multiples"]
+        for drawing in ("paths", "atp"):
+            if data["sections"][drawing]:
+                section = data["sections"][drawing]
+                figures += [f for f in section["figures"] if f.metric in (None, data["headline"])]
+                figures += section.get("scatters", [])
+    keys = {f.key.split("-")[0] for f in figures}
+    assert {"resid", "heads", "qkv", "trace", "relation", "paths", "atp"} <= keys
+    for f in figures:
+        fig = scatter_figure(f) if isinstance(f, Scatter) else heatmap_figure(f)
+        assert figure_faults(fig) == [], f.key
+    # the check finds a label past the figure's edge
+    fig = heatmap_figure(figures[0])
+    fig.text(0.97, 0.5, "past the right edge")
+    assert ("outside", "past the right edge") in figure_faults(fig)

@@ -1,8 +1,12 @@
-"""A study's pictures: one self-contained HTML page and a PNG of each figure, from the warehouse's views.
+"""A study's pictures: one self-contained HTML page and each figure as PNG, SVG and PDF files, from
+the warehouse's views; by default of the latest completed run. A run that did not complete (failed,
+cancelled, still running) is reported with its status, the reason it ended and what it loaded.
 
 The page has its styles, data and figures (inline SVG) inside it and makes no network request.
-Every heatmap's colour scale is centred at zero, its axes are labelled with layer numbers and role
-names, and each cell's hover text gives the mean, its metric, its 95% interval and the pair count.
+Every heatmap's colour scale is centred at zero and has its colour bar with its units, its axes are
+labelled with layer numbers and role names, no label is clipped or drawn over another, and each
+cell's hover text gives the mean, its metric, its 95% interval and the pair count; a cell averaged
+over fewer than FEW_PAIRS (5) pairs is faded and dotted, and the caption says so.
 
 Each sweep kind declares how the report draws it (`patchgrid.sweeps.SWEEP_KINDS[name].drawing`),
 and the page has one section per drawing (sections.py), a drawing's kinds in registry order:
@@ -33,15 +37,16 @@ first kind drawn layer_by_role, on the headline metric.
     estimates.py      attribution patching's heatmaps, scatter plots and neuron table
     figures.py        the figures as data (Heatmap, Scatter) and the grid helpers
     colours.py        the diverging colour scale
-    svg.py, png.py    drawing a figure inline and as a file
+    svg.py            drawing a figure inline (its labels placed from their measured extents)
+    files.py          drawing a figure as PNG, SVG and PDF files (matplotlib)
     page.py           the HTML page: write_report
 """
 from .colours import colour
 from .figures import Heatmap, Scatter
+from .files import FORMATS, heatmap_figure, scatter_figure, write_figure
 from .page import write_report
-from .png import png_heatmap, png_scatter
 from .sections import collect
 from .svg import svg_heatmap, svg_scatter
 
-__all__ = ["Heatmap", "Scatter", "collect", "colour", "png_heatmap", "png_scatter", "svg_heatmap", "svg_scatter",
-           "write_report"]
+__all__ = ["FORMATS", "Heatmap", "Scatter", "collect", "colour", "heatmap_figure", "scatter_figure", "svg_heatmap",
+           "svg_scatter", "write_figure", "write_report"]

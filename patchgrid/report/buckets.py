@@ -2,7 +2,7 @@
 average indirect effect on p(answer) (the trace_buckets view), for the kinds drawn `trace_buckets`."""
 from __future__ import annotations
 
-from .figures import Heatmap, grid
+from .figures import Heatmap, cell_counts, grid, pairs
 
 METRIC = "p"  # Meng et al. trace on the answer's probability
 PANELS = (("resid", "hidden state"), ("mlp_out", "MLP (window)"), ("attn_out", "attention (window)"))
@@ -18,7 +18,7 @@ def bucket_note(row):
     text = f"AIE (p) {row['aie']:+.3f}"
     if row["ci95_low"] is not None:
         text += f" (95% t interval {row['ci95_low']:+.3f} to {row['ci95_high']:+.3f})"
-    return text + f", {row['n_tokens']} tokens of {row['n_prompts']} prompts"
+    return text + f", {pairs(row['n_tokens'], 'token')} of {pairs(row['n_prompts'], 'prompt')}"
 
 
 def bucket_figures(buckets, prefix: str) -> list[Heatmap]:
@@ -34,8 +34,10 @@ def bucket_figures(buckets, prefix: str) -> list[Heatmap]:
             continue
         layers = sorted({r["layer"] for r in rows})
         values, notes = grid(rows, "bucket", "layer", order, layers, lambda r: r["aie"], bucket_note)
+        counts = cell_counts(rows, "bucket", "layer", order, layers, lambda r: r["n_prompts"])
         axis = "layer" if site == "resid" else "window centre (layer)"
         figures.append(Heatmap(f"{prefix}-{site}", f"causal tracing: restoring the {label}, on p", order, layers,
                                values, notes, "token", axis, "AIE on p(answer)", limit,
-                               caption=CAPTION + ("" if site == "resid" else WINDOW)))
+                               caption=CAPTION + ("" if site == "resid" else WINDOW), counts=counts,
+                               count_unit="prompt"))
     return figures

@@ -7,7 +7,19 @@ from __future__ import annotations
 from collections import defaultdict
 
 from ..metrics import METRICS
-from .figures import HEADLINE, Heatmap, Scatter, grid, role_order, roles_present, symmetric_limit, towards, where
+from .figures import (
+    HEADLINE,
+    Heatmap,
+    Scatter,
+    cell_counts,
+    grid,
+    pairs,
+    role_order,
+    roles_present,
+    symmetric_limit,
+    towards,
+    where,
+)
 
 POSITION_SITES = ("resid", "attn_out", "mlp_out")  # the site kinds drawn layer x role
 SITES = ("resid", "attn_out", "mlp_out", "head", "neuron")  # every site kind, in table order
@@ -29,11 +41,11 @@ def estimate_note(row):
     text = f"AtP estimate ({metric}) {row['mean_estimate']:+.3f}"
     if row["estimate_ci95_low"] is not None:
         text += f" (95% t interval {row['estimate_ci95_low']:+.3f} to {row['estimate_ci95_high']:+.3f})"
-    text += f", {row['n_pairs']} pairs"
+    text += f", {pairs(row['n_pairs'])}"
     if row["mean_graddrop"] is not None:
         text += f"; GradDrop score ({metric}) {row['mean_graddrop']:.3f}"
     if row["n_verified"]:
-        text += (f"; exact effect ({metric}) {row['mean_effect']:+.3f} over the {row['n_verified']} pairs patched "
+        text += (f"; exact effect ({metric}) {row['mean_effect']:+.3f} over the {pairs(row['n_verified'])} patched "
                  f"exactly (their estimate {row['mean_estimate_verified']:+.3f})")
     return text
 
@@ -105,9 +117,10 @@ def position_figure(rows, site, metric, prefix) -> Heatmap:
     layers = sorted({r["layer"] for r in rows})
     roles = roles_present(rows)
     values, notes = grid(rows, "layer", "position_role", layers, roles, lambda r: r["mean_estimate"], estimate_note)
+    counts = cell_counts(rows, "layer", "position_role", layers, roles, lambda r: r["n_pairs"])
     return Heatmap(f"{prefix}-{site}-{metric}", f"AtP estimates: {site} patched clean into corrupt, on {metric}",
                    layers, roles, values, notes, "layer", "position role", f"AtP estimate ({metric})",
-                   symmetric_limit(values), caption=reading(metric), extra={"on": metric})
+                   symmetric_limit(values), caption=reading(metric), extra={"on": metric}, counts=counts)
 
 
 def heads_figure(rows, role, metric, prefix) -> Heatmap:
@@ -115,9 +128,10 @@ def heads_figure(rows, role, metric, prefix) -> Heatmap:
     layers = sorted({r["layer"] for r in rows})
     heads = sorted({r["head"] for r in rows})
     values, notes = grid(rows, "layer", "head", layers, heads, lambda r: r["mean_estimate"], estimate_note)
+    counts = cell_counts(rows, "layer", "head", layers, heads, lambda r: r["n_pairs"])
     return Heatmap(f"{prefix}-heads-{role}-{metric}", f"AtP estimates: attention heads at {where(role)}, on {metric}",
                    layers, heads, values, notes, "layer", "head", f"AtP estimate ({metric})", symmetric_limit(values),
-                   caption="Each head's output (z). " + reading(metric), extra={"on": metric})
+                   caption="Each head's output (z). " + reading(metric), extra={"on": metric}, counts=counts)
 
 
 def scatter(rows, site, metric, agree, prefix) -> Scatter:

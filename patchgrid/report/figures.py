@@ -10,6 +10,14 @@ from ..rows import POSITION_ROLES as ROLE_ORDER
 # The metric shown first (and the only one for the small multiples): the first of these the run has.
 # logprob_diff: every pair has it (answers of any length), and for one-token answers it equals logit_diff
 HEADLINE = ("logprob_diff", "logit_diff")
+# A cell averaged over fewer pairs than this is drawn faded with a dot in it (its caption says so): a
+# mean of one or two pairs is no estimate of the population's, and must not look as strong as one of forty.
+FEW_PAIRS = 5
+
+
+def pairs(n: int, unit: str = "pair") -> str:
+    """`n` with its unit, singular or plural: 1 pair, 2 pairs."""
+    return f"{n} {unit}" if n == 1 else f"{n} {unit}s"
 
 
 @dataclass
@@ -28,6 +36,26 @@ class Heatmap:
     small: bool = False
     metric: str | None = None  # set: one of a figure's versions per metric, shown when it is selected
     extra: dict = field(default_factory=dict)
+    counts: list | None = None  # [row][col] -> how many pairs (count_unit) the cell averages, None: no data
+    count_unit: str = "pair"
+
+    def few(self, i: int, j: int) -> bool:
+        """Whether cell (i, j) averages fewer than FEW_PAIRS pairs (and is marked so)."""
+        n = None if self.counts is None else self.counts[i][j]
+        return n is not None and self.values[i][j] is not None and n < FEW_PAIRS
+
+    def counts_caption(self) -> str:
+        """What the caption says of the cells' counts: their range, and how the few are marked."""
+        flat = [n for row in (self.counts or []) for n in row if n is not None]
+        if not flat:
+            return ""
+        lo, hi = min(flat), max(flat)
+        span = pairs(lo, self.count_unit) if lo == hi else f"{lo}–{pairs(hi, self.count_unit)}"
+        text = f" Each cell averages {span} (hover a cell for its count)."
+        if lo < FEW_PAIRS:
+            text += (f" Cells averaged over fewer than {FEW_PAIRS} {self.count_unit}s are faded and marked with a "
+                     f"dot.")
+        return text
 
 
 @dataclass
@@ -57,11 +85,17 @@ def note(row, what="recovery"):
     text = f"{what} ({row['metric']}) {mean:+.3f}"
     if lo is not None:
         text += f" (95% t interval {lo:+.3f} to {hi:+.3f})"
-    return text + f", {n} pairs"
+    return text + f", {pairs(n)}"
 
 
 def effect_note(row):
     return note(row, "effect")
+
+
+def cell_counts(rows, row_key, col_key, row_labels, col_labels, count):
+    """rows laid out as grid() lays them: each cell's count (count(row)), None where there is no row."""
+    index = {(r[row_key], r[col_key]): r for r in rows}
+    return [[None if (a, b) not in index else count(index[(a, b)]) for b in col_labels] for a in row_labels]
 
 
 def symmetric_limit(values) -> float:

@@ -1,5 +1,7 @@
 """The report's page: one self-contained HTML file (styles, data and inline SVG figures inside it,
-no network request, no script) and a PNG of each figure beside it, from `sections.collect`."""
+no network request, no script) and each figure as PNG, SVG and PDF files beside it (linked from its
+caption), from `sections.collect`. A run that did not complete says so first: its status, the
+reason it ended, and what it loaded."""
 from __future__ import annotations
 
 import html
@@ -9,8 +11,8 @@ from pathlib import Path
 from ..metrics import METRICS
 from .estimates import TOP_NEURONS, estimate_note
 from .figures import Heatmap, Scatter
-from .png import png_heatmap, png_scatter
-from .queries import latest_run, run_params
+from .files import FORMATS, write_figure
+from .queries import latest_completed_run, run_params, runs_by_status
 from .sections import DRAWINGS, collect
 from .svg import svg_heatmap, svg_scatter
 
@@ -24,6 +26,8 @@ td, th { border: 1px solid #ddd; padding: 3px 8px; text-align: left; }
 .multiples figure { margin-right: 8px; } .note { color: #555; font-size: 13px; }
 figure.by-metric { display: none; } .metric-choice { margin: 0 2px 0 12px; }
 label.metric-label { font-size: 14px; font-family: ui-monospace, monospace; cursor: pointer; }
+figcaption .files { display: block; margin-top: 2px; } figcaption .files a { margin-right: 6px; }
+.run-ended { border: 2px solid #b2182b; background: #fdf1f1; padding: 8px 12px; font-size: 14px; max-width: 900px; }
 """
 
 
@@ -42,21 +46,24 @@ def _number(v, fmt=".3f") -> str:
 
 
 class FigureWriter:
-    """Each figure as a <figure> of the page, its PNG written beside it; figures with a metric are
-    switched by the metric buttons."""
+    """Each figure as a <figure> of the page, its files (`formats`) written beside it and linked
+    from its caption; figures with a metric are switched by the metric buttons."""
 
-    def __init__(self, out: Path, metrics):
-        self.out, self.index, self.n = out, {m: k for k, m in enumerate(metrics)}, 0
+    def __init__(self, out: Path, metrics, formats=FORMATS):
+        self.out, self.index, self.n, self.formats = out, {m: k for k, m in enumerate(metrics)}, 0, formats
 
     def __call__(self, h: Heatmap | Scatter) -> str:
         self.n += 1
         scatter = isinstance(h, Scatter)
-        (png_scatter if scatter else png_heatmap)(h, self.out / f"{h.key}.png")
+        files = write_figure(h, self.out, self.formats)
+        links = " ".join(f"<a href='{html.escape(p.name, quote=True)}'>{p.suffix[1:].upper()}</a>" for p in files)
         switched = (f" class='by-metric m-{self.index[h.metric]}' data-metric='{h.metric}'"
                     if h.metric in self.index else "")
+        caption = h.caption + ("" if scatter else h.counts_caption())
         return (f"<figure id='fig-{self.n}'{switched} data-png='{h.key}.png'>"
                 f"{svg_scatter(h) if scatter else svg_heatmap(h)}"
-                f"<figcaption><b>{html.escape(h.title)}</b>{html.escape(h.caption)}</figcaption></figure>")
+                f"<figcaption><b>{html.escape(h.title)}</b>{html.escape(caption)}"
+                f"<span class='files'>{links}</span></figcaption></figure>")
 
 
 def _neuron_table(neurons) -> list[str]:
@@ -155,8 +162,31 @@ INTRO = (" Hover a cell for its mean and metric, 95% t interval and pair count. 
          "figure's caption says what it plots.</p>")
 
 
-def _head(run_id: str, info: dict, metrics) -> list[str]:
-    """The page's head, title, run line and the metric buttons."""
+ENDED = {
+    "failed": "This run failed",
+    "cancelled": "This run was cancelled (SIGTERM or SIGINT)",
+    "running": "This run has not finished: it is still running, or its process was killed before it could say "
+               "how it ended",
+}
+
+
+def run_ended(info: dict, n_effects: int) -> str:
+    """For a run that did not complete: its status, the reason it ended (runs.reason) and what it
+    loaded; for a completed run with nothing to draw, that it has none. Empty otherwise."""
+    status = str(info["status"])
+    loaded = (f"{info['n_records']} records ({info['n_accepted']} pairs accepted, {info['n_rejected']} records "
+              f"rejected: by reason in the table below), {info['n_swept']} pairs swept, {n_effects} effect rows")
+    nothing = "" if n_effects else "; so there is no figure to draw"
+    if status == "completed":
+        return "" if n_effects else f"<p class='run-ended'>This run completed with nothing to draw: {loaded}.</p>"
+    head = ENDED.get(status, f"This run's status is {status}")
+    why = info.get("reason") or "no reason was recorded"
+    return (f"<p class='run-ended' id='run-ended'><b>{html.escape(head)}: {html.escape(str(why))}</b><br>"
+            f"What it loaded into the warehouse: {html.escape(loaded)}{nothing}.</p>")
+
+
+def _head(run_id: str, info: dict, metrics, n_effects: int) -> list[str]:
+    """The page's head, title, run line, how the run ended unless it completed, and the metric buttons."""
     parts = [f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>patchgrid report "
              f"{html.escape(run_id)}</title><style>{CSS}{_metric_css(metrics)}</style></head><body>",
              f"<h1>patchgrid study {html.escape(run_id)}</h1>",
@@ -164,7 +194,7 @@ def _head(run_id: str, info: dict, metrics) -> list[str]:
              f"{info['n_accepted']} pairs accepted of {info['n_records']} records; "
              f"{info['n_swept']} pairs swept; status {html.escape(str(info['status']))}; "
              f"started {info['started']}, finished {info['finished']}; code {html.escape(str(info['code_version']))}."
-             + INTRO]
+             + INTRO, run_ended(info, n_effects)]
     if metrics:
         # the radio buttons come before every figure they switch: CSS selects only later siblings
         parts.append("<p class='note'>The patching and head figures are drawn on every metric the run has; choose "
@@ -211,28 +241,39 @@ def _tables(info: dict, metrics, rejections) -> list[str]:
     return parts
 
 
+def no_completed_run(warehouse, by_status) -> str:
+    """Why there is no default run: the warehouse's runs by status, and what to do."""
+    if not by_status:
+        return f"warehouse {warehouse} holds no runs"
+    runs = ", ".join(f"{r['n']} {r['status']} (latest {r['latest']})" for r in by_status)
+    return (f"warehouse {warehouse} has no completed run (its runs: {runs}); --run RUN_ID reports any run, one that "
+            f"did not complete with the reason it ended")
+
+
 def read_run(warehouse: str | Path, run_id: str | None) -> tuple[str, dict]:
-    """The run (default: the latest started) and everything its page shows."""
+    """The run (default: the latest completed run) and everything its page shows."""
     from ..warehouse.loader import connect
 
     con = connect(warehouse)
     try:
         if run_id is None:
-            run_id = latest_run(con)
+            run_id = latest_completed_run(con)
             if run_id is None:
-                raise ValueError(f"warehouse {warehouse} holds no runs")
+                raise ValueError(no_completed_run(warehouse, runs_by_status(con)))
         return run_id, collect(con, run_id)
     finally:
         con.close()
 
 
-def write_report(warehouse: str | Path, out: str | Path, run_id: str | None = None) -> Path:
-    """The run's page (report.html) and its figures' PNGs in `out`; returns the page's path."""
+def write_report(warehouse: str | Path, out: str | Path, run_id: str | None = None, formats=FORMATS) -> Path:
+    """The run's page (report.html) and its figures' files (PNG, SVG and PDF; `formats`) in `out`;
+    returns the page's path. run_id None: the latest completed run; a run that did not complete is
+    reported with its status, the reason it ended and what it loaded."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     run_id, data = read_run(warehouse, run_id)
-    figure = FigureWriter(out, data["metrics"])
-    parts = _head(run_id, data["info"], data["metrics"]) + _sections(data, figure)
+    figure = FigureWriter(out, data["metrics"], formats)
+    parts = _head(run_id, data["info"], data["metrics"], data["n_effects"]) + _sections(data, figure)
     parts += _tables(data["info"], data["metrics"], data["rejections"])
     page = out / "report.html"
     page.write_text("".join(parts), encoding="utf-8")

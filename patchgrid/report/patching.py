@@ -5,7 +5,18 @@ from __future__ import annotations
 
 from ..metrics import METRICS
 from ..sites import SITE_KINDS
-from .figures import Heatmap, effect_note, grid, note, roles_present, slug, symmetric_limit, where
+from .figures import (
+    Heatmap,
+    cell_counts,
+    effect_note,
+    grid,
+    note,
+    pairs,
+    roles_present,
+    slug,
+    symmetric_limit,
+    where,
+)
 
 # The labels of a head's sites other than its output (z): its query, key and value
 QKV_SITES = {"q": "query (q)", "k": "key (k)", "v": "value (v)"}
@@ -43,7 +54,8 @@ def head_figures(summary, sweeps, metrics) -> list[Heatmap]:
 
 
 def relation_multiples(by_relation, headline) -> list[Heatmap]:
-    """One small layer x role panel of mean recovery per relation, on the headline metric."""
+    """One small layer x role panel of mean recovery per relation, on the headline metric, each with
+    its own colour bar; its title gives the relation's pairs."""
     multiples = []
     by_relation = [r for r in by_relation if r["metric"] == headline]
     for relation in sorted({r["relation"] for r in by_relation if r["relation"] is not None}):
@@ -51,10 +63,13 @@ def relation_multiples(by_relation, headline) -> list[Heatmap]:
         layers = sorted({r["layer"] for r in rows})
         roles = roles_present(rows)
         values, notes = grid(rows, "layer", "position_role", layers, roles, lambda r: r["mean_recovery"], note)
+        counts = cell_counts(rows, "layer", "position_role", layers, roles, lambda r: r["n_recovery"])
         n = max(r["n_pairs"] for r in rows)
-        multiples.append(Heatmap(f"relation-{slug(relation)}", f"{relation} ({n} pairs, {headline})", layers, roles,
+        multiples.append(Heatmap(f"relation-{slug(relation)}", f"{relation} ({pairs(n)}, {headline})", layers, roles,
                                  values, notes, "layer", "position role", f"mean recovery ({headline})", 1.0,
-                                 small=True))
+                                 caption=f"Recovery on {headline} of the pairs of relation {relation}, patched clean "
+                                         f"into corrupt, averaged over them.",
+                                 small=True, counts=counts))
     return multiples
 
 
@@ -78,6 +93,7 @@ def patching_figure(rows, sweep, site, direction, metric) -> Heatmap:
         # no recovery (a ratio of ranks means nothing): the mean effect itself, on its own scale
         values, notes = grid(rows, "layer", "position_role", layers, roles, lambda r: r["mean_effect"],
                              effect_note)
+        counts = cell_counts(rows, "layer", "position_role", layers, roles, lambda r: r["n_pairs"])
         units = f"mean effect ({metric})"
         reference = "corrupt" if direction == "denoise" else "clean"
         reading = (f"Mean effect on {metric} ({meaning}): patched − {reference}, averaged over pairs; it has no "
@@ -100,12 +116,14 @@ def patching_figure(rows, sweep, site, direction, metric) -> Heatmap:
                        f"run that the patch takes away, averaged over pairs. Red, 1: the site carries the whole "
                        f"answer (patching it alone makes the run corrupt); 0: the answer does not depend on it.")
         values, notes = grid(rows, "layer", "position_role", layers, roles, value, note)
+        counts = cell_counts(rows, "layer", "position_role", layers, roles, lambda r: r["n_recovery"])
         reading += direction_words(metric) + (" Pairs whose clean − corrupt span is below the threshold are left "
                                               "out (see n_small_span).")
         limit = 1.0
     layers = ["embedding" if layer is None else layer for layer in layers]  # the embed sweep has no layer
     return Heatmap(f"{sweep}-{direction}-{metric}", f"{site} patching, {direction} ({what}), on {metric}", layers,
-                   roles, values, notes, "layer", "position role", units, limit, caption=reading, metric=metric)
+                   roles, values, notes, "layer", "position role", units, limit, caption=reading, metric=metric,
+                   counts=counts)
 
 
 def heads_figure(rows, sweep, role, metric, site="head") -> Heatmap:
@@ -117,9 +135,11 @@ def heads_figure(rows, sweep, role, metric, site="head") -> Heatmap:
     if METRICS[metric].min_span is None:
         values, notes = grid(rows, "layer", "head", layers, n_heads, lambda r: r["mean_effect"],
                              effect_note)
+        counts = cell_counts(rows, "layer", "head", layers, n_heads, lambda r: r["n_pairs"])
         units, shown = f"mean effect ({metric})", f"the mean effect on {metric} (patched − corrupt; no recovery)"
     else:
         values, notes = grid(rows, "layer", "head", layers, n_heads, lambda r: r["mean_recovery"], note)
+        counts = cell_counts(rows, "layer", "head", layers, n_heads, lambda r: r["n_recovery"])
         units, shown = f"mean recovery ({metric})", f"recovery on {metric}"
     at = where(role)
     if site == "head":
@@ -134,5 +154,5 @@ def heads_figure(rows, sweep, role, metric, site="head") -> Heatmap:
                    values, notes, "layer", axis, units, symmetric_limit(values),
                    caption=f"{what} patched clean into corrupt; {shown} ({METRICS[metric].meaning})."
                            + direction_words(metric) + " The colour scale reaches this panel's largest magnitude "
-                           "(legend), so small head effects show.", metric=metric)
+                           "(legend), so small head effects show.", metric=metric, counts=counts)
 

@@ -3,7 +3,7 @@ path's mean effect (the path_summary view), for the kinds drawn `paths`."""
 from __future__ import annotations
 
 from ..metrics import METRICS
-from .figures import Heatmap, effect_note, grid, roles_present, symmetric_limit, towards, where
+from .figures import Heatmap, cell_counts, effect_note, grid, pairs, roles_present, symmetric_limit, towards, where
 
 # A matrix shows at most this many senders and receivers, those with the largest |mean effect| in
 # any of their cells
@@ -43,7 +43,7 @@ def top_ends(rows, key, order, limit):
 def path_note(row):
     text = effect_note(row)
     if row["mean_recovery"] is not None:
-        text += f"; recovery ({row['metric']}) {row['mean_recovery']:+.3f} over {row['n_recovery']} pairs"
+        text += f"; recovery ({row['metric']}) {row['mean_recovery']:+.3f} over {pairs(row['n_recovery'])}"
     return text
 
 
@@ -78,8 +78,9 @@ def path_figure(rows, role, metric, params, prefix: str) -> Heatmap:
     senders, n_senders = top_ends(rows, "sender", sender_order, PATH_TOP)
     receivers, n_receivers = top_ends(rows, "receiver", receiver_order, PATH_TOP)
     values, notes = grid(rows, "sender", "receiver", senders, receivers, lambda r: r["mean_effect"], path_note)
-    pairs = sorted({r["n_pairs"] for r in rows})
-    n = f"{pairs[0]}" if len(pairs) == 1 else f"{pairs[0]}–{pairs[-1]}"
+    counts = cell_counts(rows, "sender", "receiver", senders, receivers, lambda r: r["n_pairs"])
+    found = sorted({r["n_pairs"] for r in rows})
+    n = pairs(found[0]) if len(found) == 1 else f"{found[0]}–{pairs(found[-1])}"
     at = where(role)
     spec = METRICS[metric]
     shown = ""
@@ -89,9 +90,9 @@ def path_figure(rows, role, metric, params, prefix: str) -> Heatmap:
     caption = (f"Each cell: the sender (row: a head's output, or a layer's attn_out or mlp_out) patched clean into "
                f"corrupt along one path only, to the receiver (column: logits, the direct effect; or a later "
                f"head's query, key or value input, k and v by key/value head), at {at}: the mean over pairs of "
-               f"patched − corrupt on {metric} ({spec.meaning}); {n} pairs per cell. Red: the path raises "
+               f"patched − corrupt on {metric} ({spec.meaning}); {n} per cell. Red: the path raises "
                f"{metric}{towards(metric)}, blue: lowers it. {mlps_caption(params)} The colour scale reaches this "
                f"panel's largest magnitude (legend).{shown}")
-    return Heatmap(f"{prefix}-{role}-{metric}", f"path patching, sender → receiver at {at} ({n} pairs), on {metric}",
+    return Heatmap(f"{prefix}-{role}-{metric}", f"path patching, sender → receiver at {at} ({n}), on {metric}",
                    senders, receivers, values, notes, "sender", "receiver", f"mean effect ({metric})",
-                   symmetric_limit(values), caption=caption, metric=metric)
+                   symmetric_limit(values), caption=caption, metric=metric, counts=counts)

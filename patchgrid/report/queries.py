@@ -12,10 +12,22 @@ def rows(con, sql, params=()) -> list[dict]:
     return [dict(zip(cols, r)) for r in cur.fetchall()]
 
 
-def latest_run(con) -> str | None:
-    """The run started last (None: the warehouse holds no runs)."""
-    latest = con.execute("SELECT run_id FROM run_overview ORDER BY started DESC NULLS LAST LIMIT 1").fetchone()
+def latest_completed_run(con) -> str | None:
+    """The completed run that finished last (None: the warehouse holds no completed run)."""
+    latest = con.execute("SELECT run_id FROM run_overview WHERE status = 'completed' "
+                         "ORDER BY finished DESC NULLS LAST, started DESC NULLS LAST, run_id LIMIT 1").fetchone()
     return None if latest is None else latest[0]
+
+
+def runs_by_status(con) -> list[dict]:
+    """How many runs the warehouse holds of each status, and the latest started of each."""
+    return rows(con, "SELECT status, count(*) AS n, arg_max(run_id, started) AS latest FROM run_overview "
+                     "GROUP BY status ORDER BY n DESC, status")
+
+
+def effect_rows(con, run_id: str) -> int:
+    """How many effect rows the run loaded."""
+    return con.execute("SELECT count(*) FROM effects WHERE run_id = ?", [run_id]).fetchone()[0]
 
 
 def run_overview(con, run_id: str) -> dict | None:

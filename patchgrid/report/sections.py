@@ -106,4 +106,5 @@ def collect(con, run_id: str) -> dict:
     by_relation = queries.relation_summary(con, run_id, multiples_sweep) if multiples_sweep else []
     return {"info": info, "sections": sections, "figures": [h for d in GRIDS for h in sections.get(d, [])],
             "multiples": relation_multiples(by_relation, headline), "multiples_sweep": multiples_sweep,
-            "rejections": queries.rejections(con, run_id), "metrics": metrics, "headline": headline}
+            "rejections": queries.rejections(con, run_id), "metrics": metrics, "headline": headline,
+            "n_effects": queries.effect_rows(con, run_id)}
