@@ -1,8 +1,12 @@
 """For `patchgrid serve`: a Prefect server on loopback, when the user has none configured; how many runs
-of the served deployment may run at once, and what becomes of a run due while that many are running."""
+of the served deployment may run at once, and what becomes of a run due while that many are running; the
+flow served until the first SIGINT or SIGTERM."""
 from __future__ import annotations
 
+import asyncio
+import multiprocessing
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -29,6 +33,41 @@ def overlap_line(limit: int, on_overlap: str) -> str:
     """What `serve` says of overlapping runs as it starts."""
     runs, are = ("run", "is") if limit == 1 else ("runs", "are")
     return f"at most {limit} {runs} at once; a run due while {limit} {are} running {_FATE[on_overlap]}"
+
+
+def serve(flow, *, name: str, **deployment) -> None:
+    """Serve `flow` as the deployment `name` (Runner.add_flow's keywords: cron, parameters, concurrency_limit)
+    from this process, as Flow.serve does, until the first SIGINT or SIGTERM. Either first sends SIGTERM to every
+    flow run this process started (each stops as a study does, recorded cancelled; the runner waits for them),
+    then goes to the handler the signal had before (patchgrid.stopping's, under the CLI: Cancelled, raised
+    here). Prefect's own SIGTERM handler would stop the runner without stopping its runs, and exit 0."""
+    from prefect.runner import Runner
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def stop(signum, frame):
+        for run in multiprocessing.active_children():  # the flow runs, started by Prefect with spawn
+            run.terminate()
+        handler = before[signal.Signals(signum)]
+        if callable(handler):
+            handler(signum, frame)
+        elif handler != signal.SIG_IGN:  # no Python handler: the signal's default action
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+
+    class StoppingRunner(Runner):
+        def handle_sigterm(self, signum, frame):  # installed by Runner.start
+            stop(signum, frame)
+
+    runner = StoppingRunner(name=name, pause_on_shutdown=True, limit=None)
+    runner.add_flow(flow, name=name, **deployment)
+    print(f"serving the deployment {flow.name}/{name} until SIGINT (Ctrl-C) or SIGTERM", file=sys.stderr)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        asyncio.run(runner.start())
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
 
 
 @contextmanager

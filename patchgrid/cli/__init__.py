@@ -8,20 +8,51 @@ each command group is a module of its own:
     data.py       models prepare, pairs check, sweep
     study.py      study, serve, the demo's study
     warehouse.py  report, query
+    supervise.py  the command, run as a process, in a child of its own (stop signals, what is left)
+
+Importing this package is light (the parser, which imports the library, is imported on first use), so
+that the supervisor of a command run as a process holds no engine, torch or Prefect.
 """
 from __future__ import annotations
 
+import importlib
 import signal
 import sys
 
-from ..console import quiet_engine_logs
 from .common import UsageError
-from .parser import DEFAULT_STUDY, build_parser
 
 __all__ = ["DEFAULT_STUDY", "UsageError", "build_parser", "main"]
 
 
+def __getattr__(name: str):
+    if name in ("DEFAULT_STUDY", "build_parser"):
+        return getattr(importlib.import_module(".parser", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def main(argv=None) -> int:
+    """The command line `argv` (a list), run in this process; or (None) this process's own, which a command that
+    starts engines, flows or servers runs in a child it supervises (supervise.py)."""
+    if argv is not None:
+        return _main(argv)
+    from .supervise import exit_unfinalized, supervise, wanted
+
+    if wanted(sys.argv[1:]):
+        return supervise(sys.argv[1:])
+    code = 1  # an exception's, unless the command returns or exits
+    exit_unfinalized(lambda: code)
+    try:
+        code = _main(None)
+    except SystemExit as exc:  # --help, a usage error
+        code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+        raise
+    return code
+
+
+def _main(argv) -> int:
+    from ..console import quiet_engine_logs
+    from .parser import build_parser
+
     args = build_parser().parse_args(argv)
     quiet_engine_logs()
     from ..stopping import Cancelled, cancel_on_signals, one_line, signalled
