@@ -12,12 +12,7 @@ import pytest
 from patchgrid.warehouse.loader import query
 from tests.support.engines import needs_vllm
 from tests.support.pairs import DATA
-from tests.support.processes import env_for, start, study_args, wait_for
-
-
-def _left_in_session(sid: int) -> list[str]:
-    out = subprocess.run(["ps", "-o", "pid=,args=", "-s", str(sid)], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if line.strip()]
+from tests.support.processes import env_for, kill_sessions, left_in, sessions_of, start, study_args, wait_for
 
 
 def _collect(stream, into: list) -> None:
@@ -31,8 +26,10 @@ def test_sigterm_mid_sweep_stops_within_10s_cancelled_and_leaves_no_process(tmp_
     proc = start(study_args(tmp_path, wh, tmp_path / "work", "--sweeps", "resid,heads"), env_for(tmp_path), tmp_path)
     err: list[str] = []
     _collect(proc.stderr, err)
+    sessions = set()
     try:
         wait_for(lambda: "patched runs" in "".join(err), 400, proc, "the sweeps to start")
+        sessions = sessions_of(proc)  # the command's and its supervised child's
         t0 = time.monotonic()
         os.kill(proc.pid, signal.SIGTERM)  # the study's own process only, as Kubernetes does
         proc.wait(timeout=30)
@@ -41,15 +38,47 @@ def test_sigterm_mid_sweep_stops_within_10s_cancelled_and_leaves_no_process(tmp_
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     time.sleep(0.5)
-    left = _left_in_session(proc.pid)
-    if left:
-        os.killpg(proc.pid, signal.SIGKILL)
+    left = left_in(sessions)
+    kill_sessions(sessions)
     assert took <= 10, f"took {took:.1f} s to stop"
     assert proc.returncode == 128 + signal.SIGTERM
     assert left == [], f"left running: {left}"
     assert "stopped by SIGTERM" in "".join(err).strip().splitlines()[-1]
     assert query(wh, "SELECT status, reason, finished IS NOT NULL FROM runs")[1] == [
         ("cancelled", "cancelled by SIGTERM", True)]
+
+
+@needs_vllm
+def test_ctrl_c_at_a_terminal_mid_sweep_stops_within_10s_cancelled_and_leaves_no_process(tmp_path):
+    """A terminal's Ctrl-C: SIGINT to the whole foreground process group. It reaches the command's supervisor
+    alone, not vLLM's engine core or Prefect's server (patchgrid/cli/supervise.py), whose deaths would leave the
+    clean-up waiting on them (78 s)."""
+    wh = tmp_path / "w.duckdb"
+    proc = start(study_args(tmp_path, wh, tmp_path / "work", "--sweeps", "resid,heads", "--limit", "64"),
+                 env_for(tmp_path), tmp_path)
+    err: list[str] = []
+    _collect(proc.stderr, err)
+    sessions = set()
+    try:
+        wait_for(lambda: "patched runs" in "".join(err), 400, proc, "the sweeps to start")
+        sessions = sessions_of(proc)
+        t0 = time.monotonic()
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=60)
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    time.sleep(0.5)
+    left = left_in(sessions)
+    kill_sessions(sessions)
+    assert len(sessions) == 2, f"the study did not run in a session of its own: {sessions}"
+    assert took <= 10, f"took {took:.1f} s to stop"
+    assert proc.returncode == 128 + signal.SIGINT
+    assert left == [], f"left running: {left}"
+    assert "stopped by SIGINT" in "".join(err).strip().splitlines()[-1]
+    assert query(wh, "SELECT status, reason, finished IS NOT NULL FROM runs")[1] == [
+        ("cancelled", "cancelled by SIGINT", True)]
 
 
 def test_a_failing_flow_is_recorded_failed_with_its_reason(tmp_path):

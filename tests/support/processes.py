@@ -31,12 +31,63 @@ def start(args, env, cwd) -> subprocess.Popen:
 
 
 def kill9(proc: subprocess.Popen) -> None:
-    """SIGKILL the process and everything it started (vLLM workers, Prefect's temporary server)."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    """SIGKILL the process and everything it started (vLLM workers, Prefect's temporary server), the
+    supervised command's child in its session of its own too (patchgrid/cli/supervise.py)."""
+    groups = {proc.pid} | {os.getpgid(pid) for pid in _alive(descendants(proc.pid))}
+    for group in groups:
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     proc.wait(timeout=60)
+
+
+def descendants(pid: int) -> list[int]:
+    """The pids of every process `pid` started, and those they started, at this moment."""
+    import psutil
+
+    try:
+        return [p.pid for p in psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _alive(pids: list[int]) -> list[int]:
+    alive = []
+    for pid in pids:
+        try:
+            os.getpgid(pid)
+            alive.append(pid)
+        except ProcessLookupError:
+            pass
+    return alive
+
+
+def sessions_of(proc: subprocess.Popen) -> set[int]:
+    """The sessions of the process and of everything it started: a supervised command's child has its own."""
+    sids = {os.getsid(proc.pid)}
+    for pid in descendants(proc.pid):
+        try:
+            sids.add(os.getsid(pid))
+        except ProcessLookupError:
+            pass
+    return sids
+
+
+def left_in(sessions: set[int]) -> list[str]:
+    """`ps` lines of the processes still in these sessions, zombies aside."""
+    out = subprocess.run(["ps", "-o", "pid=,stat=,args=", "-s", ",".join(map(str, sorted(sessions)))],
+                         capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if line.strip() and line.split()[1][0] != "Z"]
+
+
+def kill_sessions(sessions: set[int]) -> None:
+    """SIGKILL every process of these sessions (a test's clean-up, whatever the process under test left)."""
+    for line in left_in(sessions):
+        try:
+            os.kill(int(line.split()[0]), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def wait_for(predicate, timeout: float, proc: subprocess.Popen | None = None, what: str = "condition"):

@@ -1,0 +1,105 @@
+"""`patchgrid serve` stops on its first stop signal, as a terminal sends it (Ctrl-C: SIGINT to the whole
+process group) and as a scheduler does (SIGTERM to the command's process alone), leaving no process: not
+its Prefect server, not its supervised child (patchgrid/cli/supervise.py). Both served at once, on a cron
+far in the future (no run is due), each with its own Prefect server on a free port."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.support.pairs import DATA
+from tests.support.processes import kill_sessions, left_in, sessions_of, wait_for
+
+NEVER_DUE = "0 0 1 1 *"  # midnight on the first of January
+STOP_S = 15  # the runner's shutdown (pausing the deployment), then the Prefect server's
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _serve(tmp_path, name: str) -> tuple[subprocess.Popen, object]:
+    home = tmp_path / name
+    home.mkdir()
+    env = dict(os.environ, PREFECT_HOME=str(home / "prefect-home"), PREFECT_SERVER_ANALYTICS_ENABLED="false")
+    env.pop("PREFECT_API_URL", None)
+    log = open(home / "serve.log", "w+")  # read as the test goes; closed by the fixture
+    proc = subprocess.Popen([sys.executable, "-m", "patchgrid", "serve", "--cron", NEVER_DUE, "--model", "tiny-llama",
+                             "--backend", "hf", "--pairs", str(DATA), "--limit", "1", "--no-require-known",
+                             "--sweeps", "resid", "--warehouse", str(home / "w.duckdb"), "--workdir",
+                             str(home / "work"), "--port", str(_free_port())],
+                            env=env, cwd=home, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    return proc, log
+
+
+def _serving(proc, log) -> bool:
+    if proc.poll() is not None:
+        raise AssertionError(f"serve exited ({proc.returncode}) before serving:\n{_text(log)[-3000:]}")
+    return "serving the deployment" in _text(log)
+
+
+def _text(log) -> str:
+    log.seek(0)
+    return log.read()
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """Two `serve` commands, each serving its deployment, with the sessions of everything they started."""
+    tmp_path = tmp_path_factory.mktemp("serve")
+    both = {how: _serve(tmp_path, how) for how in ("ctrl_c", "sigterm")}
+    sessions = {}
+    try:
+        for how, (proc, log) in both.items():
+            wait_for(lambda proc=proc, log=log: _serving(proc, log), 300, what=f"{how}'s serve to start")
+        time.sleep(2)  # the runner polling
+        for how, (proc, _) in both.items():
+            sessions[how] = sessions_of(proc)
+        yield {how: (proc, log, sessions[how]) for how, (proc, log) in both.items()}
+    finally:
+        for proc, log in both.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+            log.close()
+        for found in sessions.values():
+            kill_sessions(found)
+
+
+def _stops(proc, log, sessions, send) -> None:
+    assert len(sessions) == 2, f"serve did not run in a session of its own: {sessions}"
+    t0 = time.monotonic()
+    send(proc.pid)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"serve still running 60 s after the signal:\n{_text(log)[-3000:]}") from None
+    took = time.monotonic() - t0
+    time.sleep(0.5)
+    left = left_in(sessions)
+    print(f"serve stopped in {took:.1f} s")
+    assert took <= STOP_S, f"took {took:.1f} s to stop"
+    assert left == [], f"left running: {left}"
+
+
+def test_serve_stops_on_the_first_ctrl_c_at_a_terminal(served):
+    proc, log, sessions = served["ctrl_c"]
+    _stops(proc, log, sessions, lambda pid: os.killpg(pid, signal.SIGINT))  # the whole group, once
+    assert proc.returncode == 128 + signal.SIGINT
+    assert _text(log).strip().splitlines()[-1].startswith("patchgrid: stopped by SIGINT")
+
+
+def test_serve_stops_on_sigterm_to_its_process(served):
+    proc, log, sessions = served["sigterm"]
+    _stops(proc, log, sessions, lambda pid: os.kill(pid, signal.SIGTERM))  # as Kubernetes and Slurm send it
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert _text(log).strip().splitlines()[-1].startswith("patchgrid: stopped by SIGTERM")
