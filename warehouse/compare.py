@@ -102,8 +102,8 @@ def _check_runs(path, run_a: str, run_b: str) -> None:
 def _default_metric(path, run_a: str, run_b: str) -> str:
     """The first of DEFAULT_METRICS both runs have values on (logprob_diff, else logit_diff)."""
     first, fallback = DEFAULT_METRICS
-    _, [(both,)] = query(path, f"SELECT count(DISTINCT run_id) = 2 FROM effects WHERE run_id IN (?, ?) "
-                               f"AND patched_{first} IS NOT NULL", [run_a, run_b])
+    has = f"EXISTS (SELECT 1 FROM effects WHERE run_id = ? AND patched_{first} IS NOT NULL)"
+    _, [(both,)] = query(path, f"SELECT {has} AND {has}", [run_a, run_b])
     return first if both else fallback
 
 

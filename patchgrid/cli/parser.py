@@ -77,8 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_settings(q, StudySpec, only=("warehouse",))
     q.add_argument("sql", help="the query: SQL on the warehouse's views")
     _result_options(q)
-    _compare(command("compare", warehouse.cmd_compare,
-                     "two runs' averaged cells side by side: both means, the difference B - A and its 95 percent t interval"))
+    _compare(command("compare", warehouse.cmd_compare, "two runs' averaged cells side by side: both means, "
+                     "the difference B - A and its 95 percent t interval"))
     _demo(command("demo", pair.cmd_demo, "the France/Germany example, then a study of the shipped pairs"))
     return parser
 

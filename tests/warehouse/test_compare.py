@@ -167,13 +167,11 @@ def test_the_api_returns_the_same_cells_as_a_frame(built):
 
 @pytest.fixture(scope="module")
 def real_runs(tmp_path_factory, prefect_api):
-    """Two studies of three pairs on tiny-llama (hf), the resid sweep, partners drawn with seeds 0 and 1,
-    from the first 60 records of the shipped facts (aligned in seconds)."""
+    """Two studies of three pairs of the shipped facts on tiny-llama (hf), the resid sweep, subject-swap
+    partners drawn with seeds 0 and 1 (two of the three pairs get another partner)."""
     tmp = tmp_path_factory.mktemp("real")
-    source = tmp / "facts.jsonl"
-    source.write_text("".join(DATA.read_text().splitlines(keepends=True)[:60]))
     wh = tmp / "warehouse.duckdb"
-    runs = [patchgrid.study(model="tiny-llama", pairs=str(source), sweeps="resid", limit=3, require_known=False,
+    runs = [patchgrid.study(model="tiny-llama", pairs=str(DATA), sweeps="resid", limit=3, require_known=False,
                             backend="hf", seed=seed, warehouse=str(wh), workdir=str(tmp / "work")).run_id
             for seed in (0, 1)]
     return wh, *runs
