@@ -17,7 +17,7 @@ from patchgrid.warehouse.loader import finish_run, load_run, query, start_run
 from tests.support.pairs import DATA
 
 pytestmark = pytest.mark.engine  # the CLI in processes of its own, an engine among them
-REASON = "ValueError: no accepted pairs in facts.jsonl (the test's failure)"
+REASON = "ValueError: no accepted pairs in facts.jsonl (a failure the test wrote)"
 
 
 def cli(*args, cwd, timeout=600):
@@ -43,13 +43,15 @@ def load_failed_run(wh, pairs, run_id):
 
 @pytest.fixture(scope="module")
 def study(tmp_path_factory):
-    """A warehouse with a sweep of two pairs (resid and heads) and, started after it, a failed run."""
+    """A warehouse with a sweep of two pairs (resid) and, started after it, a failed run."""
     tmp = tmp_path_factory.mktemp("report-cli")
-    res = cli("pairs", "check", "--model", "tiny-llama", "--source", str(DATA), "--no-require-known", "--out",
-              "pairs.parquet", cwd=tmp)
+    # the shipped facts' first records (interleaved by relation): enough for two pairs of two relations
+    (tmp / "facts.jsonl").write_text("".join(DATA.read_text().splitlines(keepends=True)[:40]))
+    res = cli("pairs", "check", "--model", "tiny-llama", "--pairs", "facts.jsonl", "--no-require-known", "--backend",
+              "hf", "--out", "pairs.parquet", cwd=tmp)
     assert res.returncode == 0, res.stderr[-3000:]
-    res = cli("sweep", "--model", "tiny-llama", "--backend", "hf", "--pairs", "pairs.parquet", "--limit", "2",
-              "--sweeps", "resid,heads", "--warehouse", "w.duckdb", "--out", "rows/effects.parquet", cwd=tmp)
+    res = cli("sweep", "--model", "tiny-llama", "--backend", "hf", "--pairs-table", "pairs.parquet", "--limit", "2",
+              "--sweeps", "resid", "--warehouse", "w.duckdb", "--out", "rows/effects.parquet", cwd=tmp)
     assert res.returncode == 0, res.stderr[-3000:]
     completed = res.stdout.strip().splitlines()[-1].split()[1]
     load_failed_run(tmp / "w.duckdb", tmp / "pairs.parquet", "run-failed")
@@ -63,7 +65,7 @@ def test_the_default_is_the_latest_completed_run_and_help_says_so(study):
     assert res.returncode == 0, res.stderr[-3000:]
     text = (tmp / "rep" / "report.html").read_text()
     assert f"<h1>patchgrid study {completed}</h1>" in text and "run-failed" not in text
-    assert "run-ended" not in text and "<figure" in text
+    assert "<p class='run-ended'" not in text and "<figure" in text
     helped = cli("report", "--help", cwd=tmp)
     assert "latest completed run" in " ".join(helped.stdout.split())
 
