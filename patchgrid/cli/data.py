@@ -26,9 +26,13 @@ def cmd_pairs_check(args) -> int:
     if args.require_known and Path(args.pairs).is_file():
         read_source(args.pairs, args.pairs_format)  # a file that cannot be read stops here, before an engine starts
     engine = load_engine(args.model, args.backend) if args.require_known else None
+    from ..console import ProgressBars
+    from ..progress import reporting_to
+
     try:
-        fmt, records, rows = build_from_source(args.model, args.pairs, args.pairs_format, seed=args.seed,
-                                               answer_policy=args.answer_policy, engine=engine)
+        with ProgressBars() as bars, reporting_to(bars):  # judging facts, on stderr
+            fmt, records, rows = build_from_source(args.model, args.pairs, args.pairs_format, seed=args.seed,
+                                                   answer_policy=args.answer_policy, engine=engine)
     finally:
         if engine is not None:
             engine.close()
@@ -78,13 +82,16 @@ def cmd_sweep(args) -> int:
             check_family(config, engine.shape.family)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
-        cache, built = load_or_build(engine, pairs, cache_spec(config, engine.shape.n_layers, noise_std),
-                                     Path(args.cache), log=lambda msg: print(msg, file=sys.stderr))
-        print(f"cache {'built' if built else 'found'}: {cache.folder} ({cache.bytes_per_pair / 1e3:.1f} kB per pair)")
-        rows = run_sweeps(engine, pairs, cache, config, noise_std=noise_std,
-                          progress=lambda done, total: print(f"\r{done}/{total} patched runs", end="",
-                                                             file=sys.stderr))
-        print(file=sys.stderr)
+        from ..console import ProgressBars
+        from ..progress import reporting_to, stage
+
+        with ProgressBars() as bars, reporting_to(bars):  # the cache and the patched runs, on stderr
+            cache, built = load_or_build(engine, pairs, cache_spec(config, engine.shape.n_layers, noise_std),
+                                         Path(args.cache), log=lambda msg: print(msg, file=sys.stderr),
+                                         progress=stage("activation cache (pairs captured)"))
+            print(f"cache {'built' if built else 'found'}: {cache.folder} "
+                  f"({cache.bytes_per_pair / 1e3:.1f} kB per pair)")
+            rows = run_sweeps(engine, pairs, cache, config, noise_std=noise_std, progress=stage("patched runs"))
     finally:
         engine.close()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)  # made once there are rows to write
