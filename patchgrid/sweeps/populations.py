@@ -35,7 +35,7 @@ POPULATIONS = (ACCEPTED_PAIRS, TRACED_FACTS)  # in the order a study caches and 
 # The likely fix for a data set whose records are rejected for a reason (rows.REASONS); reasons of
 # one kind share their fix.
 _MODEL_KNOWS_NONE = "the model knows none of these facts: try --no-require-known"
-_FIELDS = "records the format cannot read: `patchgrid pairs check --source FILE` gives each one's reason"
+_FIELDS = "records the format cannot read: `patchgrid pairs check --pairs FILE` gives each one's reason"
 REASON_FIXES = {
     "not_known_clean": _MODEL_KNOWS_NONE, "not_known_corrupt": _MODEL_KNOWS_NONE,
     "length_mismatch": "a clean and a corrupt prompt must be as many tokens long: swap subjects of equal token length",

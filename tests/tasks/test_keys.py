@@ -27,7 +27,11 @@ def test_an_output_counts_by_its_path_not_by_what_is_there(tmp_path):
 def test_only_what_the_result_depends_on_counts(tmp_path):
     key = keyed_by(pairing_inputs)
     base = dict(spec=StudySpec(), out=str(tmp_path / "o"))
-    assert key(CONTEXT, base) == key(CONTEXT, {**base, "spec": StudySpec.of(limit=3, shard_size=2, max_requests=7)})
+    assert key(CONTEXT, base) == key(CONTEXT, {**base, "spec": StudySpec.of(shard_size=2, max_requests=7)})
+    # the limit counts where pairing judges facts (it stops judging once the limit is reached), not elsewhere
+    assert key(CONTEXT, base) != key(CONTEXT, {**base, "spec": StudySpec.of(limit=3)})
+    unjudged = StudySpec.of(require_known=False, sweeps="resid")
+    assert key(CONTEXT, {**base, "spec": unjudged}) == key(CONTEXT, {**base, "spec": unjudged.replace(limit=3)})
     assert key(CONTEXT, base) != key(CONTEXT, {**base, "spec": StudySpec.of(model="tiny-llama")})
     assert key(CONTEXT, base) != key(CONTEXT, {**base, "spec": StudySpec.of(seed=1)})
     # tracing needs the model's predictions even when pairs need not be known
