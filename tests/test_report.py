@@ -707,7 +707,7 @@ def figure_faults(fig) -> list:
     for ax in fig.axes:
         for axis in (ax.xaxis, ax.yaxis):
             lo, hi = sorted(axis.get_view_interval())
-            eps = (hi - lo) * 1e-9
+            eps = (hi - lo) * 1e-10  # matplotlib's own tolerance for a tick at the range's end
             hidden |= {id(label) for t in axis.get_major_ticks() + axis.get_minor_ticks()
                        if not lo - eps <= t.get_loc() <= hi + eps for label in (t.label1, t.label2)}
     texts = []
