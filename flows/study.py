@@ -95,11 +95,14 @@ def run_study(spec: StudySpec) -> str:
     from patchgrid.models import prepare
     from patchgrid.sites import shape_of
     from patchgrid.sweeps import by_population, check_family, noised
+    from patchgrid.sweeps.base import check_layers
     from patchgrid.warehouse.loader import finish_run
 
     folder = prepare(spec.model)
     model_sha = model_identity(folder)["weights_sha256"]
-    check_family(spec.sweep, shape_of(AutoConfig.from_pretrained(folder)).family)
+    shape = shape_of(AutoConfig.from_pretrained(folder))
+    check_family(spec.sweep, shape.family)
+    check_layers(spec.sweep, shape.n_layers, spec.model)  # before the run starts, from the flow or the API too
     # The same inputs give the same run id: a rerun resumes and replaces, never duplicates.
     spec = spec.with_run_id(spec.run_id or "run-" + fingerprint(model_sha, spec.identity_params())[:12])
     noise = None
