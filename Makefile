@@ -44,8 +44,9 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 
+# --durations: the slowest cases, for keeping the suite under its 45 minutes
 test: install browser
-	$(BIN)/python -m pytest -q -ra tests
+	$(BIN)/python -m pytest -q -ra --durations=40 tests
 
 # The unit tier: fast, no engine, no Prefect (tiers: tests/support/tiers.py; the others are
 # -m engine, -m flow, -m reliability).
