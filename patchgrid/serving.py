@@ -19,6 +19,7 @@ DEFAULT_CONCURRENCY_LIMIT = 1
 # cancelled at once ("Deployment concurrency limit reached.").
 ON_OVERLAP = {"wait": "ENQUEUE", "skip": "CANCEL_NEW"}
 DEFAULT_ON_OVERLAP = "skip"
+RUNS_STOP_S = 20.0  # from the stop signal, how long the flow runs in flight have to stop as a study does
 _FATE = {"wait": "waits", "skip": "is skipped"}
 
 
@@ -68,6 +69,21 @@ def serve(flow, *, name: str, **deployment) -> None:
     finally:
         for s, handler in before.items():
             signal.signal(s, handler)
+        _wait_for_runs()  # while the Prefect server is there to take their final states
+
+
+def _wait_for_runs(timeout_s: float = RUNS_STOP_S) -> None:
+    """Wait for the flow runs this process started, sent SIGTERM, to end; kill those still running after
+    `timeout_s`. (The runner, stopped, no longer waits for them; multiprocessing would, at exit, with no
+    timeout, and the runs wait on the Prefect server, which goes once `serve` has returned.)"""
+    deadline = time.monotonic() + timeout_s
+    for run in multiprocessing.active_children():
+        run.join(max(0.0, deadline - time.monotonic()))
+        if run.is_alive():
+            print(f"patchgrid: flow run process {run.pid} still running {timeout_s:.0f} s after SIGTERM; killed",
+                  file=sys.stderr)
+            run.kill()
+            run.join()
 
 
 @contextmanager

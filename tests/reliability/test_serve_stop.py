@@ -1,7 +1,8 @@
 """`patchgrid serve` stops on its first stop signal, as a terminal sends it (Ctrl-C: SIGINT to the whole
 process group) and as a scheduler does (SIGTERM to the command's process alone), leaving no process: not
 its Prefect server, not its supervised child (patchgrid/cli/supervise.py). Both served at once, on a cron
-far in the future (no run is due), each with its own Prefect server on a free port."""
+far in the future, each with its own Prefect server on a free port; the one stopped by SIGTERM has a run in
+flight, made by hand, which is stopped too and recorded as cancelled."""
 from __future__ import annotations
 
 import os
@@ -13,6 +14,7 @@ import time
 
 import pytest
 
+from patchgrid.warehouse.loader import query
 from tests.support.pairs import DATA
 from tests.support.processes import kill_sessions, left_in, sessions_of, wait_for
 
@@ -26,19 +28,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _serve(tmp_path, name: str) -> tuple[subprocess.Popen, object]:
-    home = tmp_path / name
+def _serve(tmp_path, name: str, *extra: str):
+    home, port = tmp_path / name, _free_port()
     home.mkdir()
     env = dict(os.environ, PREFECT_HOME=str(home / "prefect-home"), PREFECT_SERVER_ANALYTICS_ENABLED="false")
     env.pop("PREFECT_API_URL", None)
     log = open(home / "serve.log", "w+")  # read as the test goes; closed by the fixture
     proc = subprocess.Popen([sys.executable, "-m", "patchgrid", "serve", "--cron", NEVER_DUE, "--model", "tiny-llama",
-                             "--backend", "hf", "--pairs", str(DATA), "--limit", "1", "--no-require-known",
-                             "--sweeps", "resid", "--warehouse", str(home / "w.duckdb"), "--workdir",
-                             str(home / "work"), "--port", str(_free_port())],
+                             "--backend", "hf", "--pairs", str(DATA), "--no-require-known",
+                             "--warehouse", str(home / "w.duckdb"), "--workdir", str(home / "work"),
+                             "--port", str(port), *extra],
                             env=env, cwd=home, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
-    return proc, log
+    return proc, log, port, home / "w.duckdb"
 
 
 def _serving(proc, log) -> bool:
@@ -54,25 +56,44 @@ def _text(log) -> str:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    """Two `serve` commands, each serving its deployment, with the sessions of everything they started."""
+    """Two `serve` commands, each serving its deployment, the second with a run in flight (mid-sweep), with the
+    sessions of everything they started."""
     tmp_path = tmp_path_factory.mktemp("serve")
-    both = {how: _serve(tmp_path, how) for how in ("ctrl_c", "sigterm")}
+    both = {"ctrl_c": _serve(tmp_path, "ctrl_c", "--limit", "1", "--sweeps", "resid"),
+            "sigterm": _serve(tmp_path, "sigterm", "--limit", "16", "--sweeps", "resid,heads")}
     sessions = {}
     try:
-        for how, (proc, log) in both.items():
+        for how, (proc, log, _, _) in both.items():
             wait_for(lambda proc=proc, log=log: _serving(proc, log), 300, what=f"{how}'s serve to start")
-        time.sleep(2)  # the runner polling
-        for how, (proc, _) in both.items():
+        proc, log, port, _ = both["sigterm"]
+        _run_until_sweeping(port, proc, log)
+        for how, (proc, *_) in both.items():
             sessions[how] = sessions_of(proc)
-        yield {how: (proc, log, sessions[how]) for how, (proc, log) in both.items()}
+        yield {how: (proc, log, sessions[how], wh) for how, (proc, log, _, wh) in both.items()}
     finally:
-        for proc, log in both.values():
+        for proc, log, _, _ in both.values():
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
             log.close()
         for found in sessions.values():
             kill_sessions(found)
+
+
+def _run_until_sweeping(port: int, proc, log) -> None:
+    """A run of the served deployment, made by hand, followed until one of its sweep tasks runs."""
+    from prefect.client.orchestration import SyncPrefectClient
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    with SyncPrefectClient(f"http://127.0.0.1:{port}/api") as client:
+        run = client.create_flow_run_from_deployment(client.read_deployment_by_name("study/patchgrid-study").id)
+
+        def sweeping():
+            _serving(proc, log)
+            tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id])))
+            return any(t.name.startswith("sweep_shard") and t.state and t.state.is_running() for t in tasks)
+
+        wait_for(sweeping, 300, what="the run's sweeps to start")
 
 
 def _stops(proc, log, sessions, send) -> None:
@@ -92,14 +113,16 @@ def _stops(proc, log, sessions, send) -> None:
 
 
 def test_serve_stops_on_the_first_ctrl_c_at_a_terminal(served):
-    proc, log, sessions = served["ctrl_c"]
+    proc, log, sessions, _ = served["ctrl_c"]
     _stops(proc, log, sessions, lambda pid: os.killpg(pid, signal.SIGINT))  # the whole group, once
     assert proc.returncode == 128 + signal.SIGINT
     assert _text(log).strip().splitlines()[-1].startswith("patchgrid: stopped by SIGINT")
 
 
-def test_serve_stops_on_sigterm_to_its_process(served):
-    proc, log, sessions = served["sigterm"]
+def test_serve_stops_on_sigterm_to_its_process_and_its_run_in_flight_is_cancelled(served):
+    proc, log, sessions, wh = served["sigterm"]
     _stops(proc, log, sessions, lambda pid: os.kill(pid, signal.SIGTERM))  # as Kubernetes and Slurm send it
     assert proc.returncode == 128 + signal.SIGTERM
     assert _text(log).strip().splitlines()[-1].startswith("patchgrid: stopped by SIGTERM")
+    assert query(wh, "SELECT status, reason, finished IS NOT NULL FROM runs")[1] == [
+        ("cancelled", "cancelled by SIGTERM", True)]

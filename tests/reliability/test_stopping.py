@@ -15,6 +15,16 @@ from tests.support.pairs import DATA
 from tests.support.processes import env_for, kill_sessions, left_in, sessions_of, start, study_args, wait_for
 
 
+def _wait_for_sweeps(proc, err: list[str]) -> None:
+    def sweeping():
+        if proc.poll() is not None:
+            time.sleep(0.5)  # the rest of its stderr
+            raise AssertionError(f"the study exited ({proc.returncode}) before its sweeps:\n{''.join(err)[-3000:]}")
+        return "patched runs" in "".join(err)
+
+    wait_for(sweeping, 400, what="the sweeps to start")
+
+
 def _collect(stream, into: list) -> None:
     threading.Thread(target=lambda: [into.append(chunk) for chunk in iter(lambda: stream.read(1), "")],
                      daemon=True).start()
@@ -28,7 +38,7 @@ def test_sigterm_mid_sweep_stops_within_10s_cancelled_and_leaves_no_process(tmp_
     _collect(proc.stderr, err)
     sessions = set()
     try:
-        wait_for(lambda: "patched runs" in "".join(err), 400, proc, "the sweeps to start")
+        _wait_for_sweeps(proc, err)
         sessions = sessions_of(proc)  # the command's and its supervised child's
         t0 = time.monotonic()
         os.kill(proc.pid, signal.SIGTERM)  # the study's own process only, as Kubernetes does
@@ -40,6 +50,7 @@ def test_sigterm_mid_sweep_stops_within_10s_cancelled_and_leaves_no_process(tmp_
     time.sleep(0.5)
     left = left_in(sessions)
     kill_sessions(sessions)
+    print(f"stopped in {took:.1f} s")
     assert took <= 10, f"took {took:.1f} s to stop"
     assert proc.returncode == 128 + signal.SIGTERM
     assert left == [], f"left running: {left}"
@@ -60,7 +71,7 @@ def test_ctrl_c_at_a_terminal_mid_sweep_stops_within_10s_cancelled_and_leaves_no
     _collect(proc.stderr, err)
     sessions = set()
     try:
-        wait_for(lambda: "patched runs" in "".join(err), 400, proc, "the sweeps to start")
+        _wait_for_sweeps(proc, err)
         sessions = sessions_of(proc)
         t0 = time.monotonic()
         os.killpg(proc.pid, signal.SIGINT)
@@ -73,6 +84,7 @@ def test_ctrl_c_at_a_terminal_mid_sweep_stops_within_10s_cancelled_and_leaves_no
     left = left_in(sessions)
     kill_sessions(sessions)
     assert len(sessions) == 2, f"the study did not run in a session of its own: {sessions}"
+    print(f"stopped in {took:.1f} s")
     assert took <= 10, f"took {took:.1f} s to stop"
     assert proc.returncode == 128 + signal.SIGINT
     assert left == [], f"left running: {left}"
