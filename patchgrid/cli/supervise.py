@@ -74,10 +74,10 @@ def supervise(argv: list[str]) -> int:
         state.child = child
         state.forward()  # a signal that came before the child was there
         code = state.wait()
+        stop_session(child.pid)  # a signal meanwhile goes nowhere: the child is gone
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
-    stop_session(child.pid)
     return 128 - code if code < 0 else code
 
 
@@ -96,8 +96,8 @@ class _Stop:
             self.forward()
 
     def forward(self) -> None:
-        if self.child is None or self.signum is None or self.sent:
-            return
+        if self.child is None or self.signum is None or self.sent or self.child.returncode is not None:
+            return  # (a child reaped: its pid may be another process's now)
         self.sent = True
         try:
             os.kill(self.child.pid, signal.SIGTERM if self.signum == signal.SIGHUP else self.signum)
