@@ -25,6 +25,21 @@ class Cancelled(BaseException):
 _received: list[str] = []
 
 
+# Whether this process ends with the command it runs (the command line's process, not a notebook's
+# or a test's): a stopped command's clean-up may then leave to the exit what the exit frees anyway.
+_process_ends_with_command = False
+
+
+def process_ends_with_command() -> None:
+    global _process_ends_with_command
+    _process_ends_with_command = True
+
+
+def stopped_for_good() -> bool:
+    """A stop signal came, and this process ends once the command's clean-up is done."""
+    return _process_ends_with_command and bool(_received)
+
+
 def signalled() -> str | None:
     """The first stop signal this process received, by name, or None."""
     return _received[0] if _received else None

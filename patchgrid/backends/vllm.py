@@ -33,6 +33,7 @@ from ..plan import (
     validate,
 )
 from ..sites import SITES, parse_key
+from ..stopping import stopped_for_good
 from ..tp import merge_rank_captures
 from .vllm_worker.request import PLAN_KEY
 
@@ -318,6 +319,10 @@ class VllmEngine:
         if llm is None:
             return
         self.llm = None
+        if self._inprocess and stopped_for_good():
+            # A stopped command's process exits next, and its memory with it: vLLM's clean-up (three
+            # full garbage collections, most of a stop's seconds) would only delay that.
+            return
         others = VllmEngine._live_inprocess - {id(self)}
         VllmEngine._live_inprocess.discard(id(self))
         engine = getattr(llm, "llm_engine", None)

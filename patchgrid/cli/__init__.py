@@ -41,6 +41,9 @@ def main(argv=None) -> int:
         return supervise(sys.argv[1:])
     code = 1  # an exception's, unless the command returns or exits
     exit_unfinalized(lambda: code)
+    from ..stopping import process_ends_with_command
+
+    process_ends_with_command()
     try:
         code = _main(None)
     except SystemExit as exc:  # --help, a usage error
