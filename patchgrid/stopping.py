@@ -40,6 +40,9 @@ def stopped_for_good() -> bool:
     return _process_ends_with_command and bool(_received)
 
 
+_depth: list[None] = []  # the cancel_on_signals blocks open in the main thread
+
+
 def signalled() -> str | None:
     """The first stop signal this process received, by name, or None."""
     return _received[0] if _received else None
@@ -53,6 +56,9 @@ def cancel_on_signals():
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    if not _depth:  # a new command or study in this process (a notebook's next cell): no stop came for it yet
+        _received.clear()
+    _depth.append(None)
     fired = []
 
     def handler(signum, frame):
@@ -66,6 +72,7 @@ def cancel_on_signals():
     try:
         yield
     finally:
+        _depth.pop()
         for s, h in previous.items():
             signal.signal(s, h)
 

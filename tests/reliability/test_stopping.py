@@ -126,3 +126,19 @@ def test_a_signal_decides_how_the_run_ended_even_when_its_exception_is_replaced(
     assert stopping.signalled() == "SIGTERM"
     assert stopping.one_line(ValueError("Task run is not set")) == "cancelled by SIGTERM"
     assert signal.getsignal(signal.SIGTERM) is before  # the block put the old handler back
+
+
+def test_a_stop_is_remembered_until_the_next_study_in_the_same_process(monkeypatch):
+    """In a notebook a study interrupted once must not make the next one's failures read as cancelled."""
+    from patchgrid import stopping
+
+    monkeypatch.setattr(stopping, "_received", [])
+    with pytest.raises(stopping.Cancelled):
+        with stopping.cancel_on_signals():
+            with stopping.cancel_on_signals():  # the flow's block inside the command's
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(5)
+    assert stopping.signalled() == "SIGINT"  # what the caller reads as the run ends
+    with stopping.cancel_on_signals():  # the next study
+        assert stopping.signalled() is None
+        assert stopping.one_line(ValueError("a real failure")) == "ValueError: a real failure"
