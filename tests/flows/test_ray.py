@@ -181,11 +181,17 @@ def test_tensor_parallel_engines_serve_every_stage(cluster, prefect_api, tmp_pat
     (two ranks, two GPUs per actor): the same pairs and the numbers of one rank within float32's
     reordered sums."""
     from patchgrid.flows.study import study
+    from patchgrid.progress import reporting_to
 
     c, _ = cluster
     study(StudySpec.of(warehouse=str(tmp_path / "one.duckdb"), workdir=str(tmp_path / "one"), **TP))
-    study(StudySpec.of(warehouse=str(tmp_path / "tp.duckdb"), workdir=str(tmp_path / "tp"), runner="ray",
-                       ray_address=c.address, ray_workers=1, tensor_parallel_size=2, **TP))
+    told = []
+    with reporting_to(lambda stage, done, total, note: told.append((stage, done, total))):
+        study(StudySpec.of(warehouse=str(tmp_path / "tp.duckdb"), workdir=str(tmp_path / "tp"), runner="ray",
+                           ray_address=c.address, ray_workers=1, tensor_parallel_size=2, **TP))
+    shards = [(done, total) for stage, done, total in told if stage == "shards on Ray"]
+    assert shards and shards[0][0] == 0 and shards[-1][0] == shards[-1][1] > 1, f"shards' progress: {shards}"
+    assert [d for d, _ in shards] == sorted(d for d, _ in shards), "shards done counted down"
     a, b = tables(tmp_path / "tp.duckdb"), tables(tmp_path / "one.duckdb")
     assert a["pairs"] == b["pairs"]
     sql = ("SELECT pair_id, sweep, site, layer, position, \"window\", metric, patched_logprob_diff, patched_p "
