@@ -90,6 +90,8 @@ REFUSED = [
      "--path-senders applies only to the paths sweep (--sweeps resid)"),
     (["study", "--sweeps", "resid,heads", "--verify-top", "5"],
      "--verify-top applies only to the atp sweep (--sweeps resid,heads)"),
+    (["study", "--sweeps", "resid", "--trace-samples", "3"],
+     "--trace-samples applies only to the trace sweep (--sweeps resid)"),
 ]
 
 

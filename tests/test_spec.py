@@ -175,7 +175,7 @@ def test_recorded_parameters_follow_each_settings_declaration():
         used = f.name in settings_of(base.sweeps)
         assert present == (rule in ("always", "noted") or (rule == "if_used" and used)), f.name
         assert (f.name in base.identity_params()) == (present and rule != "noted"), f.name
-    assert "trace_window" in StudySpec.of(trace_window=4).recorded_params()
+    assert "trace_window" in StudySpec.of(sweeps="resid,trace", trace_window=4).recorded_params()
     assert fingerprint(StudySpec.of(shard_size=3).recorded_params()) == fingerprint(StudySpec().recorded_params())
     assert fingerprint(StudySpec.of(seed=3).recorded_params()) != fingerprint(StudySpec().recorded_params())
 

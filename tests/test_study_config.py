@@ -25,7 +25,7 @@ sweeps = ["resid", "heads"]
 layers = "0,2-3"
 require-known = false   # the flag's spelling
 format = "counterfact"  # --format is pairs_format
-trace_sites = "resid"   # a setting the command line does not offer
+head_position_roles = "last"  # a setting the command line does not offer
 seed = 5
 backend = "hf"
 name = "from the file"
@@ -48,8 +48,8 @@ def test_a_file_gives_settings_by_name_and_by_flag_spelling(study_file):
     settings, text = read_study_file(study_file)
     assert text == FILE
     assert settings == {"model": "tiny-llama", "limit": 3, "sweeps": ("resid", "heads"), "layers": (0, 2, 3),
-                        "require_known": False, "pairs_format": "counterfact", "trace_sites": ("resid",), "seed": 5,
-                        "backend": "hf", "name": "from the file"}
+                        "require_known": False, "pairs_format": "counterfact", "head_position_roles": ("last",),
+                        "seed": 5, "backend": "hf", "name": "from the file"}
 
 
 @pytest.mark.parametrize("command", [["study"], ["serve", "--cron", "0 3 * * *"]])
@@ -57,8 +57,8 @@ def test_flags_given_override_the_file_and_the_files_text_is_recorded(study_file
     spec = spec_of([*command, "--limit", "2", "--backend", "vllm", "--config", str(study_file), "--seed", "0"])
     # --backend vllm and --seed 0 are the defaults, given: they override the file all the same
     assert (spec.limit, spec.backend, spec.sweep.seed) == (2, "vllm", 0)
-    assert (spec.sweeps, spec.sweep.layers, spec.require_known, spec.pairs_format, spec.sweep.trace_sites) == \
-        (("resid", "heads"), (0, 2, 3), False, "counterfact", ("resid",))
+    assert (spec.sweeps, spec.sweep.layers, spec.require_known, spec.pairs_format, spec.sweep.head_position_roles) == \
+        (("resid", "heads"), (0, 2, 3), False, "counterfact", ("last",))
     recorded = spec.recorded_params()
     assert recorded["config"] == FILE and recorded["name"] == "from the file" and recorded["layers"] == [0, 2, 3]
     assert "config" not in spec.identity_params() and "name" not in spec.identity_params()

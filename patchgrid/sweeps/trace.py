@@ -36,6 +36,7 @@ class TraceSweep(SweepKind):
 
     name, metric, drawing = "trace", "p", "trace_buckets"
     population, noised = TRACED_FACTS, True
+    settings = ("trace_samples", "trace_window", "trace_noise_scale", "trace_sites")
 
     def settle(self, ctx, run):
         """The noise std: the one given for the whole data set; else the one the cached noised runs
