@@ -52,13 +52,16 @@ def _device(value) -> str | None:
     return f"{{name}} {value!r} is not a device: use cpu, cuda or cuda:N"
 
 
-def check_sweep_settings_apply(config: SweepConfig) -> None:
-    """A setting that only some sweep kinds read (their `settings`) and that differs from its default
-    is refused when none of those kinds runs: it would change nothing."""
+def check_sweep_settings_apply(config: SweepConfig, study=None) -> None:
+    """A setting that only some sweep kinds read (their `settings`: the sweeps' own, and the study's
+    where `study` is given) and that differs from its default is refused when none of those kinds
+    runs: it would change nothing."""
     from .sweeps import SWEEP_KINDS, settings_of
 
-    for f in settings_fields(SweepConfig):
-        value, readers = getattr(config, f.name), [n for n, kind in SWEEP_KINDS.items() if f.name in kind.settings]
+    holders = [(f, config) for f in settings_fields(SweepConfig)]
+    holders += [(f, study) for f in settings_fields(type(study))] if study is not None else []
+    for f, holder in holders:
+        value, readers = getattr(holder, f.name), [n for n, kind in SWEEP_KINDS.items() if f.name in kind.settings]
         if readers and value != f.default and f.name not in settings_of(config.sweeps):
             kinds = " and ".join(readers) + (" sweeps" if len(readers) > 1 else " sweep")
             raise SpecError(f.name, f"{{name}} applies only to the {kinds} (--sweeps {','.join(config.sweeps)})",
@@ -143,7 +146,7 @@ class StudySpec:
         if isinstance(self.sweep, dict):  # a flow parameter given as JSON
             object.__setattr__(self, "sweep", SweepConfig(**self.sweep))
         normalise_and_check(self)  # the Ray settings too: each applies only with runner ray (applies_with)
-        check_sweep_settings_apply(self.sweep)
+        check_sweep_settings_apply(self.sweep, self)
 
     @classmethod
     def of(cls, **settings) -> StudySpec:

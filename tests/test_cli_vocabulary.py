@@ -92,6 +92,8 @@ REFUSED = [
      "--verify-top applies only to the atp sweep (--sweeps resid,heads)"),
     (["study", "--sweeps", "resid", "--trace-samples", "3"],
      "--trace-samples applies only to the trace sweep (--sweeps resid)"),
+    (["study", "--sweeps", "resid", "--atp-dtype", "bfloat16"],
+     "--atp-dtype applies only to the atp sweep (--sweeps resid)"),
 ]
 
 

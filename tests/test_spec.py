@@ -203,7 +203,8 @@ def test_the_gradient_dtype_keys_the_run_when_changed():
     assert half.identity_params()["atp_dtype"] == "bfloat16"
     assert fingerprint(half.identity_params()) != fingerprint(plain.identity_params())
     assert half.attribution_options() == {"device": None, "dtype": "bfloat16"}
-    assert StudySpec.of(atp_device="cuda:1").attribution_options() == {"device": "cuda:1", "dtype": "float32"}
+    assert StudySpec.of(sweeps="resid,atp", atp_device="cuda:1").attribution_options() == {"device": "cuda:1",
+                                                                                          "dtype": "float32"}
 
 
 def test_engine_options_are_the_sizes_set_for_the_backend_that_takes_them():
@@ -227,7 +228,8 @@ def test_engine_sizes_left_unset_suit_the_device():
 def test_a_shard_carries_its_gradient_options_into_its_key(tmp_path):
     shard = ShardSpec(0, (), str(tmp_path), SweepConfig(), 0.0, str(tmp_path / "s.parquet"))
     assert shard.attribution == {}
-    half = dataclasses.replace(shard, attribution=StudySpec.of(atp_dtype="bfloat16").attribution_options())
+    options = StudySpec.of(sweeps="atp", atp_dtype="bfloat16").attribution_options()
+    half = dataclasses.replace(shard, attribution=options)
     assert fingerprint(half) != fingerprint(shard)
 
 

@@ -11,6 +11,7 @@ import pytest
 from patchgrid.cache import CacheSpec, MemoryStore, layer_keys, stream_keys
 from patchgrid.plan import Patch, Request
 from patchgrid.rows import SWEEP_NAMES
+from patchgrid.spec import StudySpec
 from patchgrid.sweeps import (
     POPULATIONS,
     SWEEP_KINDS,
@@ -90,7 +91,7 @@ def test_the_registry_lists_every_kind_the_rows_name():
     for name, kind in SWEEP_KINDS.items():
         assert kind.name == name and kind.population in POPULATIONS
         assert kind.drawing in ("layer_by_role", "layer_by_head", "none", "trace_buckets", "paths", "atp")
-        assert set(kind.settings) <= set(SweepConfig.__dataclass_fields__), name
+        assert set(kind.settings) <= set(SweepConfig.__dataclass_fields__) | set(StudySpec.__dataclass_fields__), name
 
 
 def test_what_the_kinds_of_a_run_declare_together():
@@ -98,7 +99,8 @@ def test_what_the_kinds_of_a_run_declare_together():
     assert settings_of(("resid", "heads", "trace")) == ("trace_samples", "trace_window", "trace_noise_scale",
                                                         "trace_sites")
     assert settings_of(("paths", "atp", "resid")) == ("path_senders", "path_receivers", "path_inputs", "path_mlps",
-                                                      "atp_kinds", "verify_top", "verify_random", "atp_correction")
+                                                      "atp_kinds", "verify_top", "verify_random", "atp_correction",
+                                                      "atp_device", "atp_dtype")
     groups = by_population(("trace", "resid", "atp"))
     assert [(p.name, names) for p, names in groups] == [("accepted_pairs", ("resid", "atp")),
                                                          ("traced_facts", ("trace",))]

@@ -19,7 +19,7 @@ class AtpSweep(SweepKind):
     rest patched exactly. Its prepare phase makes the estimates and the choice (`estimates()`)."""
 
     name, drawing = "atp", "atp"
-    settings = ("atp_kinds", "verify_top", "verify_random", "atp_correction")
+    settings = ("atp_kinds", "verify_top", "verify_random", "atp_correction", "atp_device", "atp_dtype")
 
     def __init__(self, kinds: dict[str, SweepKind]):
         self.kinds = kinds  # the kinds it may screen, by name (the registry)
