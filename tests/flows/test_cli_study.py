@@ -24,23 +24,6 @@ def cli(*args, timeout=600, env=None, cwd=None):
 
 
 @needs_vllm
-def test_study_prints_run_id_then_query_reads_it(tmp_path):
-    wh = tmp_path / "w.duckdb"
-    res = cli("study", "--model", "tiny-llama", "--pairs", str(DATA), "--limit", "2", "--no-require-known",
-              "--sweeps", "resid,mlp_out", "--warehouse", str(wh), "--workdir", str(tmp_path / "work"),
-              cwd=tmp_path)
-    assert res.returncode == 0, res.stderr[-3000:]
-    run_id = res.stdout.strip().splitlines()[-1]
-    assert run_id.startswith("run-")
-    assert "patched runs" in res.stderr  # the progress bar
-    q = cli("query", "--warehouse", str(wh),
-            f"SELECT sweep, count(*) AS n FROM effects WHERE run_id = '{run_id}' GROUP BY sweep ORDER BY sweep")
-    assert q.returncode == 0, q.stderr
-    lines = q.stdout.strip().splitlines()
-    assert lines[0].split() == ["sweep", "n"] and lines[1].split()[0] == "mlp_out" and lines[2].split()[0] == "resid"
-    assert lines[-1] == "(2 rows)"
-
-
 @needs_vllm
 def test_study_ends_with_a_summary_and_quiet_and_json_are_for_scripts(tmp_path):
     wh = tmp_path / "w.duckdb"
@@ -51,6 +34,7 @@ def test_study_ends_with_a_summary_and_quiet_and_json_are_for_scripts(tmp_path):
     lines = res.stdout.strip().splitlines()
     run_id = lines[-1]  # the last line is the run id alone, as --quiet prints it
     assert run_id.startswith("run-") and "cached" not in res.stdout  # the flow's own lines go to stderr
+    assert "patched runs" in res.stderr  # the progress bars
     assert re.fullmatch(rf"run {run_id} completed in \d+\.\d s: model tiny-llama, warehouse {re.escape(str(wh))}",
                         lines[0])
     (counts,) = query(wh, "SELECT count(*), count(*) FILTER (WHERE status = 'accepted'), "
@@ -80,8 +64,9 @@ def test_study_ends_with_a_summary_and_quiet_and_json_are_for_scripts(tmp_path):
     js = cli(*args, "--json", cwd=tmp_path)
     assert js.returncode == 0, js.stderr[-3000:]
     summary = json.loads(js.stdout)
-    assert set(summary) == {"run_id", "warehouse", "model", "status", "seconds", "records", "sweeps", "strongest",
-                            "commands"}
+    assert set(summary) == {"run_id", "name", "warehouse", "model", "status", "seconds", "records", "sweeps",
+                            "strongest", "commands"}
+    assert summary["name"] is None  # no --name given
     assert (summary["run_id"], summary["status"], summary["records"]["read"]) == (run_id, "completed", counts[0])
     assert summary["sweeps"] == [{"sweep": "resid", "pairs": 2, "effect_rows": n_effects, "patched_runs": n_effects}]
     assert set(summary["strongest"][0]) >= {"sweep", "cell", "metric", "n_pairs", "mean", "ci95_low", "ci95_high"}
@@ -119,6 +104,10 @@ def test_a_data_set_with_no_accepted_pair_says_why_and_loads_its_rejections(tmp_
     assert q.returncode == 0, q.stderr
     assert [line.split() for line in q.stdout.strip().splitlines()[1:]] == [
         ["failed", "length_mismatch", "2"], ["failed", "identical_prompts", "1"], ["(2", "rows)"]]
+    from patchgrid.warehouse.loader import query
+
+    [(reason,)] = query(wh, "SELECT reason FROM runs WHERE run_id = ?", [run_id])[1]
+    assert reason.startswith(f"ValueError: no accepted pairs in {source}"), reason  # the runs table's reason
 
 
 @needs_vllm

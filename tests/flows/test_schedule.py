@@ -25,7 +25,9 @@ from tests.support.pairs import DATA
 
 REPO = Path(__file__).resolve().parents[2]
 EVERY_MINUTE = "* * * * *"
-STUDY = {"model": "tiny-llama", "pairs": str(DATA), "limit": 1, "require_known": False, "sweep": {"sweeps": ["resid"]}}
+# the hf backend: what is scheduled is the point here, not the engine (which starts in a second on hf)
+STUDY = {"model": "tiny-llama", "pairs": str(DATA), "limit": 1, "require_known": False, "backend": "hf",
+         "sweep": {"sweeps": ["resid"]}}
 UP_TIMEOUT_S = 120  # a server answering, a deployment registered
 START_TIMEOUT_S = 150  # from registration to the first run starting: the next minute boundary, and polling
 RUN_TIMEOUT_S = 240  # the study itself
@@ -175,8 +177,8 @@ def test_serve_on_a_cron_schedule_runs_the_study_with_no_hand_made_run(tmp_path,
     port, warehouse = free_port(), tmp_path / "w.duckdb"
     processes.start("serve", [sys.executable, "-m", "patchgrid", "serve", "--cron", EVERY_MINUTE, "--model",
                               "tiny-llama", "--pairs", str(DATA), "--limit", "1", "--no-require-known", "--sweeps",
-                              "resid", "--warehouse", str(warehouse), "--workdir", str(tmp_path / "work"),
-                              "--port", str(port)], env=prefect_env(tmp_path), cwd=tmp_path)
+                              "resid", "--backend", "hf", "--warehouse", str(warehouse), "--workdir",
+                              str(tmp_path / "work"), "--port", str(port)], env=prefect_env(tmp_path), cwd=tmp_path)
     with SyncPrefectClient(f"http://127.0.0.1:{port}/api") as client:
         deployment = wait_for("the served deployment", lambda: client.read_deployment_by_name("study/patchgrid-study"),
                               UP_TIMEOUT_S, processes)

@@ -9,7 +9,8 @@ from tests.support.engines import needs_vllm
 from tests.support.processes import env_for, study_args, tables
 
 pytestmark = needs_vllm
-EXTRA = ("--limit", "2", "--sweeps", "resid,mlp_out", "--shard-size", "2")
+# the hf backend: a cache's checks and rebuild are the same on every backend, and hf starts in a second
+EXTRA = ("--limit", "2", "--sweeps", "resid,mlp_out", "--shard-size", "2", "--backend", "hf")
 
 
 def truncate(path):

@@ -50,8 +50,9 @@ def test_two_studies_load_while_a_dashboard_reads(tmp_path):
     reader = subprocess.Popen([sys.executable, str(script), str(wh), str(log), str(stop)])
     env = env_for(tmp_path)
     try:
+        # the hf backend: the warehouse's loads are the point, not the engine (hf starts in a second)
         procs = [start(study_args(tmp_path, wh, tmp_path / f"work{i}", "--limit", str(2 + i), "--sweeps", "resid",
-                                  "--shard-size", "1"), env, tmp_path) for i in range(2)]
+                                  "--shard-size", "1", "--backend", "hf"), env, tmp_path) for i in range(2)]
         outs = [p.communicate(timeout=900) for p in procs]
     finally:
         stop.write_text("")

@@ -8,7 +8,9 @@ from tests.support.engines import needs_vllm
 from tests.support.processes import env_for, kill9, start, study_args, tables, wait_for
 
 pytestmark = needs_vllm
-EXTRA = ("--limit", "6", "--shard-size", "1", "--sweeps", "resid,heads,trace", "--trace-samples", "3")
+# the hf backend: what resumes is the cache and the shards, the same on every backend (hf starts in a second)
+EXTRA = ("--limit", "6", "--shard-size", "1", "--sweeps", "resid,heads,trace", "--trace-samples", "3",
+         "--backend", "hf")
 
 
 def test_kill9_mid_sweep_then_resume_matches_an_uninterrupted_run(tmp_path):

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import threading
 import time
 
@@ -11,7 +10,6 @@ import pytest
 
 from patchgrid.warehouse.loader import query
 from tests.support.engines import needs_vllm
-from tests.support.pairs import DATA
 from tests.support.processes import env_for, kill_sessions, left_in, sessions_of, start, study_args, wait_for
 
 
@@ -91,21 +89,6 @@ def test_ctrl_c_at_a_terminal_mid_sweep_stops_within_10s_cancelled_and_leaves_no
     assert "stopped by SIGINT" in "".join(err).strip().splitlines()[-1]
     assert query(wh, "SELECT status, reason, finished IS NOT NULL FROM runs")[1] == [
         ("cancelled", "cancelled by SIGINT", True)]
-
-
-def test_a_failing_flow_is_recorded_failed_with_its_reason(tmp_path):
-    """A data set in which no pair is accepted: the flow raises after the run has started."""
-    one = tmp_path / "one.jsonl"
-    one.write_text(DATA.read_text().splitlines()[0] + "\n")  # a fact with no partner to swap with
-    wh = tmp_path / "w.duckdb"
-    args = study_args(tmp_path, wh, tmp_path / "work")
-    args[args.index(str(DATA))] = str(one)
-    res = subprocess.run(args, env=env_for(tmp_path), cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert res.returncode == 2
-    lines = res.stderr.strip().splitlines()
-    assert lines[-1].startswith("patchgrid: error: no accepted pairs in") and "Traceback" not in res.stderr
-    [(status, reason)] = query(wh, "SELECT status, reason FROM runs")[1]
-    assert status == "failed" and reason.startswith("ValueError: no accepted pairs in")
 
 
 def test_a_signal_decides_how_the_run_ended_even_when_its_exception_is_replaced(monkeypatch):
