@@ -5,8 +5,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import subprocess
-import sys
 
 import pyarrow.parquet as pq
 import pytest
@@ -15,22 +13,14 @@ from patchgrid.effects import write_effects
 from patchgrid.pairs import to_table as pairs_table
 from patchgrid.warehouse.loader import load_run, start_run
 from tests.support.effect_rows import baseline, make_pair, row
+from tests.support.processes import cli, one_line_error
 
 ROLES = ["subject_first", "subject_last", "last"]
 SQL = "SELECT run_id, layer, position_role, n_pairs, mean_recovery FROM effect_summary " \
       "WHERE metric = 'logit_diff' ORDER BY layer, position_role"
 
 
-def cli(*args, cwd, timeout=120):
-    return subprocess.run([sys.executable, "-m", "patchgrid", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=cwd)
 
-
-def one_line_error(res, message):
-    assert res.returncode == 2, res.stderr
-    last = res.stderr.strip().splitlines()[-1]
-    assert last.startswith("patchgrid: error:") and message in last, res.stderr
-    assert "Traceback" not in res.stderr
 
 
 def a_run(tmp_path, wh, run_id="run-q"):

@@ -5,8 +5,6 @@ and PDF, linked from the page; a cell's pair count in its hover text, "1 pair" w
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 import xml.etree.ElementTree as ET
 from datetime import datetime, timedelta
 
@@ -15,21 +13,18 @@ import pytest
 from patchgrid.pairs import read_pairs
 from patchgrid.warehouse.loader import finish_run, load_run, query, start_run
 from tests.support.pairs import DATA
+from tests.support.processes import cli as run_cli
+from tests.support.processes import one_line_error
 
 pytestmark = pytest.mark.engine  # the CLI in processes of its own, an engine among them
 REASON = "ValueError: no accepted pairs in facts.jsonl (a failure the test wrote)"
 
 
-def cli(*args, cwd, timeout=600):
-    return subprocess.run([sys.executable, "-m", "patchgrid", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=cwd)
 
 
-def one_line_error(res, message):
-    assert res.returncode == 2, res.stderr
-    last = res.stderr.strip().splitlines()[-1]
-    assert last.startswith("patchgrid: error:") and message in last, res.stderr
-    assert "Traceback" not in res.stderr
+
+def cli(*args, cwd, timeout=600):  # a sweep starts an engine
+    return run_cli(*args, cwd=cwd, timeout=timeout)
 
 
 def load_failed_run(wh, pairs, run_id):

@@ -112,3 +112,17 @@ def tables(warehouse: Path) -> dict:
         return out
     finally:
         con.close()
+
+
+def cli(*args, cwd, timeout=120):
+    """`python -m patchgrid ARGS` in a process of its own, run to its end."""
+    return subprocess.run([sys.executable, "-m", "patchgrid", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=cwd)
+
+
+def one_line_error(res, message):
+    """The command refused with exit 2 and one `patchgrid: error:` line holding `message`, no traceback."""
+    assert res.returncode == 2, res.stderr
+    last = res.stderr.strip().splitlines()[-1]
+    assert last.startswith("patchgrid: error:") and message in last, res.stderr
+    assert "Traceback" not in res.stderr
