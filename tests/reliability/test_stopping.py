@@ -28,10 +28,12 @@ def _collect(stream, into: list) -> None:
                      daemon=True).start()
 
 
-@needs_vllm
-def test_sigterm_mid_sweep_stops_within_10s_cancelled_and_leaves_no_process(tmp_path):
+def _stopped_mid_sweep(tmp_path, extra: tuple, send, wait_s: float):
+    """A study started in a session of its own, sent `send(proc)` once its sweeps run: how long it took to
+    stop, the sessions it ran in, what was left in them, its stderr and its warehouse."""
     wh = tmp_path / "w.duckdb"
-    proc = start(study_args(tmp_path, wh, tmp_path / "work", "--sweeps", "resid,heads"), env_for(tmp_path), tmp_path)
+    proc = start(study_args(tmp_path, wh, tmp_path / "work", "--sweeps", "resid,heads", *extra), env_for(tmp_path),
+                 tmp_path)
     err: list[str] = []
     _collect(proc.stderr, err)
     sessions = set()
@@ -39,8 +41,8 @@ def test_sigterm_mid_sweep_stops_within_10s_cancelled_and_leaves_no_process(tmp_
         _wait_for_sweeps(proc, err)
         sessions = sessions_of(proc)  # the command's and its supervised child's
         t0 = time.monotonic()
-        os.kill(proc.pid, signal.SIGTERM)  # the study's own process only, as Kubernetes does
-        proc.wait(timeout=30)
+        send(proc)
+        proc.wait(timeout=wait_s)
         took = time.monotonic() - t0
     finally:
         if proc.poll() is None:
@@ -49,12 +51,23 @@ def test_sigterm_mid_sweep_stops_within_10s_cancelled_and_leaves_no_process(tmp_
     left = left_in(sessions)
     kill_sessions(sessions)
     print(f"stopped in {took:.1f} s")
+    return proc, took, sessions, left, "".join(err), wh
+
+
+def _assert_cancelled(proc, took, left, err, wh, signame):
     assert took <= 10, f"took {took:.1f} s to stop"
-    assert proc.returncode == 128 + signal.SIGTERM
+    assert proc.returncode == 128 + getattr(signal, signame)
     assert left == [], f"left running: {left}"
-    assert "stopped by SIGTERM" in "".join(err).strip().splitlines()[-1]
+    assert f"stopped by {signame}" in err.strip().splitlines()[-1]
     assert query(wh, "SELECT status, reason, finished IS NOT NULL FROM runs")[1] == [
-        ("cancelled", "cancelled by SIGTERM", True)]
+        ("cancelled", f"cancelled by {signame}", True)]
+
+
+@needs_vllm
+def test_sigterm_mid_sweep_stops_within_10s_cancelled_and_leaves_no_process(tmp_path):
+    # the study's own process only, as Kubernetes does
+    proc, took, _, left, err, wh = _stopped_mid_sweep(tmp_path, (), lambda p: os.kill(p.pid, signal.SIGTERM), 30)
+    _assert_cancelled(proc, took, left, err, wh, "SIGTERM")
 
 
 @needs_vllm
@@ -62,33 +75,10 @@ def test_ctrl_c_at_a_terminal_mid_sweep_stops_within_10s_cancelled_and_leaves_no
     """A terminal's Ctrl-C: SIGINT to the whole foreground process group. It reaches the command's supervisor
     alone, not vLLM's engine core or Prefect's server (patchgrid/cli/supervise.py), whose deaths would leave the
     clean-up waiting on them (78 s)."""
-    wh = tmp_path / "w.duckdb"
-    proc = start(study_args(tmp_path, wh, tmp_path / "work", "--sweeps", "resid,heads", "--limit", "64"),
-                 env_for(tmp_path), tmp_path)
-    err: list[str] = []
-    _collect(proc.stderr, err)
-    sessions = set()
-    try:
-        _wait_for_sweeps(proc, err)
-        sessions = sessions_of(proc)
-        t0 = time.monotonic()
-        os.killpg(proc.pid, signal.SIGINT)
-        proc.wait(timeout=60)
-        took = time.monotonic() - t0
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    time.sleep(0.5)
-    left = left_in(sessions)
-    kill_sessions(sessions)
+    proc, took, sessions, left, err, wh = _stopped_mid_sweep(tmp_path, ("--limit", "64"),
+                                                             lambda p: os.killpg(p.pid, signal.SIGINT), 60)
     assert len(sessions) == 2, f"the study did not run in a session of its own: {sessions}"
-    print(f"stopped in {took:.1f} s")
-    assert took <= 10, f"took {took:.1f} s to stop"
-    assert proc.returncode == 128 + signal.SIGINT
-    assert left == [], f"left running: {left}"
-    assert "stopped by SIGINT" in "".join(err).strip().splitlines()[-1]
-    assert query(wh, "SELECT status, reason, finished IS NOT NULL FROM runs")[1] == [
-        ("cancelled", "cancelled by SIGINT", True)]
+    _assert_cancelled(proc, took, left, err, wh, "SIGINT")
 
 
 def test_a_signal_decides_how_the_run_ended_even_when_its_exception_is_replaced(monkeypatch):
