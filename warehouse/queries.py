@@ -79,13 +79,15 @@ def every_metric(path, run_id: str, layers: tuple[int, ...], roles=("subject_las
 
 def trace_by_bucket(path, run_id: str, every: int = 4):
     """Causal tracing's average indirect effect on p(answer) of restoring the hidden state, in Meng et
-    al.'s last-subject-token and last-token buckets, every `every`-th layer, as (columns, rows)."""
+    al.'s last-subject-token, first-subsequent-token and last-token buckets, every `every`-th layer, as
+    (columns, rows)."""
     return query(path, """
-        SELECT layer, bucket, metric, n_prompts, round(aie, 3) + 0 AS aie, round(ci95_low, 3) + 0 AS ci95_low,
-               round(ci95_high, 3) + 0 AS ci95_high, round(mean_noised, 3) AS noised_p
-        FROM trace_buckets WHERE run_id = ? AND metric = 'p' AND site = 'resid' AND bucket IN ('last_subject', 'last')
-          AND layer % ? = 0
-        ORDER BY bucket DESC, layer""", [run_id, int(every)])
+        SELECT layer, bucket, metric, n_prompts, n_tokens, round(aie, 3) + 0 AS aie,
+               round(ci95_low, 3) + 0 AS ci95_low, round(ci95_high, 3) + 0 AS ci95_high,
+               round(mean_noised, 3) AS noised_p
+        FROM trace_buckets WHERE run_id = ? AND metric = 'p' AND site = 'resid'
+          AND bucket IN ('last_subject', 'first_subsequent', 'last') AND layer % ? = 0
+        ORDER BY list_position(['last_subject', 'first_subsequent', 'last'], bucket), layer""", [run_id, int(every)])
 
 
 def _atp_metric_sql(metric: str | None, run_id: str) -> tuple[str, list]:
