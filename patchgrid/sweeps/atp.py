@@ -13,12 +13,24 @@ from ..effects import cell_columns, effect_row
 from .base import Cell, SweepContext, SweepKind, baselines
 
 
+def scope(cell: Cell) -> str:
+    """Which cells a top K and a sample are taken among, and the agreement is reported over (the
+    warehouse's atp views name it the same): `every_position` for a cell patched at every position
+    at once (position None: the heads', neurons' and q/k/v's), `per_position` for one at one position."""
+    return "every_position" if cell.position is None else "per_position"
+
+
 class AtpSweep(SweepKind):
     """Attribution patching over the cells of the screened kinds (config.atp_kinds, denoise only),
     the top `verify_top` per pair and kind by the ranking score and `verify_random` sampled from the
     rest patched exactly. Its prepare phase makes the estimates and the choice (`estimates()`)."""
 
     name, drawing = "atp", "atp"
+    # Every atp row's metric, whatever the pair's answers: the AtP objective, the log-probability
+    # difference of the answers each summed over its tokens (patchgrid.attribution), which for
+    # one-token answers equals the logit difference. One name for every pair, so that atp_summary
+    # and effect_summary on it cover the same pairs.
+    metric = "logprob_diff"
     settings = ("atp_kinds", "verify_top", "verify_random", "atp_correction", "atp_device", "atp_dtype")
 
     def __init__(self, kinds: dict[str, SweepKind]):
@@ -79,18 +91,19 @@ class AtpSweep(SweepKind):
 
     @staticmethod
     def verified(pair, cells: dict, config) -> dict[Cell, str]:
-        """The cells patched exactly: per screened kind, the top K by the ranking score (|estimate|,
-        or the GradDrop score), then R sampled (seeded by the study seed, the pair and the site) from
-        the rest; cell -> `top` or `random`."""
-        by_site = defaultdict(list)
+        """The cells patched exactly: per screened site and scope (a cell at every position at once,
+        position None, apart from those at one position: `scope`), the top K by the ranking score
+        (|estimate|, or the GradDrop score), then R sampled (seeded by the study seed, the pair, the
+        site and the scope) from the rest; cell -> `top` or `random`."""
+        by_group = defaultdict(list)
         for cell in cells:
-            by_site[cell.site].append(cell)
+            by_group[(cell.site, scope(cell))].append(cell)
         graddrop = config.atp_correction == "graddrop"
         out = {}
-        for site, group in by_site.items():
+        for (site, where), group in by_group.items():
             ranked = sorted(group, key=lambda c: -(cells[c][1] if graddrop else abs(cells[c][0])))  # stable
             top, rest = ranked[:config.verify_top], ranked[config.verify_top:]
-            rng = random.Random(zlib.crc32(f"{config.seed}:{pair.pair_id}:{site}".encode()))
+            rng = random.Random(zlib.crc32(f"{config.seed}:{pair.pair_id}:{site}:{where}".encode()))
             out.update({c: "top" for c in top})
             out.update({c: "random" for c in rng.sample(rest, min(config.verify_random, len(rest)))})
         return out
@@ -104,7 +117,11 @@ class AtpSweep(SweepKind):
     def count(self, pair, ctx):
         kinds, inner = self.screened(ctx)
         k, r = ctx.config.verify_top, ctx.config.verify_random
-        return sum(min(k + r, kind.count(pair, inner)) for kind in kinds)
+        sizes = defaultdict(int)  # cells per (site, scope), as verified() groups them
+        for kind in kinds:
+            for c in kind.cells(pair, inner):
+                sizes[(c.site, scope(c))] += 1
+        return sum(min(k + r, n) for n in sizes.values())
 
     def request(self, pair, cell, ctx, source):
         kinds, inner = self.screened(ctx)
