@@ -189,16 +189,22 @@ SELECT
 FROM paths;
 
 -- Causal tracing (the noised sweeps' rows, noised_sweeps) averaged as Meng et al. do: every restored
--- (prompt, token) row counts once
--- (a prompt's middle and further tokens weigh per token), in their buckets; a one-token subject
--- counts as both first and last subject token; tokens before the subject are left out. Per
+-- (prompt, token) row counts once in each bucket its token is in (a prompt's middle and further tokens
+-- weigh per token), the buckets formed from the subject's span [s, e) as ROME's notebook forms them
+-- (average_causal_effects.ipynb, with last = the prompt's last token): first_subject s,
+-- middle_subject s+1 .. e-2, last_subject e-1, first_subsequent e, further e+1 .. last-1, last.
+-- So a token may be in two buckets: a one-token subject is both first and last subject token, and
+-- when the subject ends right before the last token ("The capital of France is") that last token is
+-- the first subsequent token too. A subject that ends at the last token (ROME never has one) makes
+-- it the last subject token too, and that prompt has no first subsequent token. Tokens before the
+-- subject are left out. The rows keep their one position_role; the buckets read it and the span. Per
 -- metric: aie is the average indirect effect, mean(restored) - mean(noised) on that metric,
 -- never divided (on p, Meng et al.'s: mean_restored and mean_noised are then p(answer)). The
 -- interval allows for a prompt's tokens being alike (clustered by prompt, t on n_prompts - 1).
 CREATE OR REPLACE VIEW trace_buckets AS
 WITH rows AS (
     SELECT e.run_id, e.site, e.layer, e.metric, e.pair_id, e.position_role, e.effect, e.patched, e.corrupt,
-           p.subject_end - p.subject_start = 1 AS one_token_subject
+           e.position, p.subject_start, p.subject_end
     FROM effect_metrics e JOIN pairs p ON p.run_id = e.run_id AND p.pair_id = e.pair_id
     WHERE EXISTS (SELECT 1 FROM noised_sweeps n WHERE n.run_id = e.run_id AND n.sweep = e.sweep)
 ),
@@ -207,8 +213,13 @@ bucketed AS (
                   WHEN 'subject_last' THEN 'last_subject' WHEN 'after_subject' THEN 'first_subsequent'
                   WHEN 'further' THEN 'further' WHEN 'last' THEN 'last' END AS bucket
     FROM rows
-    UNION ALL
-    SELECT *, 'first_subject' AS bucket FROM rows WHERE position_role = 'subject_last' AND one_token_subject
+    UNION ALL  -- the token a one-token subject is: its first token too (its role is subject_last, or last)
+    SELECT *, 'first_subject' AS bucket FROM rows
+    WHERE position = subject_start AND subject_end - subject_start = 1 AND position_role IN ('subject_last', 'last')
+    UNION ALL  -- the last token right after the subject: the first subsequent token too
+    SELECT *, 'first_subsequent' AS bucket FROM rows WHERE position_role = 'last' AND position = subject_end
+    UNION ALL  -- a subject ending at the last token: that token is its last too
+    SELECT *, 'last_subject' AS bucket FROM rows WHERE position_role = 'last' AND position = subject_end - 1
 ),
 kept AS (
     SELECT *, effect - avg(effect) OVER (PARTITION BY run_id, site, layer, metric, bucket) AS r
