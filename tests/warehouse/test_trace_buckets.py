@@ -11,7 +11,7 @@ import pytest
 
 from patchgrid.effects import write_effects
 from patchgrid.pairs import to_table as pairs_table
-from patchgrid.pairs.align import position_roles
+from patchgrid.pairs.align import position_roles, tokenize_with_subject
 from patchgrid.warehouse.loader import load_run, query, start_run
 from tests.support.effect_rows import CLEAN, CORRUPT, make_pair, row, shifted
 
@@ -87,6 +87,16 @@ def test_buckets_are_romes(tmp_path):
         effects = [s - noised[pid] for pid, n, span, scores, _ in PROMPTS
                    for s, r in zip(scores, position_roles(n, *span)) if r == role]
         assert got[bucket]["aie"] == pytest.approx(statistics.mean(effects), rel=1e-5), bucket
+
+
+def test_the_capital_of_france_tokenized(tokenizers):
+    """The tiny model's tokenizer gives "The capital of France is" the span and roles the France
+    case above is built on: " France" the subject's one token, " is" right after it and last."""
+    tok = tokenizers("tiny-llama")
+    prompt = tokenize_with_subject(tok, "The capital of France is", "France")
+    assert [tok.decode([i]) for i in prompt.ids][3:] == [" France", " is"]
+    assert (len(prompt.ids), prompt.span) == (PROMPTS[0][1], PROMPTS[0][2])
+    assert position_roles(len(prompt.ids), *prompt.span)[3:] == ["subject_last", "last"]
 
 
 def test_the_capital_of_france_alone(tmp_path):
