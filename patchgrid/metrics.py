@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # imported where it is used: the light commands read METRICS and need no torch
+    import torch
 
 
 @dataclass(frozen=True)
@@ -115,6 +117,8 @@ def kl_divergence(reference: torch.Tensor, logprobs: torch.Tensor) -> torch.Tens
 def answer_ranks(logits: torch.Tensor, tokens) -> torch.Tensor:
     """Per token, how many entries of `logits` are larger than its own (0: the top one):
     logits [..., vocab], tokens [..., k] -> [..., k]."""
+    import torch
+
     tokens = torch.as_tensor(tokens, device=logits.device)
     vals = logits.gather(-1, tokens)
     return (logits.unsqueeze(-2) > vals.unsqueeze(-1)).sum(-1)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
-import torch
 
 from .arrow import read_ipc, tensor_rows
+
+if TYPE_CHECKING:  # imported where it is used: the light commands import the cache's package and need no torch
+    import torch
 from .runs import capture_runs
 from .spec import CacheSpec
 
@@ -23,6 +25,8 @@ class ActivationCache:
 
     def __init__(self, folder: Path):
         self.folder = Path(folder)
+        import torch
+
         self.manifest = json.loads((self.folder / "manifest.json").read_text())
         self.dtype = getattr(torch, self.manifest["dtype"])
         self.pair_ids: list[str] = self.manifest["pair_ids"]
@@ -72,6 +76,8 @@ class ActivationCache:
 
     def logprobs(self, pair_id: str) -> torch.Tensor:
         """The clean run's log-probabilities at its last prompt position [vocab], float32."""
+        import torch
+
         i = self._index[pair_id]
         return tensor_rows(self._logprobs, i, 1, self._logprobs.type.list_size, torch.float32)[0]
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from .request import Patch, Request, Result
 
 
@@ -51,6 +49,8 @@ def join_forwards(req: Request, fwds: list[Forward], parts: list[dict]) -> Resul
     width]} and `scores` {continuation: [log-probabilities]}; the first has the last prompt
     position's readings (`answer_logits`, `logsumexp`, `top_ids`, `top_logits`, `answer_ranks`,
     `kl`, `logprobs`)."""
+    import torch  # here, not at the top: the light commands import the plan and need no torch
+
     n = len(req.tokens)
     first = parts[0]
     captures = {}

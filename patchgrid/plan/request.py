@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass, field
-
-import torch
+from typing import TYPE_CHECKING
 
 from ..sites import site_key
+
+if TYPE_CHECKING:  # torch is imported where it is used: the light commands import the plan and need no torch
+    import torch
 
 
 @dataclass(frozen=True)
@@ -89,12 +91,16 @@ class Result:
 
     @property
     def answer_probs(self) -> torch.Tensor:
+        import torch
+
         return torch.exp(self.answer_logits - self.logsumexp)
 
 
 
 def gaussian_noise(noise: Noise, width: int) -> torch.Tensor:
     """[len(positions), width] float32, the same on every backend and machine for a seed."""
+    import torch
+
     g = torch.Generator().manual_seed(int(noise.seed))
     return torch.randn(len(noise.positions), width, generator=g, dtype=torch.float32) * float(noise.std)
 

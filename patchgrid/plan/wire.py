@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
-
-import torch
+from typing import TYPE_CHECKING
 
 from .forwards import Forward
 from .request import Noise, Patch, Request, Start
+
+if TYPE_CHECKING:  # imported where it is used: the light commands import the plan and need no torch
+    import torch
 
 
 def to_wire(req: Request, tag: str, fwd: Forward | None = None) -> str:
@@ -54,6 +56,8 @@ def from_wire(text: str) -> tuple[str, Request, tuple[int, Forward]]:
 # ---- tensors as plain data: collective_rpc crosses a process boundary in multiprocess mode ----
 
 def encode_tensor(t: torch.Tensor) -> list:
+    import torch
+
     t = t.detach().contiguous().cpu()
     dtype = str(t.dtype).removeprefix("torch.")
     raw = t.view(torch.int16) if t.dtype == torch.bfloat16 else t
@@ -61,6 +65,8 @@ def encode_tensor(t: torch.Tensor) -> list:
 
 
 def decode_tensor(enc) -> torch.Tensor:
+    import torch
+
     dtype, shape, data = enc
     if dtype == "bfloat16":
         return torch.frombuffer(bytearray(data), dtype=torch.int16).view(torch.bfloat16).reshape(shape)

@@ -8,8 +8,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # imported where it is used: the light commands import the sweeps and need no torch
+    import torch
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,7 @@ def _embedding_weight(folder: Path) -> torch.Tensor:
             for c in candidates:
                 if c in st.keys():
                     return st.get_tensor(c).float() * scale
+    import torch
     from transformers import AutoModelForCausalLM  # an unusual checkpoint layout: load the model
 
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
@@ -60,6 +63,8 @@ def subject_noise(folder: str | Path, subjects: list[str], scale: float) -> Trac
     ids = [i for s in subjects if s for i in tokenizer(s, add_special_tokens=False).input_ids]
     if not ids:
         raise ValueError("causal tracing needs subjects to measure its noise from: the data set has none")
+    import torch
+
     weight = _embedding_weight(folder)
     std = float(weight[torch.tensor(ids)].std())
     n = sum(1 for s in subjects if s)

@@ -7,8 +7,6 @@ from __future__ import annotations
 import dataclasses
 from collections import defaultdict
 
-import torch
-
 from ..cache import CacheSpec, layer_keys, stream_keys
 from ..effects import effect_row
 from ..metrics import Reading
@@ -24,6 +22,8 @@ def trace_window(layer: int, window: int, n_layers: int) -> range:
 
 def trace_noise_std(store, pairs, scale: float) -> float:
     """scale x the std of the subject tokens' embeddings over `pairs`."""
+    import torch  # here, not at the top: the light commands import the sweeps and need no torch
+
     rows = [store.captures(p.pair_id, "clean", ["embed"])["embed"][p.subject_start:p.subject_end].float()
             for p in pairs]
     return scale * float(torch.cat(rows).std())
