@@ -86,50 +86,83 @@ SELECT
 FROM cell;
 
 -- effect_summary's means with two intervals side by side: the simple t interval (pairs as
--- independent) and one that allows for pairs sharing a fact (a fact is the corrupt side of
--- several pairs, A->B and B->A both exist). Each pair belongs to its two facts, its clean and
--- its corrupt prompt (a noised sweep, causal tracing, reads the clean prompt alone: one fact). The variance of
--- the mean adds the residual cross-products of every two pairs that share a fact:
---   (sum over facts f of (sum of f's pairs' residuals)^2 - sum of squared residuals) / (n (n - 1)),
--- never below the simple variance, with t on min(n, facts) - 1 degrees of freedom. With
--- S_f = T_f - n_f * mean (T_f, n_f: f's sum and count), sum S_f^2 = sum T_f^2 - 2 mean sum n_f T_f
--- + mean^2 sum n_f^2, so no window function is needed.
+-- independent) and one that allows for pairs sharing a fact (a fact is the clean side of some pairs
+-- and the corrupt side of others; A->B and B->A can both exist). It is the dyadic-robust variance of
+-- a mean (Fafchamps & Gubert 2007; Aronow, Samii & Assenova 2015; Cameron & Miller 2014): a pair is
+-- the dyad of its clean and its corrupt fact (a noised sweep, causal tracing, reads the clean prompt
+-- alone: one fact, and its pairs are clustered by that fact alone), and two pairs are dependent when
+-- they share a fact, at either end, in either role. Over a cell's n pairs on G facts, residuals
+-- e_i = y_i - mean,
+--   V = G / (G - 1) * (1 / n^2) * (sum over the dependent (i, j), i = j included, of e_i e_j)
+--     = G / (G - 1) * (sum over facts f of S_f^2 - sum over dyads d of S_d^2) / n^2,
+-- S_f the sum of the residuals of the pairs with fact f at either end, S_d that of the pairs whose
+-- two distinct facts are d, unordered (A->B and B->A are one dyad: their cross term counts once,
+-- where sum_f S_f^2 alone counts it at A and at B). G / (G - 1) is the CR1 factor of G clusters
+-- (Stata's G/(G-1) (N-1)/(N-K), whose second factor is 1 for a mean, K = 1). t on min(n, G) - 1
+-- degrees of freedom: G - 1 as for G clusters, never more than the n - 1 that a quadratic form in
+-- n residuals summing to zero can carry. No floor: where V is not positive beyond rounding (at most
+-- 1e-12 of sum e_i^2 / n^2; it can be negative, as multiway-clustered variances can, and it is 0
+-- when every pair shares a fact with every other) the interval is NULL, where Cameron, Gelbach &
+-- Miller 2011's fix (negative eigenvalues set to 0) would give one of width 0. Two-way clustering by
+-- role (clean fact, corrupt fact: CGM 2011) is not used: it takes A->B and B->A, and A->B and C->A,
+-- as independent. The recovery columns are the same over the n_recovery pairs kept and the
+-- n_facts_recovery facts they touch.
 CREATE OR REPLACE VIEW effect_summary_facts AS
 WITH judged AS (
-    SELECT j.*, coalesce(p.clean_prompt, j.pair_id) AS clean_fact,
+    SELECT j.run_id, j.sweep, j.site, j.direction, j.metric, j.layer, j.position_role, j.head, j.neuron,
+           j.sender, j.receiver, j.effect, j.kept_recovery, coalesce(p.clean_prompt, j.pair_id) AS clean_fact,
            CASE WHEN n.sweep IS NOT NULL THEN coalesce(p.clean_prompt, j.pair_id)
                 ELSE coalesce(p.corrupt_prompt, j.pair_id || ' (corrupt)') END AS corrupt_fact
     FROM pair_effects_judged j LEFT JOIN pairs p ON p.run_id = j.run_id AND p.pair_id = j.pair_id
     LEFT JOIN noised_sweeps n ON n.run_id = j.run_id AND n.sweep = j.sweep  -- one row per (run, sweep)
 ),
-memberships AS (  -- each pair once per distinct fact it belongs to
-    SELECT * EXCLUDE (clean_fact, corrupt_fact), clean_fact AS fact FROM judged
-    UNION ALL
-    SELECT * EXCLUDE (clean_fact, corrupt_fact), corrupt_fact AS fact FROM judged WHERE corrupt_fact <> clean_fact
+residuals AS (  -- e_i; a window's partition, like GROUP BY, takes NULL keys as equal
+    SELECT * EXCLUDE (effect, kept_recovery),
+           effect - avg(effect) OVER cell               AS e_effect,
+           kept_recovery - avg(kept_recovery) OVER cell AS e_recovery
+    FROM judged
+    WINDOW cell AS (PARTITION BY run_id, sweep, site, direction, metric, layer, position_role, head, neuron,
+                    sender, receiver)
 ),
-by_fact AS (
+memberships AS (  -- each pair once per distinct fact at its ends
+    SELECT * EXCLUDE (clean_fact, corrupt_fact), clean_fact AS fact FROM residuals
+    UNION ALL
+    SELECT * EXCLUDE (clean_fact, corrupt_fact), corrupt_fact AS fact FROM residuals WHERE corrupt_fact <> clean_fact
+),
+by_fact AS (  -- S_f (NULL for recovery where none of f's pairs is kept)
     SELECT run_id, sweep, site, direction, metric, layer, position_role, head, neuron, sender, receiver, fact,
-           sum(effect) AS t_effect, count(*) AS n_effect,
-           sum(kept_recovery) AS t_recovery, count(kept_recovery) AS n_recovery
+           sum(e_effect) AS s_effect, sum(e_recovery) AS s_recovery
     FROM memberships GROUP BY ALL
+),
+by_dyad AS (  -- S_d, over the pairs of two distinct facts
+    SELECT run_id, sweep, site, direction, metric, layer, position_role, head, neuron, sender, receiver,
+           least(clean_fact, corrupt_fact) AS fact_a, greatest(clean_fact, corrupt_fact) AS fact_b,
+           sum(e_effect) AS s_effect, sum(e_recovery) AS s_recovery
+    FROM residuals WHERE corrupt_fact <> clean_fact GROUP BY ALL
+),
+terms AS (  -- + sum S_f^2 and - sum S_d^2 per cell, grouped below (GROUP BY matches NULL keys)
+    SELECT run_id, sweep, site, direction, metric, layer, position_role, head, neuron, sender, receiver,
+           count(*) AS n_facts, count(s_recovery) AS n_facts_recovery,
+           sum(s_effect ^ 2) AS meat_effect, sum(s_recovery ^ 2) AS meat_recovery
+    FROM by_fact GROUP BY ALL
+    UNION ALL
+    SELECT run_id, sweep, site, direction, metric, layer, position_role, head, neuron, sender, receiver,
+           0, 0, -sum(s_effect ^ 2), -sum(s_recovery ^ 2)
+    FROM by_dyad GROUP BY ALL
 ),
 clustered AS (
     SELECT run_id, sweep, site, direction, metric, layer, position_role, head, neuron, sender, receiver,
-           count(*) AS n_facts,
-           sum(t_effect ^ 2) AS tt_effect, sum(n_effect * t_effect) AS nt_effect, sum(n_effect ^ 2) AS nn_effect,
-           count(*) FILTER (WHERE n_recovery > 0) AS n_facts_recovery,
-           sum(t_recovery ^ 2) AS tt_recovery, sum(n_recovery * t_recovery) AS nt_recovery,
-           sum(n_recovery ^ 2) AS nn_recovery
-    FROM by_fact GROUP BY ALL
+           sum(n_facts) AS n_facts, sum(n_facts_recovery) AS n_facts_recovery,
+           sum(meat_effect) AS meat_effect, sum(meat_recovery) AS meat_recovery
+    FROM terms GROUP BY ALL
 ),
 variances AS (
-    SELECT s.*, c.n_facts, c.n_facts_recovery,
-           greatest((c.tt_effect - 2 * s.mean_effect * c.nt_effect + s.mean_effect ^ 2 * c.nn_effect
-                     - (s.n_pairs - 1) * s.sd_effect ^ 2) / (s.n_pairs * nullif(s.n_pairs - 1, 0)),
-                    s.sd_effect ^ 2 / s.n_pairs) AS var_effect_facts,
-           greatest((c.tt_recovery - 2 * s.mean_recovery * c.nt_recovery + s.mean_recovery ^ 2 * c.nn_recovery
-                     - (s.n_recovery - 1) * s.sd_recovery ^ 2) / (s.n_recovery * nullif(s.n_recovery - 1, 0)),
-                    s.sd_recovery ^ 2 / nullif(s.n_recovery, 0)) AS var_recovery_facts
+    SELECT s.*, c.n_facts::BIGINT AS n_facts, c.n_facts_recovery::BIGINT AS n_facts_recovery,
+           CASE WHEN c.meat_effect > 1e-12 * (s.n_pairs - 1) * s.sd_effect ^ 2
+                THEN c.n_facts / (c.n_facts - 1.0) * c.meat_effect / s.n_pairs ^ 2 END AS var_effect_facts,
+           CASE WHEN c.meat_recovery > 1e-12 * (s.n_recovery - 1) * s.sd_recovery ^ 2
+                THEN c.n_facts_recovery / (c.n_facts_recovery - 1.0) * c.meat_recovery / s.n_recovery ^ 2
+           END AS var_recovery_facts
     -- head, neuron, sender, receiver (and layer) are NULL where they do not apply: keys match NULL to NULL
     FROM effect_summary s JOIN clustered c ON c.run_id = s.run_id AND c.sweep = s.sweep AND c.site = s.site
         AND c.direction = s.direction AND c.metric = s.metric AND c.layer IS NOT DISTINCT FROM s.layer
