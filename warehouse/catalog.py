@@ -115,7 +115,7 @@ def metric_statements() -> list[str]:
 
     A row that has no value on a metric (logit_diff of a multi-token answer; every metric but
     logit_diff and p in a load written before they existed, read as NULL) is no row of that metric.
-    Estimated rows (attribution patching's, `EXACT_ROWS` false) are in none of these views.
+    Estimated rows (attribution patching's, `EXACT_ROWS` false) are in none of these views but `atp_effects`.
     """
     def span(m):
         return "NULL::DOUBLE" if m.min_span is None else repr(float(m.min_span))
@@ -144,9 +144,14 @@ def metric_statements() -> list[str]:
     pair_effects = (f"WITH wide AS MATERIALIZED (SELECT run_id, {cell}, {aggregates} FROM effects WHERE {exact} "
                     f"GROUP BY ALL) "
                     f"{per_metric}")
+    # The estimated rows with the span clean - corrupt of their own metric (attribution patching's
+    # agreement judges a pair's importance threshold by it, as pair_effects_judged does recoveries).
+    span = " ".join(f"WHEN {_lit(name)} THEN {ms['span']}" for name, ms in measures.items())
     return [f"CREATE OR REPLACE VIEW metrics AS SELECT * FROM (VALUES {rows}) t(metric, meaning, better, min_span)",
             f"CREATE OR REPLACE VIEW effect_metrics AS {long}",
-            f"CREATE OR REPLACE VIEW pair_effects AS {pair_effects}"]
+            f"CREATE OR REPLACE VIEW pair_effects AS {pair_effects}",
+            f"CREATE OR REPLACE VIEW atp_effects AS SELECT *, CASE metric {span} END AS span "
+            f"FROM effects WHERE NOT ({exact})"]
 
 
 def summary_view_sql() -> str:

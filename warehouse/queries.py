@@ -118,16 +118,33 @@ def top_estimated_sites(path, run_id: str, top: int = 20, site: str | None = Non
 
 
 def atp_agreement(path, run_id: str):
-    """How well the run's attribution-patching estimates agree with exact patching, per site kind
-    and metric (the atp_agreement view: the correlation over the verified sites, the estimated share
-    of important sites ranked outside the top K, recall of the exact top sites where the run has
-    the exhaustive sweep), as (columns, rows)."""
-    return query(path, """
-        SELECT site, metric, n_pairs, n_sites, n_top, n_random, ranked_by, round(correlation, 3) AS correlation,
-               threshold, round(missed_share, 3) AS missed_share, n_pairs_exact, round(recall_top_k, 3) AS recall_top_k,
-               round(recall_top_10, 3) AS recall_top_10
-        FROM atp_agreement WHERE run_id = ?
-        ORDER BY list_position(?, site), metric""", [run_id, list(SITE_KINDS)])
+    """How well the run's attribution-patching estimates agree with exact patching, per site kind,
+    scope and metric (the atp_agreement view beside its bootstrap intervals over pairs,
+    warehouse/agreement.py: the correlations over the random sites alone, the pooled one, the
+    estimated share of important sites ranked outside the top K, recall of the exact top sites
+    where the run has the exhaustive sweep), as (columns, rows)."""
+    from .agreement import agreement
+    from .loader import connect
+
+    con = connect(path)
+    try:
+        got = agreement(con, run_id)
+    finally:
+        con.close()
+    order = {site: k for k, site in enumerate(SITE_KINDS)}
+    got.sort(key=lambda r: (order.get(r["site"], len(order)), r["site"], r["scope"], r["metric"]))
+    cols = ["site", "scope", "metric", "n_pairs", "n_sites", "n_top", "n_random", "ranked_by", "n_random_verified",
+            *(f"{name}{part}" for name in ("pearson_random", "spearman_random")
+              for part in ("", "_ci95_low", "_ci95_high")),
+            "pearson_pooled", "threshold", "n_pairs_unguarded",
+            *(f"{name}{part}" for name in ("missed_share", "recall_top_k", "recall_top_10")
+              for part in ("", "_ci95_low", "_ci95_high")),
+            "n_pairs_exact"]
+    return cols, [tuple(_round(r[c]) for c in cols) for r in got]
+
+
+def _round(v):
+    return round(v, 3) if isinstance(v, float) else v
 
 
 # A sender's place in a path matrix: by layer, attention (its heads, then attn_out) before the MLP.

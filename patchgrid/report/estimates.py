@@ -90,7 +90,7 @@ def estimate_scatters(verified, agreement, metric, prefix) -> list[Scatter]:
     for site in SITES:
         points = [r for r in verified if (r["site"], r["metric"]) == (site, metric)]
         if points:
-            agree = next((a for a in agreement if (a["site"], a["metric"]) == (site, metric)), None)
+            agree = [a for a in agreement if (a["site"], a["metric"]) == (site, metric)]
             scatters.append(scatter(points, site, metric, agree, prefix))
     return scatters
 
@@ -134,19 +134,33 @@ def heads_figure(rows, role, metric, prefix) -> Heatmap:
                    caption="Each head's output (z). " + reading(metric), extra={"on": metric}, counts=counts)
 
 
+def correlations(a) -> str | None:
+    """An agreement row's correlations over its random sites, with their bootstrap intervals."""
+    if a["pearson_random"] is None:
+        return None
+    text = f"Pearson r = {a['pearson_random']:.3f}"
+    if a["pearson_random_ci95_low"] is not None:
+        text += f" [{a['pearson_random_ci95_low']:.3f}, {a['pearson_random_ci95_high']:.3f}]"
+    if a["spearman_random"] is not None:
+        text += f", Spearman ρ = {a['spearman_random']:.3f}"
+        if a["spearman_random_ci95_low"] is not None:
+            text += f" [{a['spearman_random_ci95_low']:.3f}, {a['spearman_random_ci95_high']:.3f}]"
+    return f"{text} over {a['n_random_verified']} random sites of {pairs(a['n_pairs_random'])} ({a['scope']})"
+
+
 def scatter(rows, site, metric, agree, prefix) -> Scatter:
+    """Estimate against exact effect of the verified sites of one site kind on `metric`; `agree`: the
+    kind's agreement rows on it, one per scope."""
     points = [(r["estimate"], r["effect"], r["verify"]) for r in rows]
     n_rows = rows[0]["n_rows"]
     shown = "" if n_rows == len(points) else \
         f" {len(points)} of the {n_rows} verified sites are shown (a fixed sample)."
-    if agree is None or agree["correlation"] is None:
-        note = ""
-        corr = "Pearson correlation: none (fewer than two sites, or no spread)."
-    else:
-        note = f"Pearson r = {agree['correlation']:.3f} over {agree['n_verified']} verified sites ({metric})"
-        corr = (f"Pearson correlation of estimate and exact effect on {metric}: r = {agree['correlation']:.3f} over "
-                f"{agree['n_verified']} verified sites of {agree['n_pairs']} pairs (atp_agreement).")
-    ranked = "GradDrop score" if agree is not None and agree["ranked_by"] == "graddrop" else "|estimate|"
+    found = [c for c in map(correlations, agree) if c is not None]
+    note = found[0] if found else ""
+    corr = (f"Correlation of estimate and exact effect on {metric} over the random sites alone (unbiased for the "
+            f"sites outside the top K; 95% bootstrap intervals over pairs; atp_agreement): {'; '.join(found)}."
+            if found else "Correlation over the random sites: none (fewer than two sites, or no spread).")
+    ranked = "GradDrop score" if any(a["ranked_by"] == "graddrop" for a in agree) else "|estimate|"
     caption = (f"Each point is one site of one pair patched exactly: its AtP estimate against its exact effect "
                f"(patched − corrupt on {metric}). Red: among the pair's top K by {ranked}; blue: sampled at "
                f"random from the rest. On the dashed line y = x the estimate is exact. {corr}{shown}")

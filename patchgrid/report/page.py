@@ -102,30 +102,43 @@ def atp_html(atp: dict, figure) -> list[str]:
 
 
 AGREEMENT_NOTE = (
-    "<h3>Agreement with exact patching</h3><p class='note'>Per site kind and metric (atp_agreement): "
-    "the sites screened and patched exactly; the Pearson correlation of estimate and exact effect over "
-    "the verified sites (top and random pooled; the top sites have the largest estimates, so it is "
-    "not the correlation over every site); the missed share, the estimated share of the sites with "
-    "|recovery| ≥ the threshold on that metric that the estimates ranked outside the top K (from the "
-    "random sample); and where the run also holds the exhaustive exact sweep, the recall of the exact "
-    "top K and top 10 sites by |effect| among the estimates' top K, averaged over pairs (the top-10 "
-    "recall is at most K / 10). —: not available.</p>")
+    "<h3>Agreement with exact patching</h3><p class='note'>Per site kind, scope and metric (atp_agreement, "
+    "its intervals from warehouse/agreement.py). Scope: every_position, the sites patched at every position at "
+    "once; per_position, those at one position; each has its own top K and random sample. The Pearson and "
+    "Spearman correlations of estimate and exact effect are over the random sample alone (each pair's seeded "
+    "sample of R of the sites outside its top K, pooled over pairs: they estimate the correlation over the sites "
+    "outside the top K, each pair weighing the same); the pooled Pearson, over the top and random sites, is "
+    "biased upwards by the top K's choice. The missed share is the estimated share of the important sites "
+    "(|recovery| ≥ the threshold on that metric, in pairs whose clean − corrupt span passes the metric's "
+    "guard; the pairs that fail it are counted and left out) that the estimates ranked outside the top K (from "
+    "the random sample). Where the run also holds the exhaustive exact sweep: the recall of the exact top K and "
+    "top 10 sites by |effect| among the estimates' top K, averaged over pairs (the top-10 recall is at most "
+    "K / 10). In brackets, 95% percentile bootstrap intervals resampling pairs. —: not available.</p>")
 AGREEMENT_HEAD = (
-    "<table class='atp-agreement'><tr><th>site</th><th>metric</th><th>pairs</th><th>sites screened</th>"
-    "<th>top</th><th>random</th><th>ranked by</th><th>correlation</th><th>threshold (|recovery|)</th>"
+    "<table class='atp-agreement'><tr><th>site</th><th>scope</th><th>metric</th><th>pairs</th>"
+    "<th>sites screened</th><th>top</th><th>random</th><th>ranked by</th><th>Pearson (random)</th>"
+    "<th>Spearman (random)</th><th>Pearson (pooled)</th><th>threshold (|recovery|)</th><th>pairs unguarded</th>"
     "<th>missed share</th><th>pairs with the exact sweep</th><th>recall of the exact top K</th>"
     "<th>recall of the exact top 10</th></tr>")
+
+
+def with_interval(row, name: str) -> str:
+    """A figure of an agreement row with its bootstrap interval: `0.812 [0.701, 0.893]`, `—` without it."""
+    low, high = row.get(f"{name}_ci95_low"), row.get(f"{name}_ci95_high")
+    return _number(row[name]) + ("" if low is None or row[name] is None else f" [{low:.3f}, {high:.3f}]")
 
 
 def _agreement_table(agreement) -> list[str]:
     parts = [AGREEMENT_NOTE, AGREEMENT_HEAD]
     for a in agreement:
         ranked = "GradDrop score" if a["ranked_by"] == "graddrop" else "|estimate|"
-        parts.append(f"<tr><td>{a['site']}</td><td>{a['metric']}</td><td>{a['n_pairs']}</td><td>{a['n_sites']}</td>"
-                     f"<td>{a['n_top']}</td><td>{a['n_random']}</td><td>{ranked}</td>"
-                     f"<td>{_number(a['correlation'])}</td><td>{a['threshold']:g} ({a['metric']})</td>"
-                     f"<td>{_number(a['missed_share'])}</td><td>{a['n_pairs_exact']}</td>"
-                     f"<td>{_number(a['recall_top_k'])}</td><td>{_number(a['recall_top_10'])}</td></tr>")
+        figures = "".join(f"<td>{with_interval(a, name)}</td>" for name in ("pearson_random", "spearman_random"))
+        parts.append(f"<tr><td>{a['site']}</td><td>{a['scope']}</td><td>{a['metric']}</td><td>{a['n_pairs']}</td>"
+                     f"<td>{a['n_sites']}</td><td>{a['n_top']}</td><td>{a['n_random']}</td><td>{ranked}</td>"
+                     f"{figures}<td>{_number(a['pearson_pooled'])}</td><td>{a['threshold']:g} ({a['metric']})</td>"
+                     f"<td>{a['n_pairs_unguarded']}</td><td>{with_interval(a, 'missed_share')}</td>"
+                     f"<td>{a['n_pairs_exact']}</td><td>{with_interval(a, 'recall_top_k')}</td>"
+                     f"<td>{with_interval(a, 'recall_top_10')}</td></tr>")
     parts.append("</table>")
     return parts
 

@@ -70,9 +70,13 @@ def atp_summary(con, run_id: str) -> list[dict]:
 
 
 def atp_agreement(con, run_id: str, sites) -> list[dict]:
-    """atp_agreement's rows of the run, by site in the order of `sites`, then metric."""
-    return rows(con, "SELECT * FROM atp_agreement WHERE run_id = ? ORDER BY list_position(?, site), metric",
-                [run_id, list(sites)])
+    """atp_agreement's rows of the run beside their bootstrap intervals over pairs
+    (warehouse/agreement.py), by site in the order of `sites`, then scope and metric."""
+    from ..warehouse.agreement import agreement
+
+    order = {site: k for k, site in enumerate(sites)}
+    return sorted(agreement(con, run_id), key=lambda r: (order.get(r["site"], len(order)), r["site"], r["scope"],
+                                                          r["metric"]))
 
 
 def verified_estimates(con, run_id: str, limit: int) -> list[dict]:

@@ -33,20 +33,26 @@ def pair_record(pid):
             "corrupt_prompt": f"x{pid}", "roles": list(ROLES), "subject_start": 0, "subject_end": 2}
 
 
+def scope(site):
+    """A site's scope as the sweep and the views name it: position None is every position at once."""
+    return "every_position" if site[1] is None else "per_position"
+
+
 def synthetic(seed=3):
-    """Six pairs (p5's answers scored whole: its headline metric is logprob_diff); per pair and site
-    kind, every site screened with an estimate near its true effect, the top 3 by the ranking score
-    (GradDrop for neurons) and a random 4 of the others verified; exhaustive exact sweeps of resid
-    (both directions), heads (p1 misses one site) and neurons; causal tracing rows at the resid
-    sites. Returns (atp rows, exact rows)."""
+    """Six pairs, all on logprob_diff as the atp sweep writes them (p5's answers scored whole: it has
+    no logit_diff); per pair, site kind and scope, every site screened with an estimate near its
+    true effect, the top 3 by the ranking score (GradDrop for neurons) and a random 4 of the others
+    (or all of them, when fewer) verified; exhaustive exact sweeps of resid (both directions), heads
+    (p1 misses one site) and neurons; causal tracing rows at the resid sites. Returns (atp rows,
+    exact rows)."""
     rng = random.Random(seed)
     atp, exact = [], []
     for i in range(6):
         pid = f"p{i}"
         pair = make_pair(pid, ROLES, subject=(0, 2))
-        clean, corrupt, metric = CLEAN, CORRUPT, "logit_diff"
+        clean, corrupt, metric = CLEAN, CORRUPT, "logprob_diff"
         if i == 5:
-            clean, corrupt, metric = shifted(CLEAN, logit_diff=None), shifted(CORRUPT, logit_diff=None), "logprob_diff"
+            clean, corrupt = shifted(CLEAN, logit_diff=None), shifted(CORRUPT, logit_diff=None)
         span = clean.value(metric) - corrupt.value(metric)
         for site, sites in SITES.items():
             truth, estimate, graddrop = {}, {}, {}
@@ -56,9 +62,14 @@ def synthetic(seed=3):
                 estimate[s] = r * span * rng.uniform(0.5, 1.5) + rng.gauss(0, 0.4)
                 graddrop[s] = abs(estimate[s]) + rng.uniform(0, 0.6) if site == "neuron" else None
             score = graddrop if site == "neuron" else {s: abs(e) for s, e in estimate.items()}
-            top = sorted(sites, key=lambda s: -score[s])[:TOP_K]
-            others = [s for s in sites if s not in top]
-            sample = [] if (site, pid) == ("attn_out", "p0") else rng.sample(others, RANDOM_R)
+            top, sample = [], []
+            for where in ("every_position", "per_position"):
+                group = [s for s in sites if scope(s) == where]
+                chosen = sorted(group, key=lambda s: -score[s])[:TOP_K]
+                others = [s for s in group if s not in chosen]
+                top += chosen
+                if (site, pid) != ("attn_out", "p0"):
+                    sample += rng.sample(others, min(RANDOM_R, len(others)))
             for s in sites:
                 layer, position, head, neuron = s
                 verify = "top" if s in top else "random" if s in sample else None
@@ -145,8 +156,39 @@ def pearson(xs, ys):
     return sxy / math.sqrt(sum((x - mx) ** 2 for x in xs) * sum((y - my) ** 2 for y in ys))
 
 
+def spearman(xs, ys):
+    """Spearman's rho: Pearson's of the ranks, ties given their mean rank (pandas' average ranks)."""
+    import pandas as pd
+
+    return pearson(list(pd.Series(xs).rank(method="average")), list(pd.Series(ys).rank(method="average")))
+
+
+MIN_SPAN = 0.5  # logprob_diff's smallest span clean - corrupt a recovery is read from
+
+
+def _pair_figures(pid, rs, exact):
+    """One pair's (outside, inside) of missed_share (None when it does not enter), and its recalls."""
+    top = [r for r in rs if r["verify"] == "top"]
+    rand = [r for r in rs if r["verify"] == "random"]
+    guarded = rs[0]["clean_logprob_diff"] - rs[0]["corrupt_logprob_diff"] >= MIN_SPAN
+    important = [r for r in rs if guarded and r["recovery"] is not None and abs(r["recovery"]) >= THRESHOLD]
+    n_others = len(rs) - len(top)
+    missed = None
+    if guarded and (n_others == 0 or rand):
+        missed = (0.0 if n_others == 0 else sum(r in rand for r in important) / len(rand) * n_others,
+                  sum(r in top for r in important))
+    coords = [(pid, r["site"], r["metric"], r["layer"], r["position"], r["head"], r["neuron"]) for r in rs]
+    recall = None
+    if all(c in exact for c in coords) and top:
+        order = sorted(range(len(rs)), key=lambda k: -abs(exact[coords[k]]))
+        marked = {k for k, r in enumerate(rs) if r["verify"] == "top"}
+        recall = (len(marked & set(order[:len(top)])) / len(top), len(marked & set(order[:10])) / min(10, len(rs)))
+    return guarded, missed, recall
+
+
 def python_atp_agreement(stored):
-    """atp_agreement computed from the stored rows, by its definition in views.sql."""
+    """atp_agreement computed from the stored rows, by its definition in views.sql: per (site kind,
+    scope, metric)."""
     site_of = {"resid": "resid", "heads": "head", "neurons": "neuron"}
     exact = {}  # (pair, site, metric, layer, position, head, neuron) -> exact effect patched - corrupt
     for r in stored:
@@ -157,37 +199,32 @@ def python_atp_agreement(stored):
     groups = {}
     for r in stored:
         if r["sweep"] == "atp":
-            groups.setdefault((r["site"], r["metric"]), {}).setdefault(r["pair_id"], []).append(r)
+            where = "every_position" if r["position"] is None else "per_position"
+            groups.setdefault((r["site"], where, r["metric"]), {}).setdefault(r["pair_id"], []).append(r)
     out = {}
     for key, pairs in groups.items():
         rows = [r for rs in pairs.values() for r in rs]
         verified = [r for r in rows if r["verify"] is not None]
-        outside, inside, recall_k, recall_10 = [], [], [], []
-        for pid, rs in pairs.items():
-            top = [r for r in rs if r["verify"] == "top"]
-            rand = [r for r in rs if r["verify"] == "random"]
-            important = [r for r in rs if r["recovery"] is not None and abs(r["recovery"]) >= THRESHOLD]
-            n_others = len(rs) - len(top)
-            if n_others == 0 or rand:
-                outside.append(0.0 if n_others == 0 else
-                               sum(r in rand for r in important) / len(rand) * n_others)
-                inside.append(sum(r in top for r in important))
-            coords = [(pid, r["site"], r["metric"], r["layer"], r["position"], r["head"], r["neuron"]) for r in rs]
-            if all(c in exact for c in coords) and top:
-                order = sorted(range(len(rs)), key=lambda k: -abs(exact[coords[k]]))
-                marked = {k for k, r in enumerate(rs) if r["verify"] == "top"}
-                recall_k.append(len(marked & set(order[:len(top)])) / len(top))
-                recall_10.append(len(marked & set(order[:10])) / min(10, len(rs)))
-        total = sum(outside) + sum(inside)
+        rand = [r for r in verified if r["verify"] == "random"]
+        figures = [_pair_figures(pid, rs, exact) for pid, rs in pairs.items()]
+        missed = [m for _, m, _ in figures if m is not None]
+        recalls = [c for *_, c in figures if c is not None]
+        total = sum(o + i for o, i in missed)
+        xs, ys = [r["estimate"] for r in rand], [r["effect"] for r in rand]
         out[key] = {
             "n_pairs": len(pairs), "n_sites": len(rows), "n_top": sum(r["verify"] == "top" for r in rows),
-            "n_random": sum(r["verify"] == "random" for r in rows), "n_verified": len(verified),
+            "n_random": len(rand), "n_verified": len(verified),
             "ranked_by": "graddrop" if any(r["estimate_graddrop"] is not None for r in rows) else "abs_estimate",
-            "correlation": pearson([r["estimate"] for r in verified], [r["effect"] for r in verified])
+            "n_random_verified": len(rand), "n_pairs_random": len({r["pair_id"] for r in rand}),
+            "pearson_random": pearson(xs, ys) if len(rand) > 1 else None,
+            "spearman_random": spearman(xs, ys) if len(rand) > 1 else None,
+            "pearson_pooled": pearson([r["estimate"] for r in verified], [r["effect"] for r in verified])
             if len(verified) > 1 else None,
-            "threshold": THRESHOLD, "n_pairs_missed": len(outside),
-            "missed_share": sum(outside) / total if total else None,
-            "n_pairs_exact": len(recall_k), "recall_top_k": _mean(recall_k), "recall_top_10": _mean(recall_10)}
+            "threshold": THRESHOLD, "n_pairs_missed": len(missed),
+            "n_pairs_unguarded": sum(not g for g, *_ in figures),
+            "missed_share": sum(o for o, _ in missed) / total if total else None,
+            "n_pairs_exact": len(recalls), "recall_top_k": _mean([k for k, _ in recalls]),
+            "recall_top_10": _mean([t for _, t in recalls])}
     return out
 
 
@@ -200,40 +237,50 @@ def test_atp_summary_matches_a_direct_computation(study):
     for cell, w in want.items():
         assert got[cell] == {k: approx(v) for k, v in w.items()}, cell
     # what the data holds: two further positions averaged per pair, p5 on its own metric (one pair:
-    # no interval), GradDrop only for neurons, some cells verified in no pair
-    assert len(want) == (3 * 5 + 3 * 4 + 24 + 24) * 2
-    assert got[("resid", "logprob_diff", 0, "last", None, None)]["n_pairs"] == 1
-    assert got[("resid", "logprob_diff", 0, "last", None, None)]["estimate_ci95_low"] is None
-    assert got[("resid", "logit_diff", 0, "further", None, None)]["n_pairs"] == 5
+    # no interval), GradDrop only for neurons, some cells verified in no pair; every pair on logprob_diff
+    assert len(want) == 3 * 5 + 3 * 4 + 24 + 24
+    assert got[("resid", "logprob_diff", 0, "last", None, None)]["n_pairs"] == 6
+    assert got[("resid", "logprob_diff", 0, "further", None, None)]["n_pairs"] == 6
     assert {c[0] for c, w in want.items() if w["mean_graddrop"] is not None} == {"neuron"}
     assert any(w["n_verified"] == 0 and w["mean_effect"] is None for w in want.values())
     assert all(0 < w["n_verified"] <= w["n_pairs"] for c, w in want.items() if w["mean_effect"] is not None)
-    # t on n_pairs - 1 = 4 degrees of freedom, not 1.96
-    s = got[("head", "logit_diff", 2, "all", 3, None)]
-    assert s["estimate_ci95_high"] - s["mean_estimate"] == pytest.approx(2.7764 * s["sd_estimate"] / math.sqrt(5))
+    # t on n_pairs - 1 = 5 degrees of freedom, not 1.96
+    s = got[("head", "logprob_diff", 2, "all", 3, None)]
+    assert s["estimate_ci95_high"] - s["mean_estimate"] == pytest.approx(2.5706 * s["sd_estimate"] / math.sqrt(6))
 
 
 def test_atp_agreement_matches_a_direct_computation(study):
     wh, stored = study
-    got = {(r.pop("site"), r.pop("metric")): r for r in _rows(wh, "SELECT * EXCLUDE (run_id) FROM atp_agreement")}
+    got = {(r.pop("site"), r.pop("scope"), r.pop("metric")): r
+           for r in _rows(wh, "SELECT * EXCLUDE (run_id) FROM atp_agreement")}
     want = python_atp_agreement(stored)
-    assert set(got) == set(want) == {(s, m) for s in SITES for m in ("logit_diff", "logprob_diff")}
+    scopes = {site: {scope(s) for s in sites} for site, sites in SITES.items()}
+    assert set(got) == set(want) == {(s, w, "logprob_diff") for s in SITES for w in scopes[s]}
     for key, w in want.items():
         assert got[key] == {k: approx(v) if isinstance(v, float) else v for k, v in w.items()}, key
-    resid, heads = got[("resid", "logit_diff")], got[("head", "logit_diff")]
-    # 5 pairs x 18 sites, 3 top and 4 random each; estimates follow the effects closely
-    assert (resid["n_pairs"], resid["n_sites"], resid["n_top"], resid["n_random"]) == (5, 90, 15, 20)
-    assert resid["n_verified"] == 35 and resid["correlation"] > 0.8 and resid["ranked_by"] == "abs_estimate"
-    assert got[("neuron", "logit_diff")]["ranked_by"] == "graddrop"
+    resid = got[("resid", "per_position", "logprob_diff")]
+    # 6 pairs x 15 per-position sites, 3 top and 4 random each; estimates follow the effects closely
+    assert (resid["n_pairs"], resid["n_sites"], resid["n_top"], resid["n_random"]) == (6, 90, 18, 24)
+    assert resid["n_verified"] == 42 and resid["pearson_random"] > 0.5 and resid["ranked_by"] == "abs_estimate"
+    # the pooled correlation takes the top K, chosen by the estimates: higher than over the random rows
+    assert resid["pearson_pooled"] > resid["pearson_random"]
+    # every position at once: 3 sites per pair, all of them top
+    every = got[("resid", "every_position", "logprob_diff")]
+    assert (every["n_sites"], every["n_top"], every["n_random"], every["missed_share"]) == (18, 18, 0, 0.0)
+    assert got[("neuron", "every_position", "logprob_diff")]["ranked_by"] == "graddrop"
     assert 0 < resid["missed_share"] < 1 and resid["threshold"] == pytest.approx(0.1)
+    assert all(a["n_pairs_unguarded"] == 0 for a in got.values())
     # attn_out: p0 has no random sample (it enters no sum), and no exhaustive sweep: no recall
-    attn = got[("attn_out", "logit_diff")]
-    assert attn["n_pairs_missed"] == 4 and attn["n_pairs_exact"] == 0 and attn["recall_top_k"] is None
+    attn = got[("attn_out", "per_position", "logprob_diff")]
+    assert attn["n_pairs_missed"] == 5 and attn["n_pairs_exact"] == 0 and attn["recall_top_k"] is None
     assert attn["recall_top_10"] is None
-    # heads: p1's exhaustive sweep misses a site, so p1 has no recall; the noising and tracing rows
-    # at resid's coordinates are never taken for the exact effects
-    assert heads["n_pairs_exact"] == 4 and resid["n_pairs_exact"] == 5
-    assert 0 < resid["recall_top_k"] <= 1 and 0 < resid["recall_top_10"] <= 1
+    # heads: each scope its own top 3 and sample; p1's exhaustive sweep misses a site at one position
+    # (layer 0, the last, head 1), so p1 has no recall there
+    heads = {w: got[("head", w, "logprob_diff")] for w in ("every_position", "per_position")}
+    assert all((h["n_sites"], h["n_top"], h["n_random"]) == (72, 18, 24) for h in heads.values())
+    assert heads["every_position"]["n_pairs_exact"] == 6 and heads["per_position"]["n_pairs_exact"] == 5
+    # the noising and tracing rows at resid's coordinates are never taken for the exact effects
+    assert resid["n_pairs_exact"] == 6 and 0 < resid["recall_top_k"] <= 1 and 0 < resid["recall_top_10"] <= 1
 
 
 def test_missed_share_and_recall_on_a_pair_worked_by_hand(tmp_path):
@@ -257,7 +304,11 @@ def test_missed_share_and_recall_on_a_pair_worked_by_hand(tmp_path):
     assert a["missed_share"] == pytest.approx(4.5 / 5.5)
     assert (a["n_pairs_exact"], a["recall_top_k"], a["recall_top_10"]) == (1, pytest.approx(1 / 3), pytest.approx(0.2))
     xs, ys = estimates[:5], [t * 4.0 for t in truth[:5]]  # effect = recovery x the logit-difference span 4
-    assert a["correlation"] == pytest.approx(pearson(xs, ys), rel=1e-6)
+    assert a["pearson_pooled"] == pytest.approx(pearson(xs, ys), rel=1e-6)
+    # over the random sites alone: sites 3 and 4, two points, on a line rising from (-0.5, -3.6) to (0.1, 0.12)
+    assert a["pearson_random"] == pytest.approx(1.0) and a["spearman_random"] == pytest.approx(1.0)
+    assert (a["scope"], a["n_random_verified"], a["n_pairs_random"], a["n_pairs_unguarded"]) == ("every_position",
+                                                                                                 2, 1, 0)
 
 
 def test_atp_rows_without_verified_sites(tmp_path):
@@ -273,7 +324,8 @@ def test_atp_rows_without_verified_sites(tmp_path):
                                                                                           for k in range(4)]
     a = _rows(wh, "SELECT * FROM atp_agreement")[0]
     assert (a["n_sites"], a["n_top"], a["n_random"], a["n_verified"]) == (4, 0, 0, 0)
-    assert a["correlation"] is None and a["missed_share"] is None and a["recall_top_k"] is None
+    assert a["pearson_random"] is None and a["spearman_random"] is None and a["pearson_pooled"] is None
+    assert a["missed_share"] is None and a["recall_top_k"] is None and a["n_random_verified"] == 0
     assert a["n_pairs_missed"] == 0
 
 
@@ -313,9 +365,13 @@ def test_atp_views_unique_and_not_null(study):
              "run_id, pair_id, site, metric, layer, position_role, n_positions, estimate, n_verified_positions"),
             ("atp_summary", "run_id, site, metric, layer, position_role, head, neuron",
              "run_id, site, metric, layer, position_role, n_pairs, mean_estimate, n_verified"),
-            ("atp_agreement", "run_id, site, metric",
-             "run_id, site, metric, n_pairs, n_sites, n_top, n_random, n_verified, ranked_by, threshold, "
-             "n_pairs_missed, n_pairs_exact"),
+            ("atp_sites", "run_id, pair_id, site, metric, layer, position, head, neuron",
+             "run_id, pair_id, site, scope, metric, estimate, span, span_ok, important"),
+            ("atp_agreement_pairs", "run_id, site, scope, metric, pair_id",
+             "run_id, site, scope, metric, pair_id, n_sites, n_top, n_random, span_ok"),
+            ("atp_agreement", "run_id, site, scope, metric",
+             "run_id, site, scope, metric, n_pairs, n_sites, n_top, n_random, n_verified, ranked_by, threshold, "
+             "n_random_verified, n_pairs_random, n_pairs_missed, n_pairs_unguarded, n_pairs_exact"),
             ("effect_summary", "run_id, sweep, site, direction, metric, layer, position_role, head, neuron",
              "n_pairs, metric, mean_effect")):
         dup = query(wh, f"SELECT count(*) FROM (SELECT {key}, count(*) c FROM {view} GROUP BY ALL HAVING c > 1)")[1]
@@ -330,7 +386,9 @@ def test_atp_views_unique_and_not_null(study):
                      "<> (n_verified = 0)")[1] == [(0,)]
     assert query(wh, "SELECT count(*) FROM atp_agreement WHERE n_top + n_random > n_sites OR n_verified "
                      "<> n_top + n_random OR n_pairs_missed > n_pairs OR n_pairs_exact > n_pairs "
-                     "OR missed_share NOT BETWEEN 0 AND 1 OR recall_top_k NOT BETWEEN 0 AND 1")[1] == [(0,)]
+                     "OR missed_share NOT BETWEEN 0 AND 1 OR recall_top_k NOT BETWEEN 0 AND 1 "
+                     "OR n_random_verified <> n_random OR n_pairs_random > n_pairs "
+                     "OR pearson_random NOT BETWEEN -1 AND 1 OR spearman_random NOT BETWEEN -1 AND 1")[1] == [(0,)]
 
 
 def test_exact_sweeps_are_the_kinds_that_patch_each_site(study):
@@ -346,16 +404,19 @@ def test_named_queries(study):
 
     wh, stored = study
     cols, rows = top_estimated_sites(wh, "r", top=10)
-    assert len(rows) == 10 and {r[cols.index("metric")] for r in rows} == {"logit_diff"}  # five pairs of six
+    assert len(rows) == 10 and {r[cols.index("metric")] for r in rows} == {"logprob_diff"}  # every pair's
     sizes = [abs(r[cols.index("mean_estimate")]) for r in rows]
     assert sizes == sorted(sizes, reverse=True)
-    largest = max(abs(s["mean_estimate"]) for c, s in python_atp_summary(stored).items() if c[1] == "logit_diff")
+    largest = max(abs(s["mean_estimate"]) for c, s in python_atp_summary(stored).items() if c[1] == "logprob_diff")
     assert sizes[0] == pytest.approx(largest, abs=1e-3)
     cols, rows = top_estimated_sites(wh, "r", top=5, site="neuron", metric="logprob_diff")
     assert len(rows) == 5 and {(r[cols.index("site")], r[cols.index("metric")]) for r in rows} == {
         ("neuron", "logprob_diff")}
     assert all(r[cols.index("mean_graddrop")] is not None for r in rows)
     cols, rows = atp_agreement(wh, "r")
-    assert [(r[0], r[1]) for r in rows] == [(s, m) for s in ("resid", "attn_out", "head", "neuron")
-                                            for m in ("logit_diff", "logprob_diff")]
-    assert "missed_share" in cols and "recall_top_k" in cols and "correlation" in cols
+    assert [(r[0], r[1]) for r in rows] == [("resid", "every_position"), ("resid", "per_position"),
+                                            ("attn_out", "per_position"), ("head", "every_position"),
+                                            ("head", "per_position"), ("neuron", "every_position")]
+    for name in ("pearson_random", "spearman_random", "missed_share", "recall_top_k"):
+        assert {name, f"{name}_ci95_low", f"{name}_ci95_high"} <= set(cols)
+    assert "pearson_pooled" in cols and "correlation" not in cols
