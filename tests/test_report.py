@@ -163,7 +163,7 @@ def atp_rows(pair, i, clean, corrupt, jitter):
     """The pair's atp rows: every resid, attn_out and mlp_out site at each position, every head at
     every position at once and at the last, every neuron at every position at once; estimates near
     the exact effects the other sweeps hold (neurons: none exhaustive, ranked by GradDrop); per site
-    kind the top ATP_K by the ranking score and ATP_R others at random verified."""
+    kind and scope the top ATP_K by the ranking score and ATP_R others at random verified."""
     rng = random.Random(i)
     sites = {site: [(layer, pos, None, None) for layer in range(N_LAYERS) for pos in range(len(ROLES))]
              for site in ("resid", "attn_out", "mlp_out")}
@@ -184,8 +184,12 @@ def atp_rows(pair, i, clean, corrupt, jitter):
         estimate = {c: r * span * rng.uniform(0.6, 1.3) + rng.gauss(0, 0.2) for c, r in truth.items()}
         graddrop = {c: abs(e) + rng.uniform(0, 0.3) if site == "neuron" else None for c, e in estimate.items()}
         score = {c: graddrop[c] if site == "neuron" else abs(e) for c, e in estimate.items()}
-        top = sorted(coords, key=lambda c: -score[c])[:ATP_K]
-        sample = rng.sample([c for c in coords if c not in top], ATP_R)
+        top, sample = [], []
+        for every in (True, False):  # per scope: the cells at every position at once, then those at one
+            group = [c for c in coords if (c[1] is None) == every]
+            if group:
+                top += sorted(group, key=lambda c: -score[c])[:ATP_K]
+                sample += rng.sample([c for c in group if c not in top], ATP_R)
         for c in coords:
             verify = "top" if c in top else "random" if c in sample else None
             layer, pos, head, neuron = c
@@ -497,15 +501,23 @@ def test_atp_scatter_plots_and_tables(atp_warehouse):
     atp = _figures(atp_warehouse)["sections"]["atp"]
     verified = _rows(atp_warehouse, "SELECT site, verify, estimate, effect FROM effects WHERE sweep = 'atp' "
                                     "AND verify IS NOT NULL")
-    agreement = {a["site"]: a for a in atp["agreement"]}
-    assert list(agreement) == ["resid", "attn_out", "mlp_out", "head", "neuron"]
-    assert [s.key for s in atp["scatters"]] == [f"atp-scatter-{site}-logit_diff" for site in agreement]
+    agreement = {(a["site"], a["scope"]): a for a in atp["agreement"]}
+    assert list(agreement) == [("resid", "per_position"), ("attn_out", "per_position"), ("mlp_out", "per_position"),
+                               ("head", "every_position"), ("head", "per_position"), ("neuron", "every_position")]
+    assert [s.key for s in atp["scatters"]] == [f"atp-scatter-{site}-logit_diff"
+                                                for site in dict.fromkeys(site for site, _ in agreement)]
     for s in atp["scatters"]:
         site = s.key.split("-")[2]
         want = sorted((r["estimate"], r["effect"], r["verify"]) for r in verified if r["site"] == site)
         assert sorted(s.points) == [(pytest.approx(x), pytest.approx(y), v) for x, y, v in want]
-        assert {v for *_, v in s.points} == {"top", "random"} and len(s.points) == 6 * (ATP_K + ATP_R)
-        assert f"r = {agreement[site]['correlation']:.3f}" in s.caption and "y = x" in s.caption
+        scopes = 2 if site == "head" else 1  # heads: every position at once and the last, each its own K and R
+        assert {v for *_, v in s.points} == {"top", "random"} and len(s.points) == 6 * (ATP_K + ATP_R) * scopes
+        for (kind, where), a in agreement.items():  # each scope's correlations over its random sites
+            if kind == site:
+                assert (f"Pearson r = {a['pearson_random']:.3f} [{a['pearson_random_ci95_low']:.3f}, "
+                        f"{a['pearson_random_ci95_high']:.3f}], Spearman ρ = {a['spearman_random']:.3f}") in s.caption
+                assert f"over {a['n_random_verified']} random sites of 6 pairs ({where})" in s.caption
+        assert "y = x" in s.caption
         assert s.x_label == "AtP estimate (logit_diff)" and s.y_label == "exact effect (logit_diff)"
         assert ("GradDrop" in s.caption) == (site == "neuron")
     # the neuron view: per layer, the five largest |mean estimates| of that layer, largest first
@@ -524,14 +536,19 @@ def test_atp_section_on_the_page(atp_warehouse, pages):
         assert f"{key}.png" in pngs
     section = text[text.index("<h2>Attribution patching"):text.index("<h2>By relation")]
     assert "Estimate against exact patching" in section and "Top neurons per layer" in section
-    agreement = {a["site"]: a for a in _figures(atp_warehouse)["sections"]["atp"]["agreement"]}
+    agreement = {(a["site"], a["scope"]): a for a in _figures(atp_warehouse)["sections"]["atp"]["agreement"]}
     table = section[section.index("<table class='atp-agreement'>"):]
-    for site, a in agreement.items():
-        cells = f"<tr><td>{site}</td><td>logit_diff</td><td>{a['n_pairs']}</td><td>{a['n_sites']}</td>"
+    for (site, where), a in agreement.items():
+        cells = f"<tr><td>{site}</td><td>{where}</td><td>logit_diff</td><td>{a['n_pairs']}</td><td>{a['n_sites']}</td>"
         assert cells in table, site
-        assert f"<td>{a['correlation']:.3f}</td><td>0.1 (logit_diff)</td>" in table
-    assert f"<td>{agreement['resid']['recall_top_k']:.3f}</td>" in table
-    assert "<td>neuron</td><td>logit_diff</td>" in table and "<td>—</td>" in table  # no exhaustive neuron sweep
+        assert (f"<td>{a['spearman_random']:.3f} [{a['spearman_random_ci95_low']:.3f}, "
+                f"{a['spearman_random_ci95_high']:.3f}]</td><td>{a['pearson_pooled']:.3f}</td>"
+                f"<td>0.1 (logit_diff)</td><td>0</td>") in table
+    resid = agreement[("resid", "per_position")]
+    assert (f"<td>{resid['recall_top_k']:.3f} [{resid['recall_top_k_ci95_low']:.3f}, "
+            f"{resid['recall_top_k_ci95_high']:.3f}]</td>") in table
+    # no exhaustive neuron sweep: no recall
+    assert "<td>neuron</td><td>every_position</td><td>logit_diff</td>" in table and "<td>—</td>" in table
     # the neuron table names its metric on every row, and each estimate's hover text its pairs
     neurons = section[section.index("<table class='atp-neurons'>"):section.index("<h3>Agreement")]
     assert neurons.count("<tr><td>logit_diff</td>") == N_LAYERS and "AtP estimate (logit_diff)" in neurons
@@ -545,8 +562,9 @@ def test_atp_scatter_shows_a_fixed_sample_of_many_points(atp_warehouse, monkeypa
     monkeypatch.setattr(estimates, "SCATTER_POINTS", 10)
     first, again = (_figures(atp_warehouse)["sections"]["atp"]["scatters"] for _ in range(2))
     for s, t in zip(first, again):
+        scopes = 2 if s.key.split("-")[2] == "head" else 1
         assert len(s.points) == 10 and s.points == t.points
-        assert f"10 of the {6 * (ATP_K + ATP_R)} verified sites are shown" in s.caption
+        assert f"10 of the {6 * (ATP_K + ATP_R) * scopes} verified sites are shown" in s.caption
 
 
 def test_a_run_without_paths_rows_has_no_path_section(warehouse, pages):
