@@ -131,6 +131,10 @@ class Family:
     # A config attribute that must be true for this mapping to hold (GPT-NeoX: use_parallel_residual,
     # without which the block is sequential and mlp_norm would have to name its resid_mid).
     requires: str | None = None
+    # The config attribute holding the cap the model's forward puts on its final logits,
+    # cap * tanh(logits / cap) (Gemma 2 and 3: final_logit_softcapping; no cap where it is None). The hf
+    # backend caps its float32 logits by it (backends.unembed); vLLM's logits processor caps by its own.
+    final_softcap: str | None = None
 
     def module_of(self, where: str) -> str:
         """The dotted path of a Site.module role relative to a layer."""
@@ -183,7 +187,7 @@ QWEN3_MOE = Family("qwen3_moe", "model.layers", "model.embed_tokens", "self_attn
 # sqrt(d_model). vLLM: Gemma2DecoderLayer(positions, hidden_states, residual), as Llama's.
 GEMMA = Family("gemma2", "model.layers", "model.embed_tokens", "self_attn", "mlp", "self_attn.o_proj", True, 1,
                "model.norm", "mlp.down_proj", "pre_feedforward_layernorm", attn_out="post_attention_layernorm",
-               mlp_out="post_feedforward_layernorm", embed_scaled=True)
+               mlp_out="post_feedforward_layernorm", embed_scaled=True, final_softcap="final_logit_softcapping")
 # GPT-J: a parallel block, out = x + attn(ln_1(x)) + mlp(ln_1(x)): attn_out and mlp_out are the two
 # terms, and there is no resid_mid. vLLM: GPTJBlock(position_ids, hidden_states) -> hidden_states;
 # transformers' GPT-J computes attention in its own `_attn`, not through the attention interface.

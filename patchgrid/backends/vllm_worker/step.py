@@ -20,13 +20,11 @@ class Step:
         self.noise = None  # (rows, values) added to the embedding
         self.start = None  # (rows, values): the stream entering the start layer
         self.captures: dict[str, list] = {}  # key -> [(row0, row1, buffer, pos0)]
-        # the rows whose logits are read, in order: [(request, first position, number of rows)]. A
-        # request's last row comes from vLLM's own logits (one row per request, in batch order:
-        # `vllm_rows`); the rows before it are unembedded by the final norm's hook (`own_rows`, batch
-        # rows of the hidden states). `*_dest`: where each lands among the read rows.
+        # the rows whose logits are read, in order: [(request, first position, number of rows)], and
+        # `read_rows`, their rows in the batch's hidden states, which the final norm's hook unembeds in
+        # float32 (readout.LogitsReadout; vLLM's own logits, in the model's dtype, are left to its sampler)
         self.reads: list[tuple[Request, int, int]] = []
-        self.own_rows = self.own_dest = self.vllm_rows = self.vllm_dest = None
-        self.own_logits = None
+        self.read_rows = None
         self.done: list[Request] = []  # requests whose last position is in this step
 
     def to(self, device) -> None:
@@ -37,9 +35,8 @@ class Step:
             self.noise = tuple(t.to(device) for t in self.noise)
         if self.start is not None:
             self.start = tuple(t.to(device) for t in self.start)
-        for name in ("own_rows", "own_dest", "vllm_rows", "vllm_dest"):
-            if getattr(self, name) is not None:
-                setattr(self, name, getattr(self, name).to(device))
+        if self.read_rows is not None:
+            self.read_rows = self.read_rows.to(device)
 
 
 def plan_step(runner, request_of, start_layer: int, device) -> Step:
@@ -57,24 +54,23 @@ def plan_step(runner, request_of, start_layer: int, device) -> Step:
             continue
         row0, row1 = int(qsl[i]), int(qsl[i + 1])
         pos0 = int(batch.num_computed_tokens_cpu[i])
-        plan.add(i, r, row0, pos0, pos0 + (row1 - row0))
+        plan.add(r, row0, pos0, pos0 + (row1 - row0))
     step = plan.finish()
     step.to(device)
     return step
 
 
 class _Plan:
-    """A step being planned: the request at index i of the batch holds positions pos0..pos1 of its
-    forward in rows row0..."""
+    """A step being planned: a request of the batch holds positions pos0..pos1 of its forward in
+    rows row0..."""
 
     def __init__(self, start_layer: int):
         self.start_layer = start_layer
         self.step = Step()
         self.writes, self.units, self.noise, self.caps, self.start = {}, {}, [], {}, []
-        self.own_rows, self.own_dest, self.vllm_rows, self.vllm_dest = [], [], [], []
-        self.n_read = 0
+        self.read_rows = []
 
-    def add(self, i: int, r: Request, row0: int, pos0: int, pos1: int) -> None:
+    def add(self, r: Request, row0: int, pos0: int, pos1: int) -> None:
         row1 = row0 + (pos1 - pos0)
         if self.start_layer:
             self.start.append((torch.arange(row0, row1), r.start_rows[pos0:pos1]))
@@ -85,7 +81,7 @@ class _Plan:
                 self.noise.append((torch.from_numpy(pos[sel] - pos0 + row0), vals[torch.from_numpy(sel)]))
         for key, buf in r.captures.items():
             self.caps.setdefault(key, []).append((row0, row1, buf, pos0))
-        self._add_reads(i, r, row0, pos0, pos1)
+        self._add_reads(r, row0, pos0, pos1)
         if pos1 >= r.n_tokens:
             self.step.done.append(r)
 
@@ -101,22 +97,14 @@ class _Plan:
             else:
                 self.units.setdefault(key, []).append((rows, torch.full_like(rows, unit), v))
 
-    def _add_reads(self, i: int, r: Request, row0: int, pos0: int, pos1: int) -> None:
+    def _add_reads(self, r: Request, row0: int, pos0: int, pos1: int) -> None:
         """Positions n_prompt - 1 .. n_tokens - 1 are read: the last prompt position, and the
         positions predicting each continuation's tokens."""
         lo = max(pos0, r.n_prompt - 1)
         if lo >= pos1:
             return
         self.step.reads.append((r, lo, pos1 - lo))
-        done = pos1 >= r.n_tokens
-        own = (pos1 - 1 if done else pos1) - lo  # vLLM unembeds the request's last row itself
-        if own:
-            self.own_rows.append(torch.arange(lo - pos0 + row0, lo - pos0 + row0 + own))
-            self.own_dest.append(torch.arange(self.n_read, self.n_read + own))
-        if done:
-            self.vllm_rows.append(i)  # vLLM's logits: one row per request of the batch
-            self.vllm_dest.append(self.n_read + own)
-        self.n_read += pos1 - lo
+        self.read_rows.append(torch.arange(lo - pos0 + row0, pos1 - pos0 + row0))
 
     def finish(self) -> Step:
         step = self.step
@@ -127,10 +115,8 @@ class _Plan:
         if self.start:
             step.start = _cat2(self.start)
         step.captures = self.caps
-        if self.own_rows:
-            step.own_rows, step.own_dest = torch.cat(self.own_rows), torch.cat(self.own_dest)
-        if self.vllm_rows:
-            step.vllm_rows, step.vllm_dest = torch.tensor(self.vllm_rows), torch.tensor(self.vllm_dest)
+        if self.read_rows:
+            step.read_rows = torch.cat(self.read_rows)
         return step
 
 
