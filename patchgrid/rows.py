@@ -32,6 +32,8 @@ REASONS = (
     "subject_not_found", "answer_multi_token", "answer_too_long", "answer_tokenization", "too_long", "length_mismatch",
     "differs_outside_subject",
     "identical_prompts", "same_answer", "no_partner", "not_known_clean", "not_known_corrupt", "limit_reached",
+    # why causal tracing leaves a fact out (pairs.known.trace_rejection, by the run's trace_facts rule)
+    "not_known_alone", "not_whole_answer",
 )
 # The sweep kinds (patchgrid.sweeps.registry registers a kind by each name, in this order)
 SWEEP_NAMES = ("resid", "resid_pre", "resid_mid", "attn_out", "mlp_out", "embed", "heads", "neurons", "qkv", "trace",

@@ -1,5 +1,6 @@
 """Whether the model knows a fact: the log-probabilities of answers after prompts, scored in batched
-engine calls, and the require-known rule decided on them."""
+engine calls, and the rules decided on them: require-known (pairs) and the trace-facts rules (which
+facts causal tracing runs on)."""
 from __future__ import annotations
 
 import math
@@ -67,4 +68,32 @@ def unknown_side(judged: dict) -> tuple[str, str] | None:
         return "not_known_clean", f"clean log-probability difference {cl:+.3f} is not positive"
     if co >= 0:
         return "not_known_corrupt", f"corrupt log-probability difference {co:+.3f} is not negative"
+    return None
+
+
+# Which facts causal tracing runs on (--trace-facts), both decided on the model's top-1 next token
+# after the clean prompt:
+#   first-token  the answer's first token is it (known_alone); the fact is scored by p of the whole answer
+#   rome         ROME's rule (experiments/causal_trace.py, calculate_hidden_flow): it is the whole answer,
+#                so answers of several tokens are left out; p of the answer is then p of that token
+TRACE_FACTS = ("first-token", "rome")
+
+
+def trace_rejection(rule: str, row: dict) -> tuple[str, str] | None:
+    """Why causal tracing under `rule` leaves out the fact of a pairs-table row that stands alone
+    (`usable_alone`): None when it traces it; else (reason, detail): not_known_alone (the top-1
+    next token is not the answer's first token) or, under rome, not_whole_answer (the answer is
+    several tokens, or was cut to its first by --answer-policy first-token)."""
+    if rule not in TRACE_FACTS:
+        raise ValueError(f"unknown trace-facts rule {rule!r}; use one of {', '.join(TRACE_FACTS)}")
+    if not row["known_alone"]:
+        return "not_known_alone", "the model's top-1 next token after the clean prompt is not the answer's first token"
+    n = len(row["clean_answer_ids"] or ())
+    if rule == "rome" and n > 1:
+        return "not_whole_answer", (f"the answer is {n} tokens: ROME's rule traces a fact only when the model's "
+                                    "top-1 next token is the whole answer")
+    if rule == "rome" and row["answer_policy"] == "first-token":
+        return "not_whole_answer", ("an answer of this record was cut to its first token (--answer-policy "
+                                    "first-token): ROME's rule traces a fact only when the model's top-1 next "
+                                    "token is the whole answer")
     return None

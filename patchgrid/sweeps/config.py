@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..pairs.known import TRACE_FACTS
 from ..rows import DIRECTIONS
 from ..settings import SpecError, at_least, normalise_and_check, not_negative, number_list, setting
 from ..sites import QKV
@@ -43,6 +44,10 @@ class SweepConfig:
                                 check=at_least(1), record="if_changed", cli=False)
     trace_noise_scale: float = setting(TRACE_NOISE_SCALE, "trace: the noise std in stds of the subjects' embeddings",
                                        check=not_negative, record="if_changed", cli=False)
+    trace_facts: str = setting(
+        "first-token", "trace: the facts traced: first-token (the answer's first token is the model's top-1 next "
+        "token; scored by p of the whole answer) or rome (ROME's rule: the top-1 next token is the whole answer, so "
+        "answers of several tokens are left out, each with its reason)", choices=TRACE_FACTS, record="if_changed")
     trace_sites: tuple[str, ...] = setting(TRACE_SITES, "trace: the sites restored: the hidden state, and the MLP "
                                            "and attention outputs over a window", choices=TRACE_SITES,
                                            record="if_changed", cli=False)

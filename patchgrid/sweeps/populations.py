@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..pairs.known import trace_rejection
 from ..pairs.pair import accepted_pairs, traced_facts
 
 
@@ -20,15 +21,43 @@ class Population:
     asks_model: bool = False  # choosing it needs the model's predictions: aligning the pairs asks the model
     recorded: tuple[tuple[str, str], ...] = ()  # what a run records of it, beside the noise, when noised
     fix: str | None = None  # the likely fix when it is empty, before any the rejections suggest
+    rule: str | None = None  # the sweep setting (SweepConfig field) whose value `select` takes as `rule`
+
+    def members(self, table, limit: int | None, config) -> list:
+        """`select` on a pairs table, under the run's `rule` setting where the population has one."""
+        return self.select(table, limit, **({"rule": getattr(config, self.rule)} if self.rule else {}))
+
+
+def traced_facts_under(table, limit: int | None = None, rule: str = "first-token") -> list:
+    """The facts causal tracing runs on under a trace-facts rule (pairs.known.TRACE_FACTS): of the
+    facts that stand alone, those trace_rejection keeps, in table order; `limit` keeps the first N."""
+    kept = {r["pair_id"] for r in table.to_pylist() if r["usable_alone"] and trace_rejection(rule, r) is None}
+    out = [f for f in traced_facts(table) if f.pair_id in kept]
+    return out if limit is None else out[:limit]
+
+
+def trace_left_out(table, rule: str) -> list[tuple[str, str, str]]:
+    """(pair id, reason, detail) of every fact that stands alone and that causal tracing under `rule`
+    leaves out: the record of what the rule rejected."""
+    out = []
+    for r in table.to_pylist():
+        why = trace_rejection(rule, r) if r["usable_alone"] else None
+        if why is not None:
+            out.append((r["pair_id"], *why))
+    return out
 
 
 ACCEPTED_PAIRS = Population("accepted_pairs", accepted_pairs, "no accepted pairs in {pairs}", "pairs")
-# causal tracing runs on the facts the model knows alone, partner or not (Meng et al.)
+# causal tracing runs on the facts the model knows alone, partner or not (Meng et al.), by the
+# run's trace_facts rule
 TRACED_FACTS = Population(
-    "traced_facts", traced_facts, "no fact in {pairs} that the model knows alone (its top prediction the answer): "
-    "nothing to trace", "traced facts", shard_name="trace-shard", writes_baselines=False, asks_model=True,
-    recorded=(("traced", "facts whose top-1 prediction is the answer (known_alone), with or without a partner"),),
-    fix="leave trace out of --sweeps, or take a model that knows these facts")
+    "traced_facts", traced_facts_under, "no fact in {pairs} that the model knows alone by the trace-facts rule "
+    "(first-token: its top prediction the answer's first token; rome: the whole answer): nothing to trace",
+    "traced facts", shard_name="trace-shard", writes_baselines=False, asks_model=True,
+    recorded=(("traced", "facts the model knows alone by the run's trace_facts rule (first-token unless recorded: "
+                         "the top-1 prediction is the answer's first token, known_alone; rome: it is the whole "
+                         "answer), with or without a partner"),),
+    fix="leave trace out of --sweeps, or take a model that knows these facts", rule="trace_facts")
 
 POPULATIONS = (ACCEPTED_PAIRS, TRACED_FACTS)  # in the order a study caches and shards them
 
@@ -42,6 +71,7 @@ REASON_FIXES = {
     "differs_outside_subject": "a clean and a corrupt prompt may differ in their subject alone",
     "no_partner": "a fact needs another of its relation to swap subjects with: add facts of the same relations",
     "answer_multi_token": "an answer of several tokens: --answer-policy full scores it whole",
+    "not_whole_answer": "ROME's rule traces one-token answers only: --trace-facts first-token traces the others too",
     "answer_too_long": "answers longer than the model scores: shorter answers",
     "too_long": "prompts longer than the model's context: shorter prompts",
     "same_answer": "the two facts of a pair must have different answers",

@@ -1,7 +1,7 @@
 """Causal tracing (Meng et al.): Gaussian noise on the subject's embeddings, restore the clean
 hidden state at one (layer, position), or the clean MLP / attention output over a window of layers
 at one position; metric: the clean answer's probability, averaged over samples. It runs on the
-facts the model knows alone (populations.TRACED_FACTS)."""
+facts the model knows alone (populations.TRACED_FACTS), by the trace_facts rule (pairs.known.TRACE_FACTS)."""
 from __future__ import annotations
 
 import dataclasses
@@ -36,7 +36,7 @@ class TraceSweep(SweepKind):
 
     name, metric, drawing = "trace", "p", "trace_buckets"
     population, noised = TRACED_FACTS, True
-    settings = ("trace_samples", "trace_window", "trace_noise_scale", "trace_sites")
+    settings = ("trace_samples", "trace_window", "trace_noise_scale", "trace_sites", "trace_facts")
 
     def settle(self, ctx, run):
         """The noise std: the one given for the whole data set; else the one the cached noised runs

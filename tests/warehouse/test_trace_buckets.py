@@ -47,7 +47,7 @@ def rome_buckets(prompts) -> dict[str, list[float]]:
     return {b: v for b, v in out.items() if v}
 
 
-def trace_warehouse(tmp_path, prompts):
+def trace_warehouse(tmp_path, prompts, params=None):
     pairs, rows = [], []
     for pid, n, (start, end), scores, noised in prompts:
         assert len(scores) == n
@@ -59,7 +59,7 @@ def trace_warehouse(tmp_path, prompts):
             rows.append(row(make_pair(pid, roles, subject=(start, end)), 0.0, sweep="trace", position=pos,
                             metric="p", clean=clean, corrupt=corrupt, patched=shifted(corrupt, p=p)))
     wh = tmp_path / "w.duckdb"
-    start_run(wh, {"run_id": "r", "model": "m"})
+    start_run(wh, {"run_id": "r", "model": "m", **({"params": params} if params else {})})
     load_run(wh, "r", pairs_table(pairs), [], [write_effects(rows, tmp_path / "e.parquet")])
     cols, got = query(wh, "SELECT * FROM trace_buckets WHERE site = 'resid' AND metric = 'p'")
     return {r["bucket"]: r for r in (dict(zip(cols, x)) for x in got)}
@@ -120,3 +120,10 @@ def test_a_subject_ending_at_the_last_token(tmp_path):
     for bucket, scores in want.items():
         assert got[bucket]["n_tokens"] == len(scores), bucket
         assert got[bucket]["mean_restored"] == pytest.approx(statistics.mean(scores), rel=1e-6), bucket
+
+
+@pytest.mark.parametrize("params, rule", [(None, "first-token"), ({"trace_facts": "rome"}, "rome")])
+def test_every_row_names_the_rule_that_chose_its_facts(tmp_path, params, rule):
+    """trace_facts: the run's recorded rule; a run that records none traced by the default."""
+    got = trace_warehouse(tmp_path, PROMPTS[:2], params)
+    assert {r["trace_facts"] for r in got.values()} == {rule}
