@@ -52,7 +52,7 @@ TOL_HF = 1e-4
 TOL_ATP_REL = 1e-4
 # the worker's writes are copies (and one addition for noise): the same bits on every device
 TOL_WRITES = 0.0
-# the readout unembeds the rows before a request's last (a matmul) and reduces over the vocabulary
+# the readout unembeds every read row in float32 (a matmul) and reduces over the vocabulary
 # (logsumexp, KL): float32 in another order, as the hf part
 TOL_READOUT = 1e-4
 CLEAN = (21, 7, 143, 88, 301, 12, 9, 40)
@@ -234,6 +234,21 @@ def worker_checks(model: str, device: str) -> list[Check]:
     return checks
 
 
+def _logits_processor():
+    """vLLM's LogitsProcessor as the worker reads it: the head's product in `_apply_head`, which the
+    readout replaces by its float32 one for its call."""
+    import torch
+
+    class LogitsProcessor(torch.nn.Module):
+        def _apply_head(self, lm_head, hidden, bias):
+            return torch.nn.functional.linear(hidden, lm_head.weight, bias)
+
+        def forward(self, lm_head, hidden, bias=None):
+            return self._apply_head(lm_head, hidden, bias)
+
+    return LogitsProcessor()
+
+
 def _worker_model(model: str, device: str):
     import torch
     from transformers import AutoModelForCausalLM
@@ -243,8 +258,8 @@ def _worker_model(model: str, device: str):
     folder, shape = _prepared(model)
     m = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(device).eval()
     fam = shape.family
-    m.logits_processor = torch.nn.Identity()  # where vLLM's logits hook sits
-    m.compute_logits = lambda hidden: m.lm_head(hidden)  # vLLM's model unembeds through this
+    m.logits_processor = _logits_processor()  # vLLM's model unembeds through compute_logits and this
+    m.compute_logits = lambda hidden: m.logits_processor(m.lm_head, hidden, m.lm_head.bias)
     get_module(m, fam.decoder).start_layer = 0  # vLLM's decoder attribute
     for layer in range(shape.n_layers):  # vLLM's attention-kernel module, given q, k and v
         attention = site_module(m, fam, "q", layer)
@@ -417,11 +432,8 @@ def _run_hooks(session, shape, acts, n_rows):
         return
     final = acts.make(n_rows, shape.d_model)
     session._on_final(None, (), final)
-    step = session.step
-    logits = acts.make(session.runner.input_batch.num_reqs, shape.vocab_size)
-    session._on_logits(None, (), logits)
-    if step.own_logits is not None:  # computed, not written: read back with the readout
-        acts.unembedded = step.own_logits
+    if session.step.logits is not None:  # computed, not written: read back with the readout
+        acts.unembedded = session.step.logits
 
 
 def _call_site_hooks(session, shape, acts, n_rows, keys):

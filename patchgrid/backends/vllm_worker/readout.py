@@ -25,14 +25,18 @@ from .step import Step
 def _float32_head(lm_head, hidden: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """vLLM's LogitsProcessor._apply_head(lm_head, hidden, bias), in float32: this rank's shard of the
     unembedding (its vocabulary rows, padding included), the weight cast slice by slice."""
-    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
-    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
-
-    method = getattr(lm_head, "quant_method", None)
-    if method is not None and not isinstance(method, (UnquantizedEmbeddingMethod, UnquantizedLinearMethod)):
+    method = getattr(lm_head, "quant_method", None)  # None: a plain module (benchmarks/gpu_check's stand-in)
+    if method is not None and not _unquantized(method):
         raise RuntimeError(f"patchgrid worker: the unembedding is quantized ({type(method).__name__}): its logits "
                            "cannot be read in float32")
     return unembed_float32(hidden, lm_head.weight, bias)
+
+
+def _unquantized(method) -> bool:
+    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+
+    return isinstance(method, (UnquantizedEmbeddingMethod, UnquantizedLinearMethod))
 
 
 @contextmanager
@@ -63,7 +67,8 @@ class LogitsReadout:
             with float32_head(self.model.logits_processor):
                 logits = self.model.compute_logits(hidden[step.read_rows])  # every rank joins the gather
             if logits is not None:  # None on tensor-parallel ranks but the first
-                read(step, logits[:, : self.vocab].float())
+                step.logits = logits[:, : self.vocab].float()
+                read(step, step.logits)
         for r in step.done:
             self.results[r.tag] = r.part()
         return None

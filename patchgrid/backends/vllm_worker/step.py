@@ -25,6 +25,7 @@ class Step:
         # float32 (readout.LogitsReadout; vLLM's own logits, in the model's dtype, are left to its sampler)
         self.reads: list[tuple[Request, int, int]] = []
         self.read_rows = None
+        self.logits = None  # their float32 logits [rows, vocab] once unembedded (rank 0)
         self.done: list[Request] = []  # requests whose last position is in this step
 
     def to(self, device) -> None:
