@@ -1,5 +1,5 @@
 """Attribution patching: every cell of the screened kinds (denoise) estimated from gradients
-(patchgrid.attribution), then per pair and kind the top K cells by the estimate and R sampled from
+(patchgrid.attribution), then per pair, site and scope the top K cells by the estimate and R sampled from
 the rest patched exactly; one row per screened cell."""
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def scope(cell: Cell) -> str:
 
 class AtpSweep(SweepKind):
     """Attribution patching over the cells of the screened kinds (config.atp_kinds, denoise only),
-    the top `verify_top` per pair and kind by the ranking score and `verify_random` sampled from the
+    the top `verify_top` per pair, site and scope by the ranking score and `verify_random` sampled from the
     rest patched exactly. Its prepare phase makes the estimates and the choice (`estimates()`)."""
 
     name, drawing = "atp", "atp"

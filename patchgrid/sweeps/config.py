@@ -70,7 +70,8 @@ class SweepConfig:
         "--no-start-midstack runs every layer of every patched run (the numbers are the same)")
     atp_kinds: tuple[str, ...] = setting(DEFAULT_ATP_KINDS, "atp: the sweep kinds it screens, a comma list",
                                          choices=ATP_KINDS, record="if_used")
-    verify_top: int = setting(20, "atp: per pair and kind, patch the K sites with the largest scores exactly",
+    verify_top: int = setting(20, "atp: per pair, site and scope (every position at once, or one), patch the K "
+                                  "largest scores exactly",
                               check=not_negative, record="if_used")
     verify_random: int = setting(20, "atp: and R sites sampled from the rest (seeded by --seed)",
                                  check=not_negative, record="if_used")
