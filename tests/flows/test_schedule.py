@@ -5,6 +5,9 @@ server, `patchgrid serve` or `prefect deploy` plus a process worker.
 A cron schedule fires at minute boundaries, so each test waits up to a minute for its run; the study
 itself (tiny-llama, one pair, one sweep) takes under a minute. Once the first run has started, the
 deployment is paused, so that no second run (every minute) is running when the processes are stopped.
+The served deployment's test also shows what a run due while another runs meets (issue 28, as
+test_schedule_overlap.py's tests do for the options): on the same server, after the same wait for the
+first minute boundary, which is most of such a test's time.
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from patchgrid.serving import overlap_line
 from tests.support.engines import needs_vllm
 from tests.support.pairs import DATA
 
@@ -31,6 +35,11 @@ STUDY = {"model": "tiny-llama", "pairs": str(DATA), "limit": 1, "require_known":
 UP_TIMEOUT_S = 120  # a server answering, a deployment registered
 START_TIMEOUT_S = 150  # from registration to the first run starting: the next minute boundary, and polling
 RUN_TIMEOUT_S = 240  # the study itself
+# A run of the served deployment that outlasts the one-minute interval on any machine here (one pair per sweep
+# task, far more pairs than a minute takes); it is cancelled once the run due while it runs has been settled.
+LONG_RUN = {"limit": 400, "shard_size": 1}
+LATE_TIMEOUT_S = 150  # from the schedule's resumption to the next due run settled: a minute boundary, polling
+LIMIT_REACHED = "Deployment concurrency limit reached."
 
 
 def free_port() -> int:
@@ -170,22 +179,113 @@ def assert_warehouse_holds_one_completed_run(warehouse: Path, cwd: Path) -> None
     assert lines[0].split() == ["n"] and int(lines[1]) > 0, lines
 
 
-@needs_vllm
-def test_serve_on_a_cron_schedule_runs_the_study_with_no_hand_made_run(tmp_path, processes):
-    from prefect.client.orchestration import SyncPrefectClient
+def start_serve(processes: Processes, tmp_path: Path, port: int, *args: str) -> str:
+    """`patchgrid serve` on a Prefect server of its own; that server's API."""
+    processes.start("serve", [sys.executable, "-m", "patchgrid", "serve", "--warehouse", str(tmp_path / "w.duckdb"),
+                              "--workdir", str(tmp_path / "work"), "--port", str(port), *args],
+                    env=prefect_env(tmp_path), cwd=tmp_path)
+    return f"http://127.0.0.1:{port}/api"
 
-    port, warehouse = free_port(), tmp_path / "w.duckdb"
-    processes.start("serve", [sys.executable, "-m", "patchgrid", "serve", "--cron", EVERY_MINUTE, "--model",
-                              "tiny-llama", "--pairs", str(DATA), "--limit", "1", "--no-require-known", "--sweeps",
-                              "resid", "--backend", "hf", "--warehouse", str(warehouse), "--workdir",
-                              str(tmp_path / "work"), "--port", str(port)], env=prefect_env(tmp_path), cwd=tmp_path)
-    with SyncPrefectClient(f"http://127.0.0.1:{port}/api") as client:
-        deployment = wait_for("the served deployment", lambda: client.read_deployment_by_name("study/patchgrid-study"),
-                              UP_TIMEOUT_S, processes)
+
+def served_deployment(client, processes: Processes):
+    return wait_for("the served deployment", lambda: client.read_deployment_by_name("study/patchgrid-study"),
+                    UP_TIMEOUT_S, processes)
+
+
+def serve_log(processes: Processes) -> str:
+    return (processes.tmp_path / "serve.log").read_text(errors="replace")
+
+
+def deployment_runs(client, deployment) -> list:
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+
+    found = client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment.id])))
+    return sorted(found, key=lambda r: r.expected_start_time)
+
+
+def assert_never_two_at_once(client, runs) -> None:
+    """No two runs' times from taking the slot (pending) to their end overlap. Not the API's start_time:
+    a run cancelled before it ran is given one, its end time."""
+    def taken(run):
+        return min((s.timestamp for s in client.read_flow_run_states(run.id) if s.type.value in ("PENDING", "RUNNING")),
+                   default=None)
+
+    ran = sorted(((t, r) for r in runs if (t := taken(r)) is not None), key=lambda tr: tr[0])
+    for (since, before), (after_since, after) in zip(ran, ran[1:]):
+        assert before.end_time is not None and before.end_time <= after_since, \
+            f"{before.name} ({since}..{before.end_time}) overlaps {after.name} (from {after_since})"
+
+
+@needs_vllm
+def test_serve_on_a_cron_schedule_runs_the_study_with_no_hand_made_run_and_skips_a_run_due_while_one_runs(
+        tmp_path, processes):
+    from prefect.client.orchestration import SyncPrefectClient
+    from prefect.client.schemas.objects import ConcurrencyLimitStrategy
+
+    api = start_serve(processes, tmp_path, free_port(), "--cron", EVERY_MINUTE, "--model", "tiny-llama", "--pairs",
+                      str(DATA), "--limit", "1", "--no-require-known", "--sweeps", "resid", "--backend", "hf")
+    with SyncPrefectClient(api) as client:
+        deployment = served_deployment(client, processes)
         assert [s.schedule.cron for s in deployment.schedules] == [EVERY_MINUTE]
-        wait_for_scheduled_run(client, deployment, processes)
+        assert deployment.global_concurrency_limit.limit == 1
+        assert deployment.concurrency_options.collision_strategy == ConcurrencyLimitStrategy.CANCEL_NEW
+        assert overlap_line(1, "skip") == "at most 1 run at once; a run due while 1 is running is skipped"
+        assert overlap_line(1, "skip") in serve_log(processes)
+        scheduled = wait_for_scheduled_run(client, deployment, processes)  # and the deployment paused
+        long_run, late = skip_a_run_due_while_a_long_one_runs(client, deployment, processes)
+        # the late run was turned away while the long run still ran (serve submits a due run 10 s early)
+        assert late.state.timestamp < long_run.end_time, \
+            f"the long run ended before the next run was settled, in {long_run.total_run_time}: make LONG_RUN longer"
+        assert late.state.is_cancelled() and late.state.message == LIMIT_REACHED, late.state
+        history = [s.type.value for s in client.read_flow_run_states(late.id)]
+        assert history == ["SCHEDULED", "CANCELLED"], history  # it never ran
+        assert late.auto_scheduled
+        runs = deployment_runs(client, deployment)
+        # no run but the scheduled one and the long one ran (the late one was turned away; later ones are
+        # only scheduled)
+        assert sorted(str(r.id) for r in runs if r.id != late.id and r.state.type.value != "SCHEDULED") == \
+            sorted(str(i) for i in (scheduled.id, long_run.id))
+        assert_never_two_at_once(client, runs)
     processes.stop_all()  # the warehouse is read with no Prefect process left that could write it
-    assert_warehouse_holds_one_completed_run(warehouse, tmp_path)
+    assert_warehouse_holds_one_completed_run(tmp_path / "w.duckdb", tmp_path)  # the long run wrote elsewhere
+
+
+def skip_a_run_due_while_a_long_one_runs(client, deployment, processes: Processes):
+    """With the deployment paused, a run of it made here that outlasts its schedule's interval (into a warehouse
+    of its own); once it runs, the schedule resumed, and the next run due, once settled; then the deployment
+    paused again, so that no other starts, and the long run, still running, cancelled and followed until it
+    stops. (The long run, its slot taken, and the late run: what the schedule's first run, had it outlasted
+    the minute, would have met.)"""
+    from prefect.states import Cancelling
+
+    spec = {**deployment.parameters["spec"], **LONG_RUN,
+            "warehouse": str(processes.tmp_path / "long.duckdb")}
+    long_run = client.create_flow_run_from_deployment(deployment.id, parameters={"spec": spec})
+
+    def running():
+        run = client.read_flow_run(long_run.id)
+        return run if run.state.is_running() else None
+
+    long_run = wait_for("the long run to start", running, START_TIMEOUT_S, processes)
+    client.resume_deployment(deployment.id)
+
+    def next_one_settled():
+        later = [r for r in deployment_runs(client, deployment)
+                 if r.auto_scheduled and r.expected_start_time > long_run.expected_start_time]
+        return later[0] if later and later[0].state.is_final() else None
+
+    late = wait_for("the next run due to be settled", next_one_settled, LATE_TIMEOUT_S, processes)
+    client.pause_deployment(deployment.id)
+    # the long run has shown what it had to: it is cancelled (the runner stops its process)
+    client.set_flow_run_state(long_run.id, Cancelling(), force=True)
+
+    def stopped():
+        run = client.read_flow_run(long_run.id)
+        return run if run.state.is_final() else None
+
+    long_run = wait_for("the long run to stop", stopped, RUN_TIMEOUT_S, processes, every=2)
+    assert not long_run.state.is_completed(), f"the long run completed before it was cancelled: {long_run.state}"
+    return long_run, late
 
 
 def deployment_file(tmp_path: Path, warehouse: Path) -> Path:
