@@ -9,7 +9,9 @@ PANELS = (("resid", "hidden state"), ("mlp_out", "MLP (window)"), ("attn_out", "
 # Meng et al.'s token buckets, top to bottom (the trace_buckets view)
 BUCKETS = ("first_subject", "middle_subject", "last_subject", "first_subsequent", "further", "last")
 CAPTION = ("Average indirect effect: mean p(answer) with one state restored − mean p(answer) noised, noise on the "
-           "subject's embeddings; averaged over (prompt, token) in Meng et al.'s token buckets.")
+           "subject's embeddings; averaged over (prompt, token) in Meng et al.'s token buckets, formed as ROME's "
+           "notebook forms them (a prompt's last token is also its first subsequent token when the subject ends "
+           "right before it).")
 WINDOW = (" Each cell restores a window of layers around its centre, clipped at the model's first and last "
           "layer.")
 
