@@ -51,9 +51,9 @@ ACCEPTED_PAIRS = Population("accepted_pairs", accepted_pairs, "no accepted pairs
 # causal tracing runs on the facts the model knows alone, partner or not (Meng et al.), by the
 # run's trace_facts rule
 TRACED_FACTS = Population(
-    "traced_facts", traced_facts_under, "no fact in {pairs} that the model knows alone by the trace-facts rule "
-    "(first-token: its top prediction the answer's first token; rome: the whole answer): nothing to trace",
-    "traced facts", shard_name="trace-shard", writes_baselines=False, asks_model=True,
+    "traced_facts", traced_facts_under,
+    "no fact in {pairs} that the model knows alone (its top prediction the answer): nothing to trace", "traced facts",
+    shard_name="trace-shard", writes_baselines=False, asks_model=True,
     recorded=(("traced", "facts the model knows alone by the run's trace_facts rule (first-token unless recorded: "
                          "the top-1 prediction is the answer's first token, known_alone; rome: it is the whole "
                          "answer), with or without a partner"),),
@@ -82,9 +82,26 @@ REASON_FIXES = {
 }
 
 
-def nothing_to_run(population: Population, table, pairs: str, warehouse: str, run_id: str) -> str:
+def _left_out_by_rule(population: Population, table, config) -> tuple[str, list[str]]:
+    """What a population chosen by a rule (its `rule` setting in `config`) left out, in words, and
+    the reasons (most first); nothing without a config or a rule."""
+    if config is None or population.rule is None:
+        return "", []
+    value = getattr(config, population.rule)
+    counts: dict[str, int] = {}
+    for _, reason, _ in trace_left_out(table, value):
+        counts[reason] = counts.get(reason, 0) + 1
+    reasons = sorted(counts, key=lambda r: (-counts[r], r))
+    if not reasons:
+        return "", []
+    flag = "--" + population.rule.replace("_", "-")
+    return f"; left out by {flag} {value}: " + ", ".join(f"{r} {counts[r]}" for r in reasons), reasons
+
+
+def nothing_to_run(population: Population, table, pairs: str, warehouse: str, run_id: str, config=None) -> str:
     """Why a study stops on an empty population, in one line: the headline, the records accepted
-    and rejected by reason (most first), the likely fixes, and the query that reads the run's
+    and rejected by reason (most first), with the run's sweep `config` what its rule left out
+    (trace_facts: trace_left_out), the likely fixes, and the query that reads the run's
     rejections (the flow loads its pairs table before it stops)."""
     from ..console import shell_command
     from ..pairs import summary
@@ -95,12 +112,13 @@ def nothing_to_run(population: Population, table, pairs: str, warehouse: str, ru
                       key=lambda c: (-c[0], c[1] or ""))
     total = accepted + sum(n for n, _ in rejected)
     by_reason = ", ".join(f"{reason} {n}" for n, reason in rejected)
+    by_rule, rule_reasons = _left_out_by_rule(population, table, config)
     fixes = [population.fix] if population.fix else []
-    for _, reason in rejected:
+    for reason in [*rule_reasons, *(reason for _, reason in rejected)]:
         fix = REASON_FIXES.get(reason)
         if fix and fix not in fixes:
             fixes.append(fix)
-    told = f"{accepted} of {total} records accepted" + (f": {by_reason}" if by_reason else "")
+    told = f"{accepted} of {total} records accepted" + (f": {by_reason}" if by_reason else "") + by_rule
     sql = f"SELECT pair_id, reason, detail FROM pairs WHERE run_id = '{run_id}' AND status = 'rejected'"
     see = "the rejections: " + shell_command("patchgrid", "query", "--warehouse", str(warehouse), sql)
     return "; ".join([f"{population.missing.format(pairs=pairs)} ({told})", *fixes[:2], see])

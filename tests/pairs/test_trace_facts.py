@@ -13,7 +13,7 @@ from patchgrid.rows import REASONS
 from patchgrid.settings import SpecError
 from patchgrid.spec import StudySpec
 from patchgrid.sweeps.config import SweepConfig
-from patchgrid.sweeps.populations import TRACED_FACTS, trace_left_out
+from patchgrid.sweeps.populations import TRACED_FACTS, nothing_to_run, trace_left_out
 from tests.support.pairs import DATA
 
 
@@ -57,6 +57,15 @@ def test_what_a_rule_leaves_out_is_recorded_with_its_reason():
     assert {r for _, r, _ in out} <= set(REASONS)
     with pytest.raises(ValueError, match="unknown trace-facts rule 'meng'"):
         trace_rejection("meng", FACTS[0])
+
+
+def test_a_study_with_nothing_to_trace_says_what_the_rule_left_out():
+    table = to_table([f for f in FACTS if f["pair_id"] in ("several", "cut", "unknown")])
+    line = nothing_to_run(TRACED_FACTS, table, "f.jsonl", "w.duckdb", "run-1", SweepConfig(trace_facts="rome"))
+    assert "(0 of 3 records accepted: no_partner 3; left out by --trace-facts rome: not_whole_answer 2, " \
+           "not_known_alone 1)" in line
+    assert "--trace-facts first-token traces the others too" in line
+    assert "left out by" not in nothing_to_run(TRACED_FACTS, table, "f.jsonl", "w.duckdb", "run-1")
 
 
 def test_the_setting_belongs_to_the_trace_sweep():
