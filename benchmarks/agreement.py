@@ -33,6 +33,7 @@ Labels (nnbench's vocabulary):
     from benchmarks.agreement import Judge
     judge = Judge("smollm2-135m", pairs)   # pairs: (clean ids, corrupt ids, clean answer ids, corrupt answer ids)
     print(judge.line(engine, started=True))
+    judge.close()
 """
 from __future__ import annotations
 
@@ -122,57 +123,62 @@ def compare(results, reference) -> Agreement:
 
 
 class Judge:
-    """The reference (hf, float32) of one model on one benchmark's pairs, run once; each engine figure
-    judged against it, with a float32 rerun of the engine where its own dtype leaves a difference."""
+    """The reference (hf, float32) of one model, run once per set of pairs; each engine figure judged
+    against it, with a float32 rerun of the engine where its own dtype leaves a difference (the rerun
+    engine is kept until `close`, for the figures after). `pairs`: the benchmark's, or a figure's own."""
 
-    def __init__(self, model: str, pairs):
+    def __init__(self, model: str, pairs=()):
         self.model, self.pairs = model, list(pairs)
-        self._reference = None
-        self._f32 = {}  # (backend, started) -> Agreement of the float32 rerun
+        self._references, self._reruns, self._engines = {}, {}, {}
 
-    def reference(self):
-        if self._reference is None:
+    def _key(self, pairs) -> tuple:
+        return tuple((tuple(a), tuple(b), tuple(c), tuple(d)) for a, b, c, d in (pairs or self.pairs)[:PAIRS])
+
+    def _engine(self, backend: str):
+        if backend not in self._engines:
             from patchgrid.engine import load_engine
 
-            ref = load_engine(self.model, "hf", dtype="float32")
-            reqs, sources = sample_requests(ref, self.pairs, started=False)
-            self._reference = ref.run(reqs, sources)
-            ref.close()
-        return self._reference
+            self._engines[backend] = load_engine(self.model, backend, dtype="float32")
+        return self._engines[backend]
 
-    def measure(self, engine, started: bool) -> Agreement:
-        reqs, sources = sample_requests(engine, self.pairs, started)
-        return compare(engine.run(reqs, sources), self.reference())
+    def reference(self, pairs=None):
+        key = self._key(pairs)
+        if key not in self._references:
+            ref = self._engine("hf")
+            self._references[key] = ref.run(*sample_requests(ref, key, started=False))
+        return self._references[key]
 
-    def float32_rerun(self, backend: str, started: bool) -> Agreement:
-        if (backend, started) not in self._f32:
-            from patchgrid.engine import load_engine
+    def measure(self, engine, started: bool, pairs=None) -> Agreement:
+        reqs, sources = sample_requests(engine, self._key(pairs), started)
+        return compare(engine.run(reqs, sources), self.reference(pairs))
 
-            engine = load_engine(self.model, backend, dtype="float32")
-            try:
-                self._f32[backend, started] = self.measure(engine, started)
-                for other in (True, False) if backend == "vllm" else ():  # the other way too, while it is up
-                    if (backend, other) not in self._f32:
-                        self._f32[backend, other] = self.measure(engine, other)
-            finally:
-                engine.close()
-        return self._f32[backend, started]
+    def float32_rerun(self, backend: str, started: bool, pairs=None) -> Agreement:
+        key = (backend, started, self._key(pairs))
+        if key not in self._reruns:
+            self._reruns[key] = self.measure(self._engine(backend), started and backend == "vllm", pairs)
+        return self._reruns[key]
 
-    def label(self, engine, started: bool) -> tuple[str, Agreement, Agreement | None]:
+    def label(self, engine, started: bool, pairs=None) -> tuple[str, Agreement, Agreement | None]:
         """(label, the engine's agreement, its float32 rerun's where one was needed)."""
-        got = self.measure(engine, started)
+        got = self.measure(engine, started, pairs)
         if got.within(F32):
             return "supported", got, None
         if not got.within(BF16) or str(engine.dtype) == "torch.float32":
             return "wrong", got, None
-        rerun = self.float32_rerun(engine.name, started)
+        rerun = self.float32_rerun(engine.name, started, pairs)
         return ("degraded" if rerun.within(F32) else "wrong"), got, rerun
 
-    def line(self, engine, started: bool) -> str:
-        label, got, rerun = self.label(engine, started)
+    def line(self, engine, started: bool, pairs=None) -> str:
+        """The figure's agreement line: the measures, the label, the float32 rerun's measures."""
+        label, got, rerun = self.label(engine, started, pairs)
         dtype = str(engine.dtype).removeprefix("torch.")
-        text = (f"  agreement with hf float32 ({engine.name} {dtype}, {got.runs} runs of {min(len(self.pairs), PAIRS)} "
+        text = (f"  agreement with hf float32 ({engine.name} {dtype}, {got.runs} runs of {len(self._key(pairs))} "
                 f"pairs): {got.text()}: {label}")
         if rerun is not None:
-            text += f" (float32 rerun: {rerun.text()})"
+            text += f"\n    float32 rerun: {rerun.text()}"
         return text
+
+    def close(self) -> None:
+        for engine in self._engines.values():
+            engine.close()
+        self._engines = {}

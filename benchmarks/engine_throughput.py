@@ -7,7 +7,9 @@
   hf-batch Hugging Face, all patched runs of the sweep in one batched forward
 
 All four run in this process on the same sweep; the figures that matter are the ratios.
-Targets: skip >= 1.8x hf-batch; full >= 1.0x hf-batch; skip >= 10x hf-loop.
+Targets: skip >= 1.8x hf-batch; full >= 1.0x hf-batch; skip >= 10x hf-loop. Beside each figure, its
+agreement with a Hugging Face float32 reference (benchmarks/agreement.py: top-1, total variation,
+largest metric difference; supported, degraded or wrong) on a sample of the same pairs' patched runs.
 
     .venv/bin/python benchmarks/engine_throughput.py [--model smollm2-135m] [--repeats 5]
 """
@@ -65,10 +67,12 @@ def main():
     parser.add_argument("--loop-repeats", type=int, default=1, help="repeats of the slow one-per-forward loop")
     parser.add_argument("--pairs", type=int, default=16,
                         help="France/Germany, then shipped pairs: the grid of each, all in one engine call")
+    parser.add_argument("--no-agreement", action="store_true", help="leave out the agreement with hf float32")
     args = parser.parse_args()
 
     from transformers import AutoTokenizer
 
+    from benchmarks.agreement import Judge
     from benchmarks.machine import machine
     from patchgrid.engine import load_engine
     from patchgrid.models import prepare
@@ -77,17 +81,26 @@ def main():
     tok = AutoTokenizer.from_pretrained(prepare(args.model))
     pair = tokenize_pair(tok, "The capital of France is", "The capital of Germany is", " Paris", " Berlin")
     pairs = [(pair.clean, pair.corrupt, pair.clean_answer, pair.corrupt_answer)]
+    judged = [(pair.clean, pair.corrupt, pair.clean_answer_ids, pair.corrupt_answer_ids)]
     if args.pairs > 1:
         from tests.support.pairs import shipped_pairs
 
-        pairs += [(p.clean_ids, p.corrupt_ids, p.clean_answer_id, p.corrupt_answer_id)
-                  for p in shipped_pairs(tok, args.pairs - 1)]
+        shipped = shipped_pairs(tok, args.pairs - 1)
+        pairs += [(p.clean_ids, p.corrupt_ids, p.clean_answer_id, p.corrupt_answer_id) for p in shipped]
+        judged += [(p.clean_ids, p.corrupt_ids, p.clean_answer_ids, p.corrupt_answer_ids) for p in shipped]
+    judge = Judge(args.model, judged)
+    agree = {}  # figure -> its agreement line, judged while its engine is up
+
+    def judge_figure(name, engine, started):
+        agree[name] = "" if args.no_agreement else "\n" + judge.line(engine, started)
 
     print(machine())
     engine = load_engine(args.model, "vllm")
     reqs, started, sources = build_sweep(engine, pairs)
     skip_rate, skip_results = time_runs(engine, started, sources, args.repeats)
     full_rate, full_results = time_runs(engine, reqs, sources, args.repeats)
+    judge_figure("skip", engine, True)
+    judge_figure("full", engine, False)
     engine.close()
 
     hf_batch = load_engine(args.model, "hf", batch_size=len(reqs))
@@ -95,6 +108,8 @@ def main():
     hf_loop = load_engine(args.model, "hf", batch_size=1)
     hf_loop.model = hf_batch.model  # same weights, one forward per patched run
     loop_rate, _ = time_runs(hf_loop, reqs, sources, args.loop_repeats)
+    judge_figure("hf-batch", hf_batch, False)
+    judge_figure("hf-loop", hf_loop, False)
 
     def worst(a, b):
         return max(float((x.answer_logits - y.answer_logits).abs().max()) for x, y in zip(a, b))
@@ -104,16 +119,17 @@ def main():
             f"{len(pairs)} pairs x {engine.shape.n_layers} layers x their positions")
     print(f"model {args.model} ({dtype}), resid grid: {what} = {len(reqs)} patched runs per sweep, "
           f"median of {args.repeats}")
-    print(f"{'engine, skipping':<24} {skip_rate:>9.1f} patched runs/s")
-    print(f"{'engine, full forward':<24} {full_rate:>9.1f} patched runs/s")
-    print(f"{'hf one per forward':<24} {loop_rate:>9.1f} patched runs/s")
-    print(f"{'hf one batched forward':<24} {batch_rate:>9.1f} patched runs/s")
+    print(f"{'engine, skipping':<24} {skip_rate:>9.1f} patched runs/s{agree['skip']}")
+    print(f"{'engine, full forward':<24} {full_rate:>9.1f} patched runs/s{agree['full']}")
+    print(f"{'hf one per forward':<24} {loop_rate:>9.1f} patched runs/s{agree['hf-loop']}")
+    print(f"{'hf one batched forward':<24} {batch_rate:>9.1f} patched runs/s{agree['hf-batch']}")
     print(f"skip / hf-batch = {skip_rate / batch_rate:6.2f}x  (target >= 1.8)")
     print(f"full / hf-batch = {full_rate / batch_rate:6.2f}x  (target >= 1.0)")
     print(f"skip / full     = {skip_rate / full_rate:6.2f}x")
     print(f"skip / hf-loop  = {skip_rate / loop_rate:6.2f}x  (target >= 10)")
     print(f"largest answer-logit difference ({dtype}): skip vs full {worst(skip_results, full_results):.4f}, "
           f"full vs hf-batch {worst(full_results, batch_results):.4f}")
+    judge.close()
 
 
 if __name__ == "__main__":

@@ -12,6 +12,9 @@ In one process, on the same pairs, the same engine and the same activation cache
   first  the same pairs with each answer cut to its first token (one forward per patched run)
 
 Target: skip / full >= 1.6x for both sweep sets; intervention overhead (full / plain) <= 1.25.
+Beside each engine figure, its agreement with a Hugging Face float32 reference on the same pairs
+(benchmarks/agreement.py: top-1, total variation, largest metric difference; supported, degraded or
+wrong), the engine run as the figure ran it (started mid-stack or every layer).
 
     .venv/bin/python benchmarks/sweep_throughput.py [--pairs 4] [--trace-pairs 2] [--trace-samples 10]
                                                     [--answer-pairs 4]
@@ -52,7 +55,16 @@ def differences(a, b) -> str:
     return "; ".join(out)
 
 
-def compare(name, engine, pairs, config, noise_std, plain=False):
+def judged(pairs) -> list[tuple]:
+    """The pairs as benchmarks.agreement takes them."""
+    return [(p.clean_ids, p.corrupt_ids, p.clean_answer_ids, p.corrupt_answer_ids) for p in pairs]
+
+
+def agreement(judge, engine, started: bool, pairs) -> str:
+    return "" if judge is None else "\n" + judge.line(engine, started, judged(pairs))
+
+
+def compare(name, engine, pairs, config, noise_std, plain=False, judge=None):
     from patchgrid.cache import load_or_build
     from patchgrid.sweeps import SweepContext, cache_spec, count_runs, patched_runs
 
@@ -68,8 +80,10 @@ def compare(name, engine, pairs, config, noise_std, plain=False):
     per_min = lambda t: len(pairs) * 60 / t  # noqa: E731
     print(f"{name}: {len(pairs)} pairs, {runs} patched runs ({runs / len(pairs):.0f} per pair); cache "
           f"{cache.bytes_per_pair / 1e6:.2f} MB per pair (streams included)")
-    print(f"  {'skip (start mid-stack)':<24} {per_min(t_skip):8.2f} pairs/min  ({runs / t_skip:7.1f} patched runs/s)")
-    print(f"  {'full forward':<24} {per_min(t_full):8.2f} pairs/min  ({runs / t_full:7.1f} patched runs/s)")
+    print(f"  {'skip (start mid-stack)':<24} {per_min(t_skip):8.2f} pairs/min  ({runs / t_skip:7.1f} patched runs/s)"
+          f"{agreement(judge, engine, True, pairs)}")
+    print(f"  {'full forward':<24} {per_min(t_full):8.2f} pairs/min  ({runs / t_full:7.1f} patched runs/s)"
+          f"{agreement(judge, engine, False, pairs)}")
     print(f"  skip / full = {t_full / t_skip:5.2f}x  (target >= 1.6)")
     print(f"  |skip - full| ({str(engine.dtype).removeprefix('torch.')}): {differences(rows_skip, rows_full)}")
     if plain:
@@ -87,7 +101,7 @@ def compare(name, engine, pairs, config, noise_std, plain=False):
               f"(full / plain) = {t_full / t_plain:4.2f} (target <= 1.25)")
 
 
-def answer_cost(engine, pairs, config):
+def answer_cost(engine, pairs, config, judge=None):
     """Seconds per pair of the sweeps with answers scored whole against the same pairs' first tokens."""
     from patchgrid.cache import load_or_build
     from patchgrid.plan import forwards
@@ -110,9 +124,10 @@ def answer_cost(engine, pairs, config):
     print(f"answers scored whole against their first tokens: {len(pairs)} pairs (answer tokens clean+corrupt: "
           f"{lengths}), {runs} patched runs; whole: {n_fwd / len(reqs):.2f} forwards and "
           f"{tokens / len(reqs):.1f} tokens per run")
-    for name in ("whole", "first"):
+    for name, ps in (("whole", pairs), ("first", first)):
         print(f"  {name + (' (scored whole)' if name == 'whole' else ' tokens only'):<24} "
-              f"{len(pairs) * 60 / times[name]:8.2f} pairs/min  ({runs / times[name]:7.1f} patched runs/s)")
+              f"{len(pairs) * 60 / times[name]:8.2f} pairs/min  ({runs / times[name]:7.1f} patched runs/s)"
+              f"{agreement(judge, engine, config.start_midstack, ps)}")
     print(f"  whole / first tokens = {times['whole'] / times['first']:5.2f}x the time")
 
 
@@ -126,10 +141,12 @@ def main():
     parser.add_argument("--max-requests", type=int, default=2048)
     parser.add_argument("--answer-pairs", type=int, default=4,
                         help="pairs with answers of several tokens, scored whole and by first token (0: skip it)")
+    parser.add_argument("--no-agreement", action="store_true", help="leave out the agreement with hf float32")
     args = parser.parse_args()
 
     from transformers import AutoTokenizer
 
+    from benchmarks.agreement import Judge
     from benchmarks.machine import machine
     from patchgrid.engine import load_engine
     from patchgrid.sweeps import SweepConfig
@@ -141,16 +158,19 @@ def main():
     pairs = shipped_pairs(tok, max(args.pairs, args.trace_pairs), engine=engine, max_len=engine.shape.max_len)
     print(f"model {args.model} ({str(engine.dtype).removeprefix('torch.')}), {engine.shape.n_layers} layers")
     config = SweepConfig(sweeps=tuple(args.sweeps.split(",")), max_requests=args.max_requests)
-    compare(f"sweeps {args.sweeps}", engine, pairs[:args.pairs], config, 0.0, plain=True)
+    judge = None if args.no_agreement else Judge(args.model)
+    compare(f"sweeps {args.sweeps}", engine, pairs[:args.pairs], config, 0.0, plain=True, judge=judge)
     if args.trace_pairs:
         facts = pairs[:args.trace_pairs]
         trace = SweepConfig(sweeps=("trace",), trace_samples=args.trace_samples, max_requests=args.max_requests)
         compare(f"causal tracing ({args.trace_samples} samples, hidden state + MLP + attention windows)", engine,
-                facts, trace, noise_std_for(engine, facts))
+                facts, trace, noise_std_for(engine, facts), judge=judge)
     if args.answer_pairs:
         many = shipped_pairs(tok, 10_000, engine=engine, max_len=engine.shape.max_len, answer_policy="full")
         longer = [p for p in many if len(p.clean_answer_ids) > 1 or len(p.corrupt_answer_ids) > 1]
-        answer_cost(engine, longer[:args.answer_pairs], config)
+        answer_cost(engine, longer[:args.answer_pairs], config, judge)
+    if judge is not None:
+        judge.close()
     engine.close()
 
 
