@@ -31,20 +31,21 @@ come back to the CPU.
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from .plan import Request, forwards
-from .sites import SITES, ModelShape, get_module, parse_key, site_key, site_module
+from .qkfix import ATTENTION, ATTENTION_EAGER, TAP, Scores, qk_estimates, register_attention, tap_attention_method
+from .sites import QKV, SITES, ModelShape, get_module, parse_key, site_key, site_module
 
-ATP_SITES = ("resid", "attn_out", "mlp_out", "head", "neuron")
+ATP_SITES = ("resid", "attn_out", "mlp_out", "head", "neuron", "q", "k", "v")
 BATCH_PAIRS = 16  # pairs of one prompt length per gradient batch (the memory plan sizes its activations by it)
 CORRECTIONS = ("none", "graddrop")
-
-
+QK_FIXED = ("q", "k")  # the sites AtP*'s QK fix estimates (patchgrid.qkfix)
 class _Gate(torch.autograd.Function):
-    """The identity, whose backward passes no gradient while its layer is the one dropped."""
+    """The identity, whose backward passes no gradient while its layer is the one dropped (GradDrop)."""
 
     @staticmethod
     def forward(ctx, x, layer, state):
@@ -54,6 +55,23 @@ class _Gate(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         return (torch.zeros_like(grad) if ctx.state.get("drop") == ctx.layer else grad), None, None
+
+
+@dataclass(frozen=True)
+class _Batch:
+    """One batch of pairs of one prompt length, between its forwards and its estimates."""
+
+    groups: list  # per length of the corrupt forwards: (pair rows, activations, objective)
+    delta: dict  # per site key: clean - corrupt over the prompt, [pairs, n, width]
+    clean: dict  # per site key: the clean run's activation, [pairs, n, width]
+    n: int  # the prompt's length
+    sites: tuple  # the site kinds asked for
+    fixed: tuple  # those estimated with the QK fix
+
+
+def _name(site: str, fixed: tuple) -> str:
+    """Where `_estimates` puts a site's estimate: its QK-fixed one for a site in `fixed`."""
+    return f"{site}:qk" if site in fixed else site
 
 
 class Attributor:
@@ -69,6 +87,9 @@ class Attributor:
         self.batch_size = batch_size
         self.device = next(model.parameters()).device
         self._gate_state = {"drop": None}  # which layer's backward GradDrop cuts now
+        self._scores: dict[int, Scores] = {}  # per layer, how its attention scores q against k
+        self._taps: dict[int, dict] = {}  # per layer, the q, k, v recorders of this forward
+        self._install_taps()
         # estimates are accumulated in float32 at least (float64 for a float64 model)
         self.acc = torch.promote_types(next(model.parameters()).dtype, torch.float32)
 
@@ -79,21 +100,26 @@ class Attributor:
         from transformers import AutoModelForCausalLM
 
         device = gradient_device(device)
-        # transformers' default sdpa would drop a soft cap on the attention scores (Gemma 2)
+        # transformers' default sdpa would drop a soft cap on the attention scores (Gemma 2); the
+        # Attributor then runs either behind its tap (_install_taps)
         extra = {"attn_implementation": "eager"} if shape.soft_capped else {}
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype), **extra)
         return cls(model.to(device), shape, batch_size)
 
-    def estimate(self, pairs, sites=ATP_SITES, correction: str = "none") -> list[dict[str, dict[str, torch.Tensor]]]:
+    def estimate(self, pairs, sites=ATP_SITES, correction: str = "none",
+                 qk_fix: bool = True) -> list[dict[str, dict[str, torch.Tensor]]]:
         """Per pair, per site kind: `estimate` [n_layers, positions + 1, units] (float32, or float64 for
-        a float64 model), the last
-        position index being every position at once (units: 1, heads or neurons), and with
-        `correction="graddrop"` also `graddrop`, the same shape."""
+        a float64 model), the last position index being every position at once (units: 1, heads,
+        key/value heads or neurons); with `correction="graddrop"` also `graddrop`, the same shape.
+        q and k are estimated with AtP*'s QK fix unless `qk_fix` is False; with it, their plain
+        (linearised) AtP estimate is there too, as `plain`."""
         bad = [s for s in sites if s not in ATP_SITES]
         if bad:
             raise ValueError(f"attribution patching estimates {', '.join(ATP_SITES)}; not {bad[0]!r}")
         if correction not in CORRECTIONS:
             raise ValueError(f"unknown correction {correction!r}; use one of {', '.join(CORRECTIONS)}")
+        if correction == "graddrop" and self.shape.n_layers < 2:
+            raise ValueError("GradDrop averages over the layers other than a node's own: it needs two layers or more")
         by_len = defaultdict(list)
         for i, p in enumerate(pairs):
             by_len[len(p.corrupt_ids)].append(i)
@@ -101,17 +127,21 @@ class Attributor:
         for idx in by_len.values():
             for k in range(0, len(idx), self.batch_size):
                 chunk = idx[k:k + self.batch_size]
-                for i, got in zip(chunk, self._batch([pairs[i] for i in chunk], tuple(sites), correction)):
-                    out[i] = got
+                got = self._batch([pairs[i] for i in chunk], tuple(sites), correction, qk_fix)
+                for i, one in zip(chunk, got):
+                    out[i] = one
         return out
 
     def close(self):
         self.model = None
 
     # ---- one batch of pairs of one prompt length ----
-    def _batch(self, pairs, sites, correction):
+    def _batch(self, pairs, sites, correction, qk_fix):
         n, L = len(pairs[0].corrupt_ids), self.shape.n_layers
-        keys = [site_key(s, layer) for s in sites for layer in range(L)]
+        fixed = tuple(s for s in sites if s in QK_FIXED) if qk_fix else ()
+        # the QK fix reads the layer's q, k, v and the gradient at its z (head) beside the sites asked for
+        needed = tuple(dict.fromkeys(sites + (("q", "k", "v", "head") if fixed else ())))
+        keys = [site_key(s, layer) for s in needed for layer in range(L)]
         clean = self._clean(pairs, keys)
         reqs = [Request(tokens=p.corrupt_ids, continuations=p.continuations) for p in pairs]
         by_len = defaultdict(list)  # the corrupt run's forwards, by length
@@ -127,36 +157,62 @@ class Attributor:
             for key in keys:  # every forward of a pair holds its prompt, and computes the same there
                 diff = clean[key][rows] - acts[key][:, :n].detach().to(self.acc)
                 delta.setdefault(key, torch.zeros_like(clean[key]))[rows] = diff
-        est = self._estimates(groups, delta, sites, n, None)
-        out = [{s: {"estimate": est[s][b].cpu()} for s in sites} for b in range(len(pairs))]
+        batch = _Batch(groups, delta, clean, n, sites, fixed)
+        est = self._estimates(batch, None)
+        out = [{s: {"estimate": est[_name(s, fixed)][b].cpu()} for s in sites} for b in range(len(pairs))]
+        for s in fixed:
+            for b in range(len(pairs)):
+                out[b][s]["plain"] = est[s][b].cpu()
         if drops:
-            score = {s: torch.zeros_like(v) for s, v in est.items()}
+            # AtP*'s GradDrop: (1 / (L - 1)) sum over l of |AtP + GD_l|
+            score = {s: torch.zeros_like(est[s]) for s in sites}
             for d in drops:
-                for s, v in self._estimates(groups, delta, sites, n, d).items():
-                    score[s] += v.abs()
+                cut = self._estimates(batch, d)
+                for s in sites:
+                    score[s] += cut[_name(s, fixed)].abs()
             for b in range(len(pairs)):
                 for s in sites:
-                    out[b][s]["graddrop"] = (score[s][b] / len(drops)).cpu()
+                    out[b][s]["graddrop"] = (score[s][b] / (L - 1)).cpu()
         return out
 
-    def _estimates(self, groups, delta, sites, n, drop) -> dict[str, torch.Tensor]:
+    def _estimates(self, batch: _Batch, drop) -> dict[str, torch.Tensor]:
         """Per site kind, [pairs, L, n + 1, units]: the estimates from the gradient taken with
-        layer `drop`'s backward cut (None: the plain gradient), summed over the forwards."""
-        L = self.shape.n_layers
+        layer `drop`'s output cut on the backward pass (None: the plain gradient), summed over the
+        forwards; the QK-fixed estimates of q and k under `_name(site, fixed)` beside the plain ones."""
         self._gate_state["drop"] = drop
-        out = {}
-        for rows, acts, objective in groups:
+        out: dict[str, torch.Tensor] = {}
+        for rows, acts, objective in batch.groups:
             keys = list(acts)
-            grads = torch.autograd.grad(objective, [acts[k] for k in keys], retain_graph=True, allow_unused=True)
-            for key, g in zip(keys, grads):
+            grads = dict(zip(keys, torch.autograd.grad(objective, [acts[k] for k in keys], retain_graph=True,
+                                                       allow_unused=True)))
+            for key in keys:
                 site, layer = parse_key(key)
-                if site not in out:
-                    out[site] = torch.zeros(len(delta[key]), L, n + 1, self.shape.units(site) or 1,
-                                            device=self.device, dtype=self.acc)
-                if g is not None:  # a pair may have two forwards in a group: index_add sums them
-                    out[site][:, layer].index_add_(0, rows, self._contract(site, delta[key][rows], g[:, :n]))
+                g = grads[key]
+                pairs = len(batch.delta[key])
+                if site in batch.sites:  # a pair may have two forwards in a group: index_add sums them
+                    value = (self._contract(site, batch.delta[key][rows], g[:, :batch.n]) if g is not None
+                             else torch.zeros(len(rows), batch.n + 1, self.shape.units(site) or 1, device=self.device))
+                    self._add(out, site, layer, rows, value, pairs)
+                if site in batch.fixed:
+                    self._add(out, _name(site, batch.fixed), layer, rows,
+                              self._fixed(batch, acts, grads, site, layer, rows), pairs)
         self._gate_state["drop"] = None
         return out
+
+    def _add(self, out, name, layer, rows, value, n_pairs):
+        """Add `value` [rows, n + 1, units] into `out[name]` [n_pairs, L, n + 1, units] at `layer`, pairs `rows`."""
+        if name not in out:
+            out[name] = torch.zeros(n_pairs, self.shape.n_layers, *value.shape[1:], device=self.device, dtype=self.acc)
+        out[name][:, layer].index_add_(0, rows, value.to(self.acc))
+
+    def _fixed(self, batch, acts, grads, site, layer, rows) -> torch.Tensor:
+        """The QK-fixed estimate of `site` (q or k) at `layer` for one group of forwards."""
+        grad_z = grads[site_key("head", layer)]
+        if grad_z is None:  # the gradient does not reach this layer's attention (GradDrop's cut)
+            grad_z = torch.zeros_like(acts[site_key("head", layer)])
+        corrupt = {s: acts[site_key(s, layer)].detach() for s in QKV}
+        return qk_estimates(site, corrupt, batch.clean[site_key(site, layer)][rows], grad_z.detach(),
+                            self._scores[layer], self.shape.head_dim)
 
     def _contract(self, site: str, delta: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
         """[B, n, width] x [B, n, width] -> [B, n + 1, units]: each unit's estimate per position,
@@ -222,6 +278,8 @@ class Attributor:
     def _hook(self, key: str, record):
         """A hook handing `record(key, tensor)` the site's activation [batch, tokens, width]."""
         site, layer = parse_key(key)
+        if SITES[site].at == "attention":  # q, k, v: through the tap on the layer's attention
+            return _Untap(self._taps.setdefault(layer, {}), site, record)
         module = site_module(self.model, self.shape.family, site, layer)
         if SITES[site].at == "input":
             return module.register_forward_pre_hook(lambda mod, args: record(key, args[0]))
@@ -231,20 +289,59 @@ class Attributor:
 
         return module.register_forward_hook(on_output)
 
+    def _install_taps(self) -> None:
+        """The attention implementation that hands each layer's q, k and v to `_tap` (after the rotary
+        embedding, as the engine patches them), computing attention as the model does otherwise."""
+        fam = self.shape.family
+        register_attention()
+        if fam.hf_attn_method:
+            for layer in range(self.shape.n_layers):
+                tap_attention_method(site_module(self.model, fam, "q", layer), fam.hf_attn_method)
+        else:  # sdpa, or eager where the scores are soft-capped (transformers' sdpa drops the cap)
+            self.model.set_attn_implementation(ATTENTION_EAGER if self.shape.soft_capped else ATTENTION)
+        for layer in range(self.shape.n_layers):
+            setattr(site_module(self.model, fam, "q", layer), TAP, self._tap(layer))
+
+    def _tap(self, layer: int):
+        def tap(query, key, value, scores):  # [batch, heads, tokens, head_dim]
+            self._scores[layer] = scores
+            records = self._taps.get(layer)
+            if not records:
+                return query, key, value
+            out = []
+            for site, t in zip(QKV, (query, key, value)):
+                flat = t.transpose(1, 2).flatten(2)  # [batch, tokens, heads * head_dim], in the graph
+                if site in records:
+                    records[site](site_key(site, layer), flat)
+                out.append(flat.unflatten(2, (t.shape[1], t.shape[3])).transpose(1, 2))
+            return tuple(out)
+        return tap
+
     def _gates(self, state) -> list:
-        """Gates on the stream where each layer's attention and MLP read it (GradDrop)."""
+        """GradDrop's gates: on each layer's residual-stream contribution, the outputs of its attention
+        and its MLP (the post-norms' where the family has them), after the sites' own hooks, so a
+        site at that output lies before its layer's cut."""
         fam = self.shape.family
         handles = []
-        for layer, block in enumerate(get_module(self.model, fam.layers)):
-            for name in (fam.attn, fam.mlp):
-                def gate(mod, args, kwargs, layer=layer):
-                    if args:
-                        return (_Gate.apply(args[0], layer, state),) + tuple(args[1:]), kwargs
-                    kwargs = dict(kwargs)
-                    kwargs["hidden_states"] = _Gate.apply(kwargs["hidden_states"], layer, state)
-                    return args, kwargs
-                handles.append(get_module(block, name).register_forward_pre_hook(gate, with_kwargs=True))
+        for layer in range(self.shape.n_layers):
+            for where in ("attn_out", "mlp_out"):
+                def gate(mod, args, out, layer=layer):
+                    if isinstance(out, tuple):
+                        return (_Gate.apply(out[0], layer, state),) + tuple(out[1:])
+                    return _Gate.apply(out, layer, state)
+                handles.append(site_module(self.model, fam, where, layer).register_forward_hook(gate))
         return handles
+
+
+class _Untap:
+    """The handle of a recorder on a layer's attention tap."""
+
+    def __init__(self, records: dict, site: str, record):
+        self.records, self.site = records, site
+        records[site] = record
+
+    def remove(self) -> None:
+        self.records.pop(self.site, None)
 
 
 def gradient_device(device: str | None) -> str:

@@ -154,33 +154,64 @@ def test_estimate_equals_the_exact_patch_where_the_metric_is_linear_in_the_site(
     assert checked >= 4
 
 
-def test_graddrop_scores_are_the_mean_absolute_estimate_with_each_layers_backward_cut(tokenizers):
-    m, shape = _model64("tiny-gpt2")
-    att = Attributor(m, shape)
-    pair = _pairs(tokenizers, "tiny-gpt2")[0]
-    plain = att.estimate([pair], ("resid", "head"))[0]
-    got = att.estimate([pair], ("resid", "head"), correction="graddrop")[0]
-    assert torch.equal(got["resid"]["estimate"], plain["resid"]["estimate"])  # the plain one is always there
-    # By hand: layer l's backward cut = its attention and MLP read a detached stream; the final
-    # layer's stream reaches the logits through the final norm alone, so cutting any layer leaves it
-    # as it is: its score is |estimate|.
-    last = shape.n_layers - 1
-    assert torch.allclose(got["resid"]["graddrop"][last], plain["resid"]["estimate"][last].abs(), atol=1e-12)
+def _estimate_with_layer_cut(m, shape, pair, site, drop):
+    """AtP of `site` at every layer and position, [layers, n + 1], by plain autograd with layer
+    `drop`'s residual-stream contribution (its attention's and MLP's outputs) detached (None: none)."""
+    from patchgrid.sites import SITES as S
+
     n = len(pair.corrupt_ids)
-    manual = torch.zeros(shape.n_layers, n + 1, dtype=torch.float64)
-    for drop in range(shape.n_layers):
-        block = get_module(m, shape.family.layers)[drop]
-        hooks = [get_module(block, name).register_forward_pre_hook(
-            lambda mod, args, kwargs: ((args[0].detach(),) + args[1:], kwargs) if args else
-            (args, {**kwargs, "hidden_states": kwargs["hidden_states"].detach()}), with_kwargs=True)
-            for name in (shape.family.attn, shape.family.mlp)]
-        try:
-            manual += att.estimate([pair], ("resid",))[0]["resid"]["estimate"][..., 0].abs()
-        finally:
-            for h in hooks:
-                h.remove()
-    assert torch.allclose(got["resid"]["graddrop"][..., 0], manual / shape.n_layers, atol=1e-10)
-    assert not torch.allclose(got["resid"]["graddrop"][0], plain["resid"]["estimate"][0].abs())
+    clean = [_acts(m, shape, pair.clean_ids, site, layer) for layer in range(shape.n_layers)]
+    acts, hooks = {}, []
+    for layer in range(shape.n_layers):
+        module = site_module(m, shape.family, site, layer)
+        if S[site].at == "input":
+            hooks.append(module.register_forward_pre_hook(lambda mod, args, layer=layer: acts.__setitem__(layer,
+                                                                                                      args[0])))
+        else:
+            hooks.append(module.register_forward_hook(lambda mod, args, out, layer=layer: acts.__setitem__(
+                layer, out[0] if isinstance(out, tuple) else out)))
+    if drop is not None:  # after the sites' hooks: a site at that output is read before the cut
+        for where in ("attn_out", "mlp_out"):
+            hooks.append(site_module(m, shape.family, where, drop).register_forward_hook(
+                lambda mod, args, out: (out[0].detach(),) + tuple(out[1:]) if isinstance(out, tuple) else out.detach()))
+    hooks.append(get_module(m, shape.family.embed).register_forward_hook(lambda mod, args, out: out.requires_grad_()))
+    try:
+        with torch.enable_grad():
+            lp = torch.log_softmax(m(input_ids=torch.tensor([list(pair.corrupt_ids)])).logits[0, -1].double(), -1)
+            metric = lp[pair.clean_answer_ids[0]] - lp[pair.corrupt_answer_ids[0]]
+            grads = torch.autograd.grad(metric, [acts[layer] for layer in range(shape.n_layers)], allow_unused=True)
+    finally:
+        for h in hooks:
+            h.remove()
+    out = torch.zeros(shape.n_layers, n + 1, dtype=torch.float64)
+    for layer, g in enumerate(grads):
+        if g is not None:
+            per = ((clean[layer] - acts[layer][0].detach()) * g[0]).sum(-1)
+            out[layer, :n], out[layer, n] = per, per.sum()
+    return out
+
+
+@pytest.mark.parametrize("model", ["tiny-gpt2", "tiny-gemma2"])
+def test_graddrop_scores_are_the_mean_absolute_estimate_with_each_layers_backward_cut(tokenizers, model):
+    """AtP*'s GradDrop (Kramar et al. 2024, eq. 11): (1 / (L - 1)) sum_l |AtP + GD_l|, GD_l zeroing the
+    gradient through layer l's residual-stream contribution (what its attention and MLP add), here
+    by detaching those outputs in a plain autograd pass; one-token answers."""
+    m, shape = _model64(model)
+    att = Attributor(m, shape)
+    pair = shipped_pairs(tokenizers(model), 1)[0]
+    L = shape.n_layers
+    for site in ("resid", "attn_out", "mlp_out"):
+        plain = att.estimate([pair], (site,))[0][site]["estimate"][..., 0]
+        got = att.estimate([pair], (site,), correction="graddrop")[0][site]
+        assert torch.equal(got["estimate"][..., 0], plain)  # the plain one is always there
+        assert torch.allclose(_estimate_with_layer_cut(m, shape, pair, site, None), plain, atol=1e-9)
+        cut = [_estimate_with_layer_cut(m, shape, pair, site, drop) for drop in range(L)]
+        want = sum(c.abs() for c in cut) / (L - 1)
+        assert torch.allclose(got["graddrop"][..., 0], want, atol=1e-9), site
+        if site != "resid":  # a node inside layer l: its own layer's term is zero
+            for layer in range(L):
+                assert torch.count_nonzero(cut[layer][layer]) == 0
+    assert not torch.allclose(got["graddrop"][0], plain[0].abs())
 
 
 def test_bad_site_kinds_and_corrections_are_refused(tokenizers):
