@@ -31,7 +31,7 @@ class AtpSweep(SweepKind):
     # one-token answers equals the logit difference. One name for every pair, so that atp_summary
     # and effect_summary on it cover the same pairs.
     metric = "logprob_diff"
-    settings = ("atp_kinds", "verify_top", "verify_random", "atp_correction", "atp_device", "atp_dtype")
+    settings = ("atp_kinds", "verify_top", "verify_random", "atp_correction", "atp_qk_fix", "atp_device", "atp_dtype")
 
     def __init__(self, kinds: dict[str, SweepKind]):
         self.kinds = kinds  # the kinds it may screen, by name (the registry)
@@ -72,8 +72,8 @@ class AtpSweep(SweepKind):
         """Per pair id, every screened cell's (estimate, GradDrop score or None, why it is patched
         exactly: `top`, `random` or None), in grid order."""
         kinds, _ = self.screened(ctx)
-        correction = ctx.config.atp_correction
-        got = attributor.estimate(pairs, tuple(kind.site for kind in kinds), correction)
+        sites = tuple(dict.fromkeys(site for kind in kinds for site in kind.sites))  # qkv: q, k and v
+        got = attributor.estimate(pairs, sites, ctx.config.atp_correction, qk_fix=ctx.config.atp_qk_fix)
         out = {}
         for pair, est in zip(pairs, got):
             n = len(pair.corrupt_ids)
@@ -125,7 +125,7 @@ class AtpSweep(SweepKind):
 
     def request(self, pair, cell, ctx, source):
         kinds, inner = self.screened(ctx)
-        kind = next(k for k in kinds if k.site == cell.site)
+        kind = next(k for k in kinds if cell.site in k.sites)
         return kind.request(pair, cell, inner, source)
 
     def rows(self, pair, readings, baseline, ctx):

@@ -18,7 +18,7 @@ HEAD_POSITION_ROLES = ("subject_last", "last")
 HEAD_POSITIONS = ("roles", "every")
 TRACE_SITES = ("resid", "mlp_out", "attn_out")
 TRACE_NOISE_SCALE = 3.0  # times the std of the subjects' embeddings over the data set (Meng et al.)
-ATP_KINDS = ("resid", "attn_out", "mlp_out", "heads", "neurons")  # what the atp sweep can screen
+ATP_KINDS = ("resid", "attn_out", "mlp_out", "heads", "neurons", "qkv")  # what the atp sweep can screen
 DEFAULT_ATP_KINDS = ("resid", "attn_out", "mlp_out", "heads")
 ATP_CORRECTIONS = ("none", "graddrop")
 
@@ -75,6 +75,9 @@ class SweepConfig:
                               check=not_negative, record="if_used")
     verify_random: int = setting(20, "atp: and R sites sampled from the rest (seeded by --seed)",
                                  check=not_negative, record="if_used")
+    atp_qk_fix: bool = setting(True, "atp: estimate q and k (the qkv kind) with AtP*'s QK fix, the attention pattern "
+                               "recomputed with the patched query or key; --no-atp-qk-fix: plain AtP, linear "
+                               "through the softmax", record="if_used")
     atp_correction: str = setting("none", "atp: rank sites by |estimate| (none) or by AtP*'s GradDrop score "
                                   "(graddrop)", choices=ATP_CORRECTIONS, record="if_used")
     path_senders: tuple[str, ...] = setting(
