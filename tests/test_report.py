@@ -352,12 +352,6 @@ def label_faults(svg_box, texts) -> list:
     return faults
 
 
-def assert_labels_inside_and_apart(fig, key):
-    laid = fig.evaluate(TEXT_BOXES)
-    assert laid["texts"], f"figure {key} has no labels"
-    assert label_faults(laid["svg"], laid["texts"]) == [], key
-
-
 def test_label_faults_finds_clipped_and_overlapping_labels():
     """The check the browser test applies: a label past the figure's edge, two labels on one
     another, and two rotated labels whose page boxes overlap but whose glyphs do not."""
@@ -384,20 +378,54 @@ def test_label_faults_finds_clipped_and_overlapping_labels():
     assert label_faults((-100, -100, 200, 200), [rotated(30), rotated(38)]) == [("overlap", "30", "38")]
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (make test installs Debian's chromium)")
-@pytest.mark.parametrize("study", ["warehouse", "atp_warehouse", "paths_warehouse"])
-def test_page_renders_in_headless_chromium(study, tmp_path, request, pages):
-    from PIL import Image, ImageStat
+def assert_labels_inside_and_apart(laid, key):
+    assert laid["texts"], f"figure {key} has no labels"
+    assert label_faults(laid["svg"], laid["texts"]) == [], key
+
+
+# The figures shown: each one's key, metric, box on the page (from its top left) and labels (TEXT_BOXES)
+SHOWN_FIGURES = f"""() => Array.from(document.querySelectorAll('figure')).filter(f => f.checkVisibility()).map(f => {{
+  const r = f.getBoundingClientRect(), x = window.scrollX, y = window.scrollY;
+  return {{key: f.getAttribute('data-png'), metric: f.getAttribute('data-metric'),
+          box: [r.left + x, r.top + y, r.right + x, r.bottom + y], laid: ({TEXT_BOXES})(f)}}; }})"""
+
+
+@pytest.fixture(scope="module")
+def chromium():
+    """One headless Chromium for the module's pages (each test opens a page of its own)."""
     from playwright.sync_api import sync_playwright
 
-    warehouse = request.getfixturevalue(study)
-    page_path = pages(warehouse)
-    errors, requests = [], []
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=[
             "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
             "--disable-component-update", "--disable-sync"])
-        page = browser.new_page(viewport={"width": 1366, "height": 800})
+        yield browser
+        browser.close()
+
+
+def assert_drawn(img, key) -> None:
+    from PIL import ImageStat
+
+    assert img.width > 50 and img.height > 50, key
+    colours = img.getcolors(maxcolors=1 << 20)
+    assert colours is not None and len(colours) > 8, f"figure {key} looks blank"
+    assert max(ImageStat.Stat(img).stddev) > 10, f"figure {key} looks blank"
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (make test installs Debian's chromium)")
+@pytest.mark.parametrize("study", ["warehouse", "atp_warehouse", "paths_warehouse"])
+def test_page_renders_in_headless_chromium(study, request, pages, chromium):
+    """Under each metric, the figures shown are that metric's (and those of no metric), each with its labels
+    inside it and apart, and drawn: its pixels in the whole page's screenshot, one per metric."""
+    import io
+
+    from PIL import Image
+
+    warehouse = request.getfixturevalue(study)
+    page_path = pages(warehouse)
+    errors, requests = [], []
+    page = chromium.new_page(viewport={"width": 1366, "height": 800})
+    try:
         page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
         page.on("pageerror", lambda e: errors.append(str(e)))
         page.on("request", lambda r: requests.append(r.url))
@@ -410,25 +438,20 @@ def test_page_renders_in_headless_chromium(study, tmp_path, request, pages):
         for k, metric in enumerate(order):
             if k:  # the headline metric is shown without a click
                 page.click(f"label[for='metric-{k}']")
-            visible = [f for f in page.query_selector_all("figure") if f.is_visible()]
-            shown = {f.get_attribute("data-metric") for f in visible} - {None}
+            visible = page.evaluate(SHOWN_FIGURES)
+            shown = {f["metric"] for f in visible} - {None}
             assert shown == {metric}, (metric, shown)
             assert len(visible) >= 10
+            shot = Image.open(io.BytesIO(page.screenshot(full_page=True))).convert("RGB")
             for fig in visible:
-                key = fig.get_attribute("data-png")
-                if key in seen:
+                if fig["key"] in seen:
                     continue
-                seen.add(key)
-                assert_labels_inside_and_apart(fig, key)
-                shot = tmp_path / f"shot-{len(seen)}.png"
-                fig.screenshot(path=str(shot))
-                img = Image.open(shot).convert("RGB")
-                assert img.width > 50 and img.height > 50
-                colours = img.getcolors(maxcolors=1 << 20)
-                assert colours is not None and len(colours) > 8, f"figure {key} looks blank"
-                assert max(ImageStat.Stat(img).stddev) > 10, f"figure {key} looks blank"
+                seen.add(fig["key"])
+                assert_labels_inside_and_apart(fig["laid"], fig["key"])
+                assert_drawn(shot.crop(tuple(round(v) for v in fig["box"])), fig["key"])
         assert len(seen) == n_figures  # every figure was shown under one metric or another
-        browser.close()
+    finally:
+        page.close()
     assert errors == []
     assert [u for u in requests if not u.startswith(("file://", "data:"))] == []
 
