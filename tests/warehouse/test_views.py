@@ -1,5 +1,5 @@
-"""The summary views on hand-built rows: t intervals, the span filter, the ratio of means, intervals
-that allow for shared facts, and causal tracing averaged in Meng et al.'s token buckets."""
+"""The summary views on hand-built rows: t intervals, the span filter, the ratio of means, and causal
+tracing averaged in Meng et al.'s token buckets (the fact-clustered interval: test_fact_clustered_interval.py)."""
 from __future__ import annotations
 
 import math
@@ -55,10 +55,9 @@ def test_student_t_interval_on_three_pairs(tmp_path):
     assert s["n_pairs"] == s["n_recovery"] == 3 and s["metric"] == "logit_diff"
     assert s["ci95_low"] == pytest.approx(0.5 - 4.3027 * se, abs=1e-4)  # t(0.975, 2), not 1.96
     assert s["ci95_high"] == pytest.approx(0.5 + 4.3027 * se, abs=1e-4)
-    # six distinct facts, none shared: the fact interval is the simple one
+    # six distinct facts; effect_summary_facts carries the simple interval beside its own
     f = summary(wh, "*", "effect_summary_facts")
     assert f["n_facts"] == 6 and (f["ci95_low"], f["ci95_high"]) == (s["ci95_low"], s["ci95_high"])
-    assert (f["ci95_low_facts"], f["ci95_high_facts"]) == pytest.approx((s["ci95_low"], s["ci95_high"]), abs=1e-6)
 
 
 @pytest.mark.parametrize("df, t", [(1, 12.7062), (4, 2.7764), (10, 2.2281), (30, 2.0423), (120, 1.9799), (10**6, 1.96)])
@@ -79,17 +78,6 @@ def test_small_spans_are_left_out_of_recovery_and_counted(tmp_path):
     assert s["ratio_of_means"] == pytest.approx((0.2 * 4 + 0.4 * 4 + 0.6 * 2) / (4 + 4 + 2))
     # the effect is averaged over every pair
     assert s["mean_effect"] == pytest.approx(statistics.mean([0.8, 1.6, 1.2, 25.0 * small]), rel=1e-5)
-
-
-def test_shared_facts_widen_the_fact_interval(tmp_path):
-    """Six pairs on two facts, A->B three times and B->A three times, with alike values per
-    direction: the fact interval is wider than the one that takes the pairs as independent."""
-    pairs = [pair(f"p{i}", clean="A" if i < 3 else "B", corrupt="B" if i < 3 else "A") for i in range(6)]
-    values = [0.9, 0.92, 0.88, 0.1, 0.12, 0.08]
-    s = summary(warehouse(tmp_path, pairs, [effect(f"p{i}", v) for i, v in enumerate(values)]), "*",
-                "effect_summary_facts")
-    assert s["n_facts"] == 2 and s["n_pairs"] == 6
-    assert s["ci95_high_facts"] - s["ci95_low_facts"] > 3 * (s["ci95_high"] - s["ci95_low"])
 
 
 def test_trace_buckets_average_as_meng_et_al(tmp_path):
@@ -117,23 +105,6 @@ def test_trace_buckets_average_as_meng_et_al(tmp_path):
     assert query(wh, "SELECT max(abs(aie)) FROM trace_buckets WHERE metric <> 'p'")[1] == [(0.0,)]
     restored = query(wh, "SELECT mean_restored, mean_noised FROM trace_buckets WHERE metric = 'p' AND bucket = 'last'")
     assert restored[1] == [(pytest.approx((0.6 + 0.5) / 2), pytest.approx(0.1))]
-
-
-def test_the_fact_interval_matches_a_direct_computation(tmp_path):
-    """Five pairs on four facts, one fact shared by three pairs: the view's variance equals the
-    formula computed pair by pair."""
-    facts = [("A", "B"), ("C", "B"), ("D", "B"), ("A", "C"), ("D", "A")]
-    values = [0.3, 0.9, 0.5, 0.7, 0.1]
-    pairs = [pair(f"p{i}", clean=c, corrupt=k) for i, (c, k) in enumerate(facts)]
-    s = summary(warehouse(tmp_path, pairs, [effect(f"p{i}", v) for i, v in enumerate(values)]), "*",
-                "effect_summary_facts")
-    n, mean = 5, statistics.mean(values)
-    r = [v - mean for v in values]
-    cross = sum(r[i] * r[j] * len(set(facts[i]) & set(facts[j])) for i in range(n) for j in range(n))
-    var = max((cross - sum(x * x for x in r)) / (n * (n - 1)), statistics.variance(values) / n)
-    assert s["n_facts"] == 4
-    # t on min(5 pairs, 4 facts) - 1 = 3 degrees of freedom
-    assert s["ci95_high_facts"] - s["mean_recovery"] == pytest.approx(3.1824 * math.sqrt(var), rel=1e-4)
 
 
 def _python_summary(rows, metric):
