@@ -143,10 +143,11 @@ def _sweep_and_load(spec: StudySpec, engines: Engines, model_sha: str, noise_std
     # knows alone, partner or not, for causal tracing): every population is chosen before any work
     groups = []
     for population, names in by_population(spec.sweeps):
-        members = population.select(read_pairs(table), spec.limit)
+        members = population.members(read_pairs(table), spec.limit, spec.sweep)  # under the run's rule (trace_facts)
         if not members:  # the run's records still reach its pairs and rejections views, then it stops
             load_warehouse(spec, table, [], [], _now(), status="failed")
-            raise ValueError(nothing_to_run(population, read_pairs(table), spec.pairs, spec.warehouse, spec.run_id))
+            raise ValueError(nothing_to_run(population, read_pairs(table), spec.pairs, spec.warehouse, spec.run_id,
+                                            spec.sweep))
         groups.append((population, names, members))
 
     def sound(folder):  # a cache folder damaged since it was written: found by its checksums, rebuilt

@@ -20,20 +20,26 @@ def pairing_inputs(spec: StudySpec) -> dict:
     ask = spec.require_known or any(SWEEP_KINDS[name].population.asks_model for name in spec.sweeps)
     populations = {SWEEP_KINDS[name].population for name in spec.sweeps}
     until = tuple(p.name for p in POPULATIONS if p in populations) if ask and spec.limit is not None else ()
+    # a population chosen by a rule (causal tracing's trace_facts) is judged until N members under it
+    rules = {p.rule: getattr(spec.sweep, p.rule) for p in POPULATIONS if p.name in until and p.rule}
     return dict(model=spec.model, backend=spec.backend, source=spec.pairs, fmt=spec.pairs_format,
                 seed=spec.sweep.seed, require_known=spec.require_known, answer_policy=spec.answer_policy,
-                ask_model=ask, limit=spec.limit if until else None, until=until)
+                ask_model=ask, limit=spec.limit if until else None, until=until, rules=rules)
 
 
 def judging_limit(v: dict):
     """The pairs layer's Limit for `pairing_inputs` `v`: N members of each population named in `until`."""
+    from functools import partial
+
     from patchgrid.pairs import Limit
-    from patchgrid.sweeps import POPULATIONS
+    from patchgrid.sweeps import POPULATIONS, SweepConfig
 
     if v["limit"] is None:
         return None
     chosen = [p for p in POPULATIONS if p.name in v["until"]]
-    return Limit(v["limit"], tuple(p.select for p in chosen), tuple(p.counted_as for p in chosen))
+    config = SweepConfig(**v.get("rules", {}))
+    return Limit(v["limit"], tuple(partial(p.members, config=config) for p in chosen),
+                 tuple(p.counted_as for p in chosen))
 
 
 @task(cache_key_fn=keyed_by(pairing_inputs), persist_result=True, retries=2, retry_delay_seconds=1)

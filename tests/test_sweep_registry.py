@@ -97,7 +97,7 @@ def test_the_registry_lists_every_kind_the_rows_name():
 def test_what_the_kinds_of_a_run_declare_together():
     assert settings_of(("resid", "heads")) == ()
     assert settings_of(("resid", "heads", "trace")) == ("trace_samples", "trace_window", "trace_noise_scale",
-                                                        "trace_sites")
+                                                        "trace_sites", "trace_facts")
     assert settings_of(("paths", "atp", "resid")) == ("path_senders", "path_receivers", "path_inputs", "path_mlps",
                                                       "atp_kinds", "verify_top", "verify_random", "atp_correction",
                                                       "atp_device", "atp_dtype")

@@ -16,10 +16,11 @@ path only, and every other path sees the corrupt run.
      plus the sender's difference, so these are the receivers' own projections of it;
   2. the corrupt prompt with one receiver head's q, k or v (at the same positions) patched from
      pass 1.
-  This is TransformerLens's direct path patching, and Wang et al.'s (2022) path patching restricted
-  to direct paths. Their full freeze-and-patch procedure freezes the attention heads only and lets
-  the MLPs recompute, so paths through MLPs count too: `path_mlps="recomputed"` runs exactly that,
-  in the same two passes.
+  This is Wang et al.'s (2022) path patching restricted to direct paths, exact (every norm after the
+  sender recomputed; not TransformerLens's get_act_patch_direct_path, which linearises through a
+  frozen norm scale: docs/methods.md). Wang et al.'s full freeze-and-patch procedure freezes the
+  attention heads only and lets the MLPs recompute, so paths through MLPs count too:
+  `path_mlps="recomputed"` runs exactly that, in the same two passes.
 
 The sender is patched at one position (or every position at once) and the receiver's input is
 patched at the same positions: the stream carries a position's change only at that position.
