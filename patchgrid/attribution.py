@@ -1,8 +1,9 @@
 """Attribution patching (AtP): every site's effect estimated from one clean forward and one corrupt
 forward and backward, on plain transformers (vLLM has no backward pass).
 
-For a site a (a layer's stream, attention or MLP output, a head's slice of z, one MLP neuron) at
-position t, patching the clean activation into the corrupt run changes the pair's metric M by about
+For a site a (a layer's stream, attention or MLP output, a head's slice of z, one MLP neuron, a
+head's v) at position t, patching the clean activation into the corrupt run changes the pair's
+metric M by about
 
     c(a, t) = (a_clean[t] - a_corrupt[t]) . dM/da[t]      (the gradient taken at the corrupt run)
 
@@ -12,17 +13,25 @@ engine scores them); for one-token answers it equals the logit difference. The g
 whose answers take several forwards (plan.forwards) is the sum of each forward's, over the prompt's
 positions, which every forward shares.
 
-GradDrop (AtP*, Kramár et al. 2024, arXiv 2403.00745, section 3.1.2) guards against cancellation
-between a site's direct and indirect effects: for each layer l, the estimate c_l is taken with the
-backward pass cut where layer l's attention and MLP read the stream (only the skip connection
-carries the gradient past layer l), and the site's score is the mean of |c_l| over the layers.
-It is unsigned and only ranks sites; the plain signed estimate is always computed beside it.
+q, k and v are the tensors attention reads (after the rotary embedding and q/k norms: what the
+engine patches), handed over by a tap on each layer's attention (patchgrid.qkfix's attention
+implementations: transformers' sdpa, or the model's eager attention where scores are soft-capped,
+GPT-J's `_attn`), which computes attention as the model does. Queries and keys are estimated with
+AtP*'s QK fix (Kramár et al. 2024, arXiv 2403.00745, section 3.1.1; patchgrid.qkfix): the head's
+attention pattern recomputed exactly with the clean query (key), linear only from the pattern on,
+dM/dA read from the gradient at z; their plain AtP (linear through the softmax) is returned beside
+it (`plain`), and `qk_fix=False` takes it as the estimate. v lies after the softmax: linear, as AtP.
 
-AtP*'s other correction, the QK fix for attention saturation, recomputes a head's attention
-softmax exactly when its queries or keys are patched. It applies to query and key sites, which
-the engine patches exactly (sites q, k) but this module does not estimate: every site here lies
-before a head's projections or after its softmax, and its path through later attention patterns
-is linearised as in AtP and AtP* alike.
+GradDrop (AtP*, section 3.1.2, eq. 11) guards against cancellation between a site's direct and
+indirect effects: for each layer l, AtP+GD_l is the estimate with the gradient through layer l's
+residual-stream contribution (the outputs of its attention and MLP, the post-norms' where the
+family has them) set to zero on the backward pass, and the site's score is (1/(L-1)) sum_l
+|AtP+GD_l|: for a node inside layer l its own term is zero, so that is the mean over the other
+layers. A site read at a cut output (attn_out, mlp_out) lies before its layer's cut. A resid site
+(a layer's output, which the paper does not consider) lies after its layer's cut: its term l, and
+those of the layers before it, are its plain |estimate|, and it is divided by L - 1 all the same.
+It is unsigned and only ranks sites; the plain signed estimate is always computed beside it.
+Paths from the other sites through later heads' softmaxes stay linearised, in AtP* and here.
 
 Pairs of one prompt length share a batch; gradients are taken only for the site kinds asked for.
 It runs on a GPU when there is one, or where asked (a study's atp_device, in atp_dtype); estimates
