@@ -27,8 +27,9 @@ def cli(*args, timeout=600, env=None, cwd=None):
 @needs_vllm
 def test_study_ends_with_a_summary_and_quiet_and_json_are_for_scripts(tmp_path):
     wh = tmp_path / "w.duckdb"
+    # the hf backend: what the study prints is the point here, not the engine (which starts in a second on hf)
     args = ("study", "--model", "tiny-llama", "--pairs", str(DATA), "--limit", "2", "--no-require-known",
-            "--sweeps", "resid", "--warehouse", str(wh), "--workdir", str(tmp_path / "work"))
+            "--sweeps", "resid", "--backend", "hf", "--warehouse", str(wh), "--workdir", str(tmp_path / "work"))
     res = cli(*args, cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     lines = res.stdout.strip().splitlines()
