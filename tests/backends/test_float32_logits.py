@@ -170,3 +170,20 @@ def test_hf_float32_logits_keep_the_soft_cap_and_the_bias(engines, name, request
     norm = model.model.norm if name == "tiny-gemma2" else model.transformer.ln_f
     final = _hf_final_rows(model, norm, r.tokens + r.continuations[0][:-1])
     _check_readout(got, _reference(final[len(r.tokens) - 1:], model), r.answers, r.continuations[0])
+
+
+def test_a_large_unembedding_is_cast_slice_by_slice_to_the_same_logits(monkeypatch):
+    """Past KEEP_BYTES no float32 copy is kept: the weight is cast SLICE_BYTES at a time, same product."""
+    from patchgrid.backends import unembed
+
+    g = torch.Generator().manual_seed(0)
+    weight = torch.randn(1000, 64, generator=g).to(torch.bfloat16)
+    hidden, bias = torch.randn(3, 64, generator=g).to(torch.bfloat16), torch.randn(1000, generator=g)
+    want = hidden.float() @ weight.float().T + bias
+    kept = unembed.unembed_float32(hidden, weight, bias)
+    assert weight._patchgrid_float32[1].dtype == torch.float32
+    monkeypatch.setattr(unembed, "KEEP_BYTES", 0)
+    monkeypatch.setattr(unembed, "SLICE_BYTES", 64 * 4 * 300)  # 300 rows a slice: 4 slices, the last short
+    sliced = unembed.unembed_float32(hidden, weight.clone(), bias)
+    assert torch.allclose(kept, want, atol=1e-5) and torch.allclose(sliced, want, atol=1e-5)
+    assert sliced.dtype == torch.float32 and kept.dtype == torch.float32
