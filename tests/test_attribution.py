@@ -3,6 +3,7 @@ linearisation, against exact patches where the metric is linear in the site, and
 verification against direct patches on vLLM."""
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 
 import pytest
@@ -255,10 +256,13 @@ def test_atp_sweep_verifies_the_strongest_and_a_sample_exactly(tmp_path, engines
             e = exact[_cell(r)]
             assert r["effect"] == pytest.approx(e["effect"], abs=1e-5)
             assert r["patched_kl"] == pytest.approx(e["patched_kl"], abs=1e-5)
-            assert r["metric"] == e["metric"]
+            assert r["metric"] == "logprob_diff"  # the AtP objective, for every pair
     for pair in pairs:
-        for site in ("resid", "attn_out", "mlp_out", "head", "neuron"):
-            mine = [r for r in rows if r["pair_id"] == pair.pair_id and r["site"] == site]
+        for site, every in itertools.product(("resid", "attn_out", "mlp_out", "head", "neuron"), (True, False)):
+            mine = [r for r in rows if r["pair_id"] == pair.pair_id and r["site"] == site
+                    and (r["position"] is None) == every]  # each scope its own top K and sample
+            if not mine:
+                continue
             top = [r for r in mine if r["verify"] == "top"]
             score = (lambda r: r["estimate_graddrop"]) if correction == "graddrop" else (lambda r: abs(r["estimate"]))
             assert len(top) == 5 and len([r for r in mine if r["verify"] == "random"]) == 4
