@@ -100,7 +100,7 @@ def test_what_the_kinds_of_a_run_declare_together():
                                                         "trace_sites", "trace_facts")
     assert settings_of(("paths", "atp", "resid")) == ("path_senders", "path_receivers", "path_inputs", "path_mlps",
                                                       "atp_kinds", "verify_top", "verify_random", "atp_correction",
-                                                      "atp_device", "atp_dtype")
+                                                      "atp_qk_fix", "atp_device", "atp_dtype")
     groups = by_population(("trace", "resid", "atp"))
     assert [(p.name, names) for p, names in groups] == [("accepted_pairs", ("resid", "atp")),
                                                          ("traced_facts", ("trace",))]
