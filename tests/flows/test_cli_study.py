@@ -130,7 +130,8 @@ def test_study_with_the_atp_sweep_fills_the_warehouse_and_the_report(tmp_path):
     lines = [line.split() for line in q.stdout.strip().splitlines()]
     assert [line[0] for line in lines[1:-1]] == ["attn_out", "head", "mlp_out", "neuron", "resid"]
     for site, pairs, top, sampled, unpatched, no_estimate in lines[1:-1]:
-        assert (int(pairs), int(top), int(sampled), int(no_estimate)) == (3, 12, 9, 0), site
+        scopes = 2 if site in ("head", "neuron") else 1  # per position, and every position at once: each its own
+        assert (int(pairs), int(top), int(sampled), int(no_estimate)) == (3, 12 * scopes, 9 * scopes, 0), site
         assert int(unpatched) > 0
     rep = cli("report", "--warehouse", str(wh), "--out", str(tmp_path / "report"))
     assert rep.returncode == 0, rep.stderr[-3000:]
