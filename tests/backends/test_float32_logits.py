@@ -173,7 +173,7 @@ def test_hf_float32_logits_keep_the_soft_cap_and_the_bias(engines, name, request
 
 
 def test_a_large_unembedding_is_cast_slice_by_slice_to_the_same_logits(monkeypatch):
-    """Past KEEP_BYTES no float32 copy is kept: the weight is cast SLICE_BYTES at a time, same product."""
+    """Past KEEP_BYTES no wide copy is kept: the weight is cast SLICE_BYTES at a time, same product."""
     from patchgrid.backends import unembed
 
     g = torch.Generator().manual_seed(0)
@@ -181,9 +181,24 @@ def test_a_large_unembedding_is_cast_slice_by_slice_to_the_same_logits(monkeypat
     hidden, bias = torch.randn(3, 64, generator=g).to(torch.bfloat16), torch.randn(1000, generator=g)
     want = hidden.float() @ weight.float().T + bias
     kept = unembed.unembed_float32(hidden, weight, bias)
-    assert weight._patchgrid_float32[1].dtype == torch.float32
+    assert weight._patchgrid_float64[1].dtype == torch.float64
     monkeypatch.setattr(unembed, "KEEP_BYTES", 0)
-    monkeypatch.setattr(unembed, "SLICE_BYTES", 64 * 4 * 300)  # 300 rows a slice: 4 slices, the last short
+    monkeypatch.setattr(unembed, "SLICE_BYTES", 64 * 8 * 300)  # 300 rows a slice: 4 slices, the last short
     sliced = unembed.unembed_float32(hidden, weight.clone(), bias)
     assert torch.allclose(kept, want, atol=1e-5) and torch.allclose(sliced, want, atol=1e-5)
     assert sliced.dtype == torch.float32 and kept.dtype == torch.float32
+
+
+def test_a_rows_logits_do_not_depend_on_the_other_rows_unembedded_with_it():
+    """A float32 product's rounding changes with the number of rows multiplied at once (plain float32
+    matmul here: row 0 alone differs from row 0 of two or more rows); the unembedding's does not, so a
+    request's readings do not depend on what else its step read."""
+    from patchgrid.backends import unembed
+
+    g = torch.Generator().manual_seed(1)
+    weight, hidden = torch.randn(4096, 576, generator=g), torch.randn(40, 576, generator=g)
+    plain = [(hidden[:m] @ weight.T)[0] for m in (1, 2, 5, 40)]
+    assert not all(torch.equal(p, plain[0]) for p in plain)  # the float32 product alone would differ
+    rows = [unembed.unembed_float32(hidden[:m], weight)[0] for m in (1, 2, 5, 40)]
+    assert all(torch.equal(r, rows[0]) for r in rows)
+    assert torch.allclose(rows[0], (hidden[:1].double() @ weight.double().T)[0].float(), rtol=0, atol=0)
