@@ -56,7 +56,8 @@ def test_study_end_to_end_then_rerun_replaces(prefect_api, tmp_path):
     traced = query(wh, "SELECT DISTINCT pair_id FROM effects WHERE run_id = ? AND sweep = 'trace' ORDER BY 1",
                    [run_id])[1]
     assert traced == sorted((f.pair_id,) for f in facts)
-    assert query(wh, "SELECT params->>'traced' FROM runs")[1][0][0].startswith("facts whose top-1 prediction")
+    traced = query(wh, "SELECT params->>'traced' FROM runs")[1][0][0]
+    assert traced.startswith("facts the model knows alone by the run's trace_facts rule")
     status = query(wh, "SELECT status, model, flow_run_id FROM runs WHERE run_id = ?", [run_id])[1][0]
     assert status[0] == "completed" and status[1] == "tiny-llama" and status[2]
     assert query(wh, "SELECT count(*) FROM rejections WHERE run_id = ?", [run_id])[1][0][0] >= 1
