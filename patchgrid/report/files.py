@@ -89,7 +89,7 @@ def scatter_figure(s: Scatter):
     ax.set_aspect("equal")
     ax.set_xlabel(s.x_label)
     ax.set_ylabel(s.y_label)
-    ax.set_title(_wrapped(s.title, 5.0, 10) + (f"\n{s.note}" if s.note else ""), fontsize=10)
+    ax.set_title("\n".join(_wrapped(t, 5.0, 10) for t in (s.title, s.note) if t), fontsize=10)
     ax.yaxis.set_major_locator(MaxNLocator(nbins=6, prune="lower"))  # none in the corner, over the x axis' first
     ax.legend(fontsize=8, loc="upper left")
     return fig
