@@ -44,12 +44,29 @@ def tokenizers():
     return get
 
 
-@pytest.fixture(scope="module")
-def prefect_api():
-    """A temporary Prefect API for the module's flow runs."""
-    from prefect.testing.utilities import prefect_test_harness
+@pytest.fixture(scope="session", autouse=True)
+def prefect_server_api(request):
+    """The session's Prefect server (tests/support/prefect_server.py): the API that flow runs in
+    processes of their own report to (PREFECT_API_URL, inherited), started once for every test but
+    those of the unit tier, which need none."""
+    if all(item.get_closest_marker("unit") for item in request.session.items):
+        yield None
+        return
+    from tests.support.prefect_server import prefect_server
 
-    with prefect_test_harness(server_startup_timeout=120):
+    with prefect_server() as api:
+        patch = pytest.MonkeyPatch()
+        patch.setenv("PREFECT_API_URL", api)
+        yield api
+        patch.undo()
+
+
+@pytest.fixture(scope="module")
+def prefect_api(prefect_server_api):
+    """The session's Prefect API for the module's flow runs in this process."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: prefect_server_api}):
         yield
 
 

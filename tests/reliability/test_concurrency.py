@@ -48,7 +48,7 @@ def test_two_studies_load_while_a_dashboard_reads(tmp_path):
     script.write_text(DASHBOARD.format(repo=str(Path(__file__).resolve().parents[2])))
     log, stop = tmp_path / "dashboard.jsonl", tmp_path / "stop"
     reader = subprocess.Popen([sys.executable, str(script), str(wh), str(log), str(stop)])
-    env = env_for(tmp_path)
+    env = env_for(tmp_path, temporary_server=True)  # one PREFECT_HOME: two temporary servers migrate it at once
     try:
         # the hf backend: the warehouse's loads are the point, not the engine (hf starts in a second)
         procs = [start(study_args(tmp_path, wh, tmp_path / f"work{i}", "--limit", str(2 + i), "--sweeps", "resid",

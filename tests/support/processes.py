@@ -19,9 +19,13 @@ def study_args(tmp: Path, warehouse: Path, workdir: Path, *extra: str) -> list[s
             "--no-require-known", "--warehouse", str(warehouse), "--workdir", str(workdir), *extra]
 
 
-def env_for(tmp: Path) -> dict:
+def env_for(tmp: Path, temporary_server: bool = False) -> dict:
+    """The environment of a command run in a test: a PREFECT_HOME of its own, and the session's Prefect
+    server (tests/conftest.py), or with `temporary_server` none, so that the command starts Prefect's
+    temporary server as a study run with no server to talk to does."""
     env = dict(os.environ, PREFECT_HOME=str(tmp / "prefect-home"))
-    env.pop("PREFECT_API_URL", None)
+    if temporary_server:
+        env.pop("PREFECT_API_URL", None)
     return env
 
 
