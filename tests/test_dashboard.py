@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ from patchgrid.dashboard import data
 from patchgrid.pairs import to_table
 from patchgrid.warehouse.loader import WarehouseError, load_run, start_run
 from tests.support.effect_rows import CLEAN, CORRUPT, baseline, make_pair, row, shifted, write_and_read_back
+from tests.support.prefect_server import free_port
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 ROLES = ("subject_last", "further", "last")
@@ -125,12 +125,6 @@ def test_the_command_refuses_a_missing_warehouse_in_one_line(tmp_path):
                                                "warehouse file there (run a study into it first)"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _wait_healthy(port: int, proc: subprocess.Popen, deadline: float) -> None:
     while time.monotonic() < deadline:
         assert proc.poll() is None, f"the dashboard exited ({proc.returncode})"
@@ -156,7 +150,7 @@ def _children(pid: int) -> list[int]:
 def _start(warehouse, tmp_path) -> tuple[subprocess.Popen, int, int]:
     """`patchgrid dashboard` in a process group of its own, up: the process, its port and the
     Streamlit server's process group."""
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "patchgrid", "dashboard", "--warehouse", str(warehouse),
                              "--port", str(port), "--refresh", "1"], cwd=tmp_path, start_new_session=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

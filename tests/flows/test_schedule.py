@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ import yaml
 from patchgrid.serving import overlap_line
 from tests.support.engines import needs_vllm
 from tests.support.pairs import DATA
+from tests.support.prefect_server import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 EVERY_MINUTE = "* * * * *"
@@ -40,12 +40,6 @@ RUN_TIMEOUT_S = 240  # the study itself
 LONG_RUN = {"limit": 400, "shard_size": 1}
 LATE_TIMEOUT_S = 150  # from the schedule's resumption to the next due run settled: a minute boundary, polling
 LIMIT_REACHED = "Deployment concurrency limit reached."
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def prefect_env(tmp_path: Path, **extra: str) -> dict:

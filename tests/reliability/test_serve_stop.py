@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,20 +15,15 @@ import pytest
 
 from patchgrid.warehouse.loader import query
 from tests.support.pairs import DATA
+from tests.support.prefect_server import free_port
 from tests.support.processes import kill_sessions, left_in, sessions_of, wait_for
 
 NEVER_DUE = "0 0 1 1 *"  # midnight on the first of January
 STOP_S = 15  # the runner's shutdown (pausing the deployment), then the Prefect server's
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _serve(tmp_path, name: str, *extra: str):
-    home, port = tmp_path / name, _free_port()
+    home, port = tmp_path / name, free_port()
     home.mkdir()
     env = dict(os.environ, PREFECT_HOME=str(home / "prefect-home"), PREFECT_SERVER_ANALYTICS_ENABLED="false")
     env.pop("PREFECT_API_URL", None)

@@ -23,7 +23,8 @@ from pathlib import Path
 STARTUP_TIMEOUT_S = 180  # a fresh database migrated and the API answering, on a busy machine
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A loopback port free at this moment."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -42,7 +43,7 @@ def prefect_server():
     """A Prefect server (no UI; its services, which record task runs from their events, on) on loopback,
     in a home of its own; yields its API URL and stops it, and everything it started, on the way out."""
     home = Path(tempfile.mkdtemp(prefix="patchgrid-prefect-server-"))
-    port = _free_port()
+    port = free_port()
     api = f"http://127.0.0.1:{port}/api"
     env = dict(os.environ, PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false")
     env.pop("PREFECT_API_URL", None)
