@@ -142,12 +142,12 @@ def main():
     args = parser.parse_args()
 
     from transformers import AutoTokenizer
-    from vllm import SamplingParams, TokensPrompt
 
     from benchmarks.machine import machine
+    from benchmarks.sweep_throughput import full_run_tokens, plain_prefill
     from patchgrid.cache import load_or_build
     from patchgrid.engine import load_engine
-    from patchgrid.sweeps import SweepConfig, SweepContext, cache_spec, count_runs, patched_runs, run_sweeps
+    from patchgrid.sweeps import SweepConfig, cache_spec, count_runs, run_sweeps
     from tests.support.pairs import shipped_pairs
 
     print(machine())
@@ -163,17 +163,13 @@ def main():
     cache, _ = load_or_build(engine, pairs, cache_spec(config, shape.n_layers, 0.0), Path(tempfile.mkdtemp()),
                              log=lambda *_: None)
     full = replace(config, start_midstack=False)
-    ctx = SweepContext(full, shape.n_layers, shape.n_heads, 0.0)
-    tokens = [req.tokens for *_, req in patched_runs(pairs, ctx)]
-    params = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
+    tokens = full_run_tokens(engine, pairs, config, 0.0)
 
     def sweep():
         run_sweeps(engine, pairs, cache, full, noise_std=0.0)
 
     def prefill():
-        for k in range(0, len(tokens), args.max_requests):
-            engine.llm.generate([TokensPrompt(prompt_token_ids=list(t)) for t in tokens[k:k + args.max_requests]],
-                                params, use_tqdm=False)
+        plain_prefill(engine, tokens, args.max_requests)
 
     run_sweeps(engine, pairs[:1], cache, full, noise_std=0.0)  # warm-up: the first calls pay one-off costs
     prefill()

@@ -64,9 +64,28 @@ def agreement(judge, engine, started: bool, pairs) -> str:
     return "" if judge is None else "\n" + judge.line(engine, started, judged(pairs))
 
 
+def full_run_tokens(engine, pairs, config, noise_std) -> list[tuple]:
+    """The token lists of the sweeps' patched runs, every layer computed (start_midstack off)."""
+    from patchgrid.sweeps import SweepContext, patched_runs
+
+    shape = engine.shape
+    ctx = SweepContext(replace(config, start_midstack=False), shape.n_layers, shape.n_heads, noise_std)
+    return [req.tokens for *_, req in patched_runs(pairs, ctx)]
+
+
+def plain_prefill(engine, tokens, max_requests: int) -> None:
+    """vLLM's own prefill of `tokens`, no intervention, in calls of at most `max_requests`."""
+    from vllm import SamplingParams, TokensPrompt
+
+    params = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
+    for k in range(0, len(tokens), max_requests):
+        engine.llm.generate([TokensPrompt(prompt_token_ids=list(t)) for t in tokens[k:k + max_requests]],
+                            params, use_tqdm=False)
+
+
 def compare(name, engine, pairs, config, noise_std, plain=False, judge=None):
     from patchgrid.cache import load_or_build
-    from patchgrid.sweeps import SweepContext, cache_spec, count_runs, patched_runs
+    from patchgrid.sweeps import cache_spec, count_runs
 
     shape = engine.shape
     cache, _ = load_or_build(engine, pairs, cache_spec(config, shape.n_layers, noise_std), Path(tempfile.mkdtemp()),
@@ -87,15 +106,9 @@ def compare(name, engine, pairs, config, noise_std, plain=False, judge=None):
     print(f"  skip / full = {t_full / t_skip:5.2f}x  (target >= 1.6)")
     print(f"  |skip - full| ({str(engine.dtype).removeprefix('torch.')}): {differences(rows_skip, rows_full)}")
     if plain:
-        from vllm import SamplingParams, TokensPrompt
-
-        ctx = SweepContext(replace(config, start_midstack=False), shape.n_layers, shape.n_heads, noise_std)
-        tokens = [req.tokens for *_, req in patched_runs(pairs, ctx)]
-        params = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
+        tokens = full_run_tokens(engine, pairs, config, noise_std)
         t0 = time.perf_counter()
-        for k in range(0, len(tokens), config.max_requests):
-            engine.llm.generate([TokensPrompt(prompt_token_ids=list(t)) for t in tokens[k:k + config.max_requests]],
-                                params, use_tqdm=False)
+        plain_prefill(engine, tokens, config.max_requests)
         t_plain = time.perf_counter() - t0
         print(f"  {'plain vLLM prefill':<24} {'':8}            ({runs / t_plain:7.1f} runs/s): intervention overhead "
               f"(full / plain) = {t_full / t_plain:4.2f} (target <= 1.25)")

@@ -9,7 +9,7 @@ import torch
 
 from patchgrid.cache import stream_keys
 from patchgrid.plan import Patch, Request
-from tests.support.backends import all_keys, assert_results_close, effect_spread, starting
+from tests.support.backends import all_keys, assert_results_close, effect_spread, reading_logprobs, starting
 from tests.support.engines import TINY, needs_vllm
 
 pytestmark = needs_vllm
@@ -21,21 +21,19 @@ ANSWERS = (5, 77)
 
 def every_layer_requests(shape, tokens, source="clean"):
     """Every site at every layer (0 and the last included), at one early position, the last, and all;
-    each returns its log-probabilities, which tell a rank that two correct runs may order either way
-    (a near-tie in a random model's flat logits) from a wrong one (assert_results_close)."""
+    each returning its log-probabilities (reading_logprobs)."""
     n = len(tokens)
-    reqs = [Request(tokens=tokens, answers=ANSWERS, top_k=5, logprobs=True)]  # unpatched: only the last layer runs
+    reqs = [Request(tokens=tokens, answers=ANSWERS, top_k=5)]  # unpatched: only the last layer runs
     for layer in range(shape.n_layers):
         for positions in ((1,), (n - 1,), None):
             for site in ("resid", "attn_out", "mlp_out"):
-                reqs.append(Request(tokens=tokens, answers=ANSWERS, logprobs=True,
-                                    patches=(Patch(site, layer, source, positions),)))
-            reqs.append(Request(tokens=tokens, answers=ANSWERS, logprobs=True,
+                reqs.append(Request(tokens=tokens, answers=ANSWERS, patches=(Patch(site, layer, source, positions),)))
+            reqs.append(Request(tokens=tokens, answers=ANSWERS,
                                 patches=(Patch("head", layer, source, positions, layer % shape.n_heads),)))
     # two patches: the lower one decides the start; a capture on the start stream
-    reqs.append(Request(tokens=tokens, answers=ANSWERS, capture=("resid.1", "resid.2"), logprobs=True,
+    reqs.append(Request(tokens=tokens, answers=ANSWERS, capture=("resid.1", "resid.2"),
                         patches=(Patch("resid", 1, source, (2,)), Patch("mlp_out", 2, source, (3,)))))
-    return reqs
+    return reading_logprobs(reqs)
 
 
 # tiny-neox: a decoder that loops over every layer (vLLM's Transformers backend), started by stand-ins

@@ -46,11 +46,14 @@ def every_site_requests(shape, corrupt, answers, source="clean", layers=None):
     reqs.append(Request(tokens=corrupt, answers=answers, noise=(Noise((1, 2), 0.7, 11),)))
     reqs.append(Request(tokens=corrupt, answers=answers, noise=(Noise((1, 2), 0.7, 11),),
                         patches=(Patch("resid", shape.n_layers // 2, source, (2,)),)))
-    # the sites the family has (Family.missing: no resid_mid in a parallel block, no neuron in a mixture);
-    # each returns its log-probabilities, which tell an answer rank two correct runs may order either way
-    # (a near-tie in a tiny model's flat logits) from a wrong one (assert_results_close)
-    return [dataclasses.replace(r, logprobs=True) for r in reqs
-            if not any(shape.family.missing(p.site) for p in r.patches)]
+    # the sites the family has (Family.missing: no resid_mid in a parallel block, no neuron in a mixture)
+    return reading_logprobs([r for r in reqs if not any(shape.family.missing(p.site) for p in r.patches)])
+
+
+def reading_logprobs(reqs):
+    """`reqs`, each returning its log-probabilities, which tell an answer rank two correct runs may
+    order either way (a near-tie in a tiny model's flat logits) from a wrong one (assert_results_close)."""
+    return [dataclasses.replace(r, logprobs=True) for r in reqs]
 
 
 def assert_results_close(a, b, tol=TOL):
