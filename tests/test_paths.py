@@ -204,3 +204,38 @@ def test_paths_to_the_logits_of_answers_of_several_tokens_stay_direct(engines, m
         logprob_diff = sum(want.continuation_logprobs[0]) - sum(want.continuation_logprobs[1])
         assert abs(r["patched_logprob_diff"] - logprob_diff) <= TOL, (r["sender"], pos)
     assert max(abs(r["effect"]) for r in rows) > 1e-3
+
+
+def test_paths_to_the_logits_from_a_position_but_the_last_are_zero_and_never_run(engines, monkeypatch):
+    """The stream carries a sender's change only at its own position and everything after the sender
+    is frozen, so a path to the logits (read at the last position) from any other position is zero by
+    construction: its reading is the corrupt run's exactly, and no first pass runs for it unless a
+    path to a later head needs its captures."""
+    hf = engines.get("tiny-llama", "hf", dtype="float32")
+    ran = []
+
+    def counted(requests, sources=None, run=hf.run):
+        ran.extend(requests)
+        return run(requests, sources)
+
+    monkeypatch.setattr(hf, "run", counted)
+    last = len(CORRUPT) - 1
+    config = dataclasses.replace(EVERY, path_senders=("head.0.1", "mlp_out.1"), path_receivers=("logits",),
+                                 positions=tuple(range(len(CORRUPT))))
+    rows, store = paths_rows(hf, config)
+    corrupt = store.baselines[PAIR.pair_id]["corrupt_logit_diff"]
+    ran_at = sorted({p.positions for r in ran for p in r.patches if not p.whole})
+    assert ran_at == [(last,)]  # positions 0-1 precede the first change; 2-6 are known without a run
+    assert len(rows) == 2 * len(CORRUPT)
+    for r in rows:
+        if r["position"] != last:
+            assert r["patched_logit_diff"] == corrupt and r["effect"] == 0.0, (r["sender"], r["position"])
+    assert all(abs(r["effect"]) > 1e-4 for r in rows if r["position"] == last)
+    # with a path to a later head the first pass runs at every changed position, for its captures,
+    # and the path to the logits stays the corrupt run's
+    ran.clear()
+    config = dataclasses.replace(config, path_receivers=("logits", "head.3.0"), path_inputs=("q",))
+    rows, _ = paths_rows(hf, config)
+    assert {r["effect"] for r in rows if r["receiver"] == "logits" and r["position"] != last} == {0.0}
+    firsts = [r for r in ran if r.capture]
+    assert sorted({p.positions for r in firsts for p in r.patches if not p.whole}) == [(k,) for k in range(2, 8)]

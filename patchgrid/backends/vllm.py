@@ -255,7 +255,8 @@ class VllmEngine:
         for r, fs, ts in zip(requests, fwds, tags):
             for f, tag in zip(fs, ts):
                 prompts.append(TokensPrompt(prompt_token_ids=[int(t) for t in f.tokens]))
-                params.append(SamplingParams(max_tokens=1, temperature=0.0, detokenize=False,
+                # each forward's own parameters, which vLLM may therefore use without its deep copy
+                params.append(SamplingParams(max_tokens=1, temperature=0.0, detokenize=False, skip_clone=True,
                                              extra_args={PLAN_KEY: to_wire(r, tag, f)}))
         try:
             self.llm.generate(prompts, params, use_tqdm=False)

@@ -23,7 +23,11 @@ path only, and every other path sees the corrupt run.
   `path_mlps="recomputed"` runs exactly that, in the same two passes.
 
 The sender is patched at one position (or every position at once) and the receiver's input is
-patched at the same positions: the stream carries a position's change only at that position.
+patched at the same positions: the stream carries a position's change only at that position. So
+a path to the logits from any position but the last is zero by construction (the logits are read
+at the last prompt position and past it, where nothing after the sender carries the change): its
+reading is the corrupt run's, never run, and a first pass runs there only for the captures of
+paths to later heads.
 Senders and receivers come from the study's settings (`path_senders`, `path_receivers`,
 `path_inputs`); positions are those heads are patched at.
 """
@@ -35,7 +39,7 @@ from ..cache import CacheSpec, layer_keys, stream_keys
 from ..metrics import Reading
 from ..plan import Patch, Request
 from ..sites import LOGITS, QKV, parse_unit_name, site_key, unit_name
-from .base import Cell, SweepKind, as_run, grid_layers, scored, unit_positions
+from .base import Cell, SweepKind, as_run, baselines, grid_layers, scored, unit_positions
 
 SENDER_SITES = ("head", "attn_out", "mlp_out")
 SENDER_KINDS = {"heads": "head", "attn_out": "attn_out", "mlp_out": "mlp_out"}  # every one of a site
@@ -136,16 +140,25 @@ class PathSweep(SweepKind):
             for cell in self.first_cells(p, ctx):
                 if ctx.config.start_midstack and self.unchanged(cell, change):
                     continue  # every path of it equals the corrupt run: its cells are unchanged too
+                if self.direct_path_is_zero(cell, p):  # its path to the logits: the corrupt run's reading
+                    first[p.pair_id][cell] = baselines(run.store.baselines[p.pair_id])[1]
                 req = self.first_request(p, cell, ctx, f"{i}:clean", f"{i}:corrupt")
-                runs.append((i, self, cell, as_run(req, cell, i, ctx)))
+                if req.capture or cell not in first[p.pair_id]:
+                    runs.append((i, self, cell, as_run(req, cell, i, ctx)))
 
         def read(r, res):
             i, _, cell, _ = r
-            first[run.pairs[i].pair_id][cell] = Reading.of(res)
+            first[run.pairs[i].pair_id].setdefault(cell, Reading.of(res))
             derived[(run.pairs[i].pair_id, self.first_run(cell))] = res.captures
 
         run.run(runs, read, ctx)
         return ctx.with_prepared(self.name, first, derived)
+
+    @staticmethod
+    def direct_path_is_zero(cell: Cell, pair) -> bool:
+        """Whether the sender's path to the logits is zero by construction: patched at one position
+        but the last, whose change nothing after the sender carries to where the logits are read."""
+        return cell.position is not None and cell.position != len(pair.corrupt_ids) - 1
 
     def first_cells(self, pair, ctx) -> list[Cell]:
         """One first-pass run per (sender, position) with any receiver (its reading is the

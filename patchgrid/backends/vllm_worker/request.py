@@ -1,18 +1,30 @@
 """One vLLM request as the worker sees it: its plan, read from its SamplingParams, and what it
-gathers across scheduler steps.
+gathers across scheduler steps; and the call's sources, stacked per site key.
 
 A patchgrid request whose answers are scored whole is several vLLM requests, one per forward
 (plan.forwards): the prompt followed by one continuation's inputs. Patches and noise address the
 prompt's positions only. Plans travel as plain data (`plan.to_wire`) under `PLAN_KEY` in
 `SamplingParams.extra_args`; the values they patch in are the call's sources, held in the worker
-and named by the plan.
+and named by the plan. A Request holds no patch value: it names the rows of the stacked sources
+(`Sources`) each patch reads, and the step gathers every value of a site key in one index
+(step.plan_step).
 """
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from ...plan import Forward, Noise, encode_tensor, from_wire, gaussian_noise, patch_rows, tree_rows
+from ...plan import (
+    LOGPROBS,
+    Forward,
+    Noise,
+    decode_tensor,
+    encode_tensor,
+    from_wire,
+    gaussian_noise,
+    patch_rows,
+    tree_rows,
+)
 from ...sites import SITES, parse_key
 from ...tp import unit_owner
 
@@ -26,11 +38,32 @@ def plan_of(state) -> str | None:
     return extra.get(PLAN_KEY)
 
 
+class Sources:
+    """A call's sources (plain data from the host) decoded to the model's dtype, on the CPU, stacked
+    per site key: `rows[key]` holds every source's rows of that key one source after another, and
+    `first[(source, key)]` is the row its source's rows start at. A patch names its values as rows
+    of the stack, so a step gathers all of a key's values in one index."""
+
+    def __init__(self, wire: dict, dtype):
+        per_key: dict[str, list] = {}
+        self.first: dict[tuple[str, str], int] = {}
+        for name, caps in wire.items():
+            for key, enc in caps.items():
+                if key == LOGPROBS:
+                    continue
+                t = decode_tensor(enc)
+                parts = per_key.setdefault(key, [])
+                self.first[(name, key)] = sum(len(p) for p in parts)
+                parts.append(t)
+        self.rows = {key: (parts[0] if len(parts) == 1 else torch.cat(parts)).to(dtype)
+                     for key, parts in per_key.items()}
+
+
 class Request:
     """One vLLM request (a forward of a patchgrid request, plan.forwards): its plan and what it has
     gathered so far, kept across scheduler steps."""
 
-    def __init__(self, plan: str, n_tokens: int, sources, references, widths, dtype, tp=(0, 1)):
+    def __init__(self, plan: str, n_tokens: int, sources: Sources, references, widths, dtype, tp=(0, 1)):
         self.tag, req, (n_prompt, fwd) = from_wire(plan)
         self.answers = list(req.answers)
         self.top_k = req.top_k
@@ -43,35 +76,41 @@ class Request:
         self.scores = [(j, list(req.continuations[j])) for j in fwd.scores]
         self.scored = {j: [None] * len(c) for j, c in self.scores}
         self.readout: dict = {}
-        # (key, unit (head or neuron) within this rank's slice or None, positions array,
-        # values [len(positions), w])
-        self.patches = []
-        rank, tp_size = tp
-        for p in req.patches:
-            unit = p.unit
-            if unit is not None:
-                owner, unit = unit_owner(p.unit, widths["units"][SITES[p.site].unit], tp_size)
-                if owner != rank:  # another rank holds this head's slice of z, or this neuron
-                    continue
-            pos, rows = patch_rows(p, n_prompt, n_tokens, fwd.branch)
-            pos = np.asarray(pos, dtype=np.int64)
-            vals = sources[p.source][p.key][torch.tensor(rows, dtype=torch.long)]
-            if p.unit is not None:
-                uw = widths["unit_width"][SITES[p.site].unit]
-                vals = vals[:, p.unit * uw:(p.unit + 1) * uw]
-            self.patches.append((p.key, unit, pos, vals))
+        self.patches = self._patches(req, fwd, sources, widths, tp)
         self.noise = []
         for z in req.noise:
             pos = np.asarray(z.positions, dtype=np.int64)
             self.noise.append((pos, gaussian_noise(Noise(tuple(pos), z.std, z.seed), widths["d_model"]).to(dtype)))
         self.captures = {key: torch.empty(n_tokens, widths[parse_key(key)[0]], dtype=dtype) for key in req.capture}
         self.start = req.start
-        # the cached stream entering the start layer, one row per position of this forward
+        # the stacked sources' rows of the stream entering the start layer, one per position of this
+        # forward (the stream source holds the request's tree of rows: this forward's are its own)
         self.start_rows = None
         if req.start is not None:
-            # the stream source holds the request's tree of rows: this forward's are its own
-            rows = torch.tensor(tree_rows(Forward((0,) * n_tokens, (), fwd.branch, fwd.first), n_prompt))
-            self.start_rows = sources[req.start.source][req.start.key][rows]
+            first = sources.first[(req.start.source, req.start.key)]
+            rows = tree_rows(Forward((0,) * n_tokens, (), fwd.branch, fwd.first), n_prompt)
+            self.start_rows = [first + row for row in rows]
+
+    def _patches(self, req, fwd, sources: Sources, widths, tp) -> dict:
+        """{(site key, patched by unit): (positions, stacked source rows, units on this rank, units in
+        the model)} as lists; a head or neuron only on the rank that holds it."""
+        rank, tp_size = tp
+        out: dict[tuple[str, bool], tuple[list, list, list, list]] = {}
+        for p in req.patches:
+            unit = p.unit
+            if unit is not None:
+                owner, unit = unit_owner(p.unit, widths["units"][SITES[p.site].unit], tp_size)
+                if owner != rank:  # another rank holds this head's slice of z, or this neuron
+                    continue
+            pos, rows = patch_rows(p, self.n_prompt, self.n_tokens, fwd.branch)
+            first = sources.first[(p.source, p.key)]
+            entry = out.setdefault((p.key, unit is not None), ([], [], [], []))
+            entry[0].extend(pos)
+            entry[1].extend(first + row for row in rows)
+            if unit is not None:
+                entry[2].extend([unit] * len(pos))
+                entry[3].extend([p.unit] * len(pos))
+        return out
 
     def part(self) -> dict:
         """What this forward gives its request (plan.join_forwards), as plain data."""

@@ -14,7 +14,7 @@ from ...tp import units_per_rank
 from .hooks import SiteHooks
 from .midstack import MidstackStart
 from .readout import LogitsReadout
-from .request import Request, plan_of
+from .request import Request, Sources, plan_of
 from .step import Step, plan_step
 
 
@@ -50,8 +50,7 @@ class Session(SiteHooks, MidstackStart, LogitsReadout):
         self.vocab = shape["vocab_size"]
         param = next(self.model.parameters())
         self.dtype, self.device = param.dtype, param.device
-        self.sources = {name: {k: decode_tensor(v).to(self.dtype) for k, v in caps.items() if k != LOGPROBS}
-                        for name, caps in sources.items()}
+        self.sources = Sources(sources, self.dtype)
         # reference log-probabilities stay float32, on the activations' device (read every step)
         self.references = {name: decode_tensor(caps[LOGPROBS]).float().to(self.device)
                            for name, caps in sources.items() if LOGPROBS in caps}
@@ -81,7 +80,7 @@ class Session(SiteHooks, MidstackStart, LogitsReadout):
 
     def _begin_step(self, module, args):
         self.step = Step()
-        self.step = plan_step(self.runner, self._request, self.start_layer, self.device)
+        self.step = plan_step(self.runner, self._request, self.sources, self.start_layer, self.widths, self.device)
 
     def _request(self, rid: str) -> Request | None:
         r = self.requests.get(rid, False)

@@ -4,13 +4,18 @@ A scheduler step runs the rows of many requests back to back ([num_tokens, ...])
 not submission order, and chunked prefill may split one prompt across steps, so that a request's
 first row this step is its position `num_computed_tokens`. At the start of every step the plans of
 the step's requests become one vectorised write (rows, values) per site, so each hook does one
-indexed copy. They are put together on the CPU and moved to the activations' device once per step.
+indexed copy: the requests' patches are joined as plain lists, and each site key's positions,
+rows and values are then selected and gathered once for the whole step (from the stacked sources,
+request.Sources). They are put together on the CPU and moved to the activations' device once per step.
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-from .request import Request
+from ...plan import stream_key
+from ...sites import SITES, parse_key
+from .request import Request, Sources
 
 
 class Step:
@@ -40,7 +45,7 @@ class Step:
             self.read_rows = self.read_rows.to(device)
 
 
-def plan_step(runner, request_of, start_layer: int, device) -> Step:
+def plan_step(runner, request_of, sources: Sources, start_layer: int, widths: dict, device) -> Step:
     """This step's Step, from vLLM's V1 runner: `request_of(req_id)` is the Request of a vLLM
     request (None: one of no patchgrid call); with `start_layer`, every row's start stream."""
     batch = runner.input_batch
@@ -56,7 +61,7 @@ def plan_step(runner, request_of, start_layer: int, device) -> Step:
         row0, row1 = int(qsl[i]), int(qsl[i + 1])
         pos0 = int(batch.num_computed_tokens_cpu[i])
         plan.add(r, row0, pos0, pos0 + (row1 - row0))
-    step = plan.finish()
+    step = plan.finish(sources, widths)
     step.to(device)
     return step
 
@@ -68,14 +73,29 @@ class _Plan:
     def __init__(self, start_layer: int):
         self.start_layer = start_layer
         self.step = Step()
-        self.writes, self.units, self.noise, self.caps, self.start = {}, {}, [], {}, []
-        self.read_rows = []
+        # (key, by unit) -> [positions, stacked source rows, units on this rank, units in the model,
+        # and per position its request's first position this step, its end, and its row minus position]
+        self.patches: dict[tuple[str, bool], tuple[list, ...]] = {}
+        self.noise, self.caps, self.read_rows = [], {}, []
+        self.start_rows, self.start_src = [], []
 
     def add(self, r: Request, row0: int, pos0: int, pos1: int) -> None:
         row1 = row0 + (pos1 - pos0)
         if self.start_layer:
-            self.start.append((torch.arange(row0, row1), r.start_rows[pos0:pos1]))
-        self._add_patches(r, row0, pos0, pos1)
+            self.start_rows.extend(range(row0, row1))
+            self.start_src.extend(r.start_rows[pos0:pos1])
+        for k, (pos, src, units, model_units) in r.patches.items():
+            lists = self.patches.get(k)
+            if lists is None:
+                lists = self.patches[k] = ([], [], [], [], [], [], [])
+            n = len(pos)
+            lists[0].extend(pos)
+            lists[1].extend(src)
+            lists[2].extend(units)
+            lists[3].extend(model_units)
+            lists[4].extend([pos0] * n)
+            lists[5].extend([pos1] * n)
+            lists[6].extend([row0 - pos0] * n)
         for pos, vals in r.noise:
             sel = (pos >= pos0) & (pos < pos1)
             if sel.any():
@@ -86,18 +106,6 @@ class _Plan:
         if pos1 >= r.n_tokens:
             self.step.done.append(r)
 
-    def _add_patches(self, r: Request, row0: int, pos0: int, pos1: int) -> None:
-        for key, unit, pos, vals in r.patches:
-            sel = (pos >= pos0) & (pos < pos1)
-            if not sel.any():
-                continue
-            rows = torch.from_numpy(pos[sel] - pos0 + row0)
-            v = vals[torch.from_numpy(sel)]
-            if unit is None:
-                self.writes.setdefault(key, []).append((rows, v))
-            else:
-                self.units.setdefault(key, []).append((rows, torch.full_like(rows, unit), v))
-
     def _add_reads(self, r: Request, row0: int, pos0: int, pos1: int) -> None:
         """Positions n_prompt - 1 .. n_tokens - 1 are read: the last prompt position, and the
         positions predicting each continuation's tokens."""
@@ -105,19 +113,34 @@ class _Plan:
         if lo >= pos1:
             return
         self.step.reads.append((r, lo, pos1 - lo))
-        self.read_rows.append(torch.arange(lo - pos0 + row0, pos1 - pos0 + row0))
+        self.read_rows.extend(range(lo - pos0 + row0, pos1 - pos0 + row0))
 
-    def finish(self) -> Step:
+    def finish(self, sources: Sources, widths: dict) -> Step:
         step = self.step
-        step.writes = {k: _cat2(v) for k, v in self.writes.items()}
-        step.units = {k: tuple(torch.cat([t[j] for t in v]) for j in range(3)) for k, v in self.units.items()}
+        for (key, by_unit), lists in self.patches.items():
+            pos, src, units, model_units, lo, hi, shift = (np.asarray(x, dtype=np.int64) for x in lists)
+            sel = (pos >= lo) & (pos < hi)  # the positions this step computes
+            if not sel.any():
+                continue
+            rows = torch.from_numpy(pos[sel] + shift[sel])
+            values = sources.rows[key][torch.from_numpy(src[sel])]
+            if not by_unit:
+                step.writes[key] = (rows, values)
+                continue
+            uw = widths["unit_width"][SITES[parse_key(key)[0]].unit]
+            model_units = torch.from_numpy(model_units[sel])
+            # the unit's slice of each source row (sources hold the whole model's width)
+            values = values.view(len(values), -1, uw)[torch.arange(len(values)), model_units]
+            step.units[key] = (rows, torch.from_numpy(units[sel]), values)
         if self.noise:
             step.noise = _cat2(self.noise)
-        if self.start:
-            step.start = _cat2(self.start)
+        if self.start_rows:
+            key = stream_key(self.start_layer)
+            step.start = (torch.tensor(self.start_rows, dtype=torch.long),
+                          sources.rows[key][torch.tensor(self.start_src, dtype=torch.long)])
         step.captures = self.caps
         if self.read_rows:
-            step.read_rows = torch.cat(self.read_rows)
+            step.read_rows = torch.tensor(self.read_rows, dtype=torch.long)
         return step
 
 
