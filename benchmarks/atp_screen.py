@@ -101,6 +101,8 @@ def key(r):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--dtype", default=None,
+                        help="the model's dtype on vLLM (default: its own, or float32 on a CPU without bf16 units)")
     parser.add_argument("--pairs", type=int, default=16)
     parser.add_argument("--top", type=int, default=20,
                         help="K: sites per pair, site kind and scope patched by estimate")
@@ -110,7 +112,7 @@ def main():
 
     from transformers import AutoTokenizer
 
-    from benchmarks.machine import machine
+    from benchmarks.machine import bench_dtype, machine
     from patchgrid.attribution import Attributor
     from patchgrid.cache import load_or_build
     from patchgrid.engine import load_engine
@@ -118,7 +120,11 @@ def main():
     from tests.support.pairs import shipped_pairs
 
     print(machine())
-    engine = load_engine(args.model, "vllm")
+    dtype, why = bench_dtype(args.dtype)
+    print(f"will run on {args.model} in {dtype} on vLLM ({why}), float32 for the gradients: {args.pairs} pairs, "
+          f"every site patched exactly against attribution patching's screen confirmed for the top {args.top} "
+          f"and {args.random} random sites per pair")
+    engine = load_engine(args.model, "vllm", dtype=dtype)
     shape = engine.shape
     tok = AutoTokenizer.from_pretrained(engine.folder)
     pairs = shipped_pairs(tok, args.pairs, engine=engine, max_len=shape.max_len, answer_policy="full")

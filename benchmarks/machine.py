@@ -40,3 +40,30 @@ def machine() -> str:
     except ImportError:
         pass
     return line
+
+
+def bf16_units(flags: set[str] | None = None) -> bool:
+    """Whether this CPU multiplies bf16 in hardware (AMX or AVX-512 BF16); without either, torch
+    emulates bf16 matrix work, many times slower than float32."""
+    flags = cpu_flags() if flags is None else flags
+    return bool({"amx_bf16", "avx512_bf16"} & flags)
+
+
+def bench_dtype(requested: str | None, flags: set[str] | None = None, gpu: bool | None = None) -> tuple[str, str]:
+    """(the dtype a benchmark runs the model in, why): the one asked for (--dtype); else the model's
+    own ("auto": bf16 for smollm2-135m) on a GPU or a CPU with bf16 units, and float32 on a CPU
+    without them, where bf16 is emulated (engine_throughput.py at its defaults did not finish in 25
+    minutes on such a machine)."""
+    if requested:
+        return requested, "as asked (--dtype)"
+    if gpu is None:
+        try:
+            import torch
+
+            gpu = torch.cuda.is_available()
+        except ImportError:
+            gpu = False
+    if gpu or bf16_units(flags):
+        return "auto", "the model's own dtype"
+    return "float32", ("float32: this CPU has no bf16 units (no AMX, no AVX-512 BF16), so bf16 matrix work would be "
+                       "emulated; --dtype auto runs the model's own dtype anyway")
