@@ -129,3 +129,24 @@ def test_load_engine_refuses_unknown_backends_and_dtypes_before_loading_anything
                                            (SimpleNamespace(), "float32")])
 def test_the_checkpoint_dtype_is_read_from_the_config(config, dtype):
     assert model_dtype(config) == dtype
+
+
+def test_the_cyclic_collector_is_paused_for_a_vllm_call_and_resumes_however_it_ends():
+    import gc
+
+    from patchgrid.backends.vllm import cyclic_gc_paused
+
+    assert gc.isenabled()
+    with cyclic_gc_paused():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError), cyclic_gc_paused():
+        raise RuntimeError("a step failed")
+    assert gc.isenabled()
+    gc.disable()  # paused by the caller: left so
+    try:
+        with cyclic_gc_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

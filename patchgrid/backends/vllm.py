@@ -12,6 +12,7 @@ layer (to compare, or to rule the shortcut out).
 from __future__ import annotations
 
 import dataclasses
+import gc
 import itertools
 import logging
 import os
@@ -185,6 +186,10 @@ class VllmEngine:
         return False
 
     def run(self, requests, sources=None) -> list[Result]:
+        with cyclic_gc_paused():
+            return self._run(requests, sources)
+
+    def _run(self, requests, sources=None) -> list[Result]:
         if self._failed:
             raise RuntimeError(f"this vLLM engine failed in an earlier call ({self._failed}) and cannot run "
                                "another: start a new one")
@@ -341,9 +346,23 @@ class VllmEngine:
         elif client is not None:
             client.shutdown()
         del llm, engine, client
-        import gc
-
         gc.collect()
+
+
+@contextmanager
+def cyclic_gc_paused():
+    """Python's cyclic garbage collector paused for one engine call. A call's thousands of requests
+    allocate enough objects (plans, vLLM's request state, results) to set off collections whose
+    oldest generation scans every live object: about a tenth of a call's time on a small model.
+    Reference counting still frees everything the call drops; only reference cycles wait for the
+    collector, which resumes when the call returns (or fails)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _wire_sources(requests, sources) -> dict:
