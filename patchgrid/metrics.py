@@ -108,17 +108,38 @@ def recovery(patched: float | None, clean: float | None, corrupt: float | None) 
 
 
 def kl_divergence(reference: torch.Tensor, logprobs: torch.Tensor) -> torch.Tensor:
-    """KL(reference || run) in nats over the last dimension, from log-probabilities, in float32.
-    The one definition every backend (and the baselines) computes KL with."""
-    ref = reference.float()
-    return (ref.exp() * (ref - logprobs.float())).sum(-1)
+    """KL(reference || run) in nats over the last dimension, from log-probabilities: summed in float64
+    and returned in float32, so that the order of the sum never shows. The one definition every
+    backend (and the baselines) computes KL with; `KlReference` is the same sum rearranged for many
+    rows against one reference."""
+    ref = reference.double()
+    return (ref.exp() * (ref - logprobs.double())).sum(-1).float()
+
+
+class KlReference:
+    """One reference distribution (log-probabilities [vocab]) prepared once for the KL divergence of
+    many rows from it: with p = exp(ref), KL(ref || lp) = sum p (ref - lp) = c - p . lp, where
+    c = sum p ref. The rows' log-probabilities are rounded to float32 first, as a Result's are, and
+    the sums are float64 as in kl_divergence, so the two agree to float32's last bit (the
+    rearranged sum's own rounding, about 1e-15 nats, may dip below 0: it is clamped there); a row
+    then costs one product with p instead of its own exp of the reference."""
+
+    def __init__(self, logprobs: torch.Tensor):
+        ref = logprobs.double()
+        self.p = ref.exp()
+        self.c = (self.p * ref).sum()
+
+    def kl(self, logits: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
+        """logits [rows, vocab] float32 and their logsumexp [rows] -> KL [rows] float32."""
+        lp = (logits - lse[:, None]).double()
+        return (self.c - lp @ self.p).clamp_min(0.0).float()
 
 
 def answer_ranks(logits: torch.Tensor, tokens) -> torch.Tensor:
     """Per token, how many entries of `logits` are larger than its own (0: the top one):
-    logits [..., vocab], tokens [..., k] -> [..., k]."""
+    logits [..., vocab], tokens [..., k] -> [..., k]. One comparison per answer over the vocabulary."""
     import torch
 
     tokens = torch.as_tensor(tokens, device=logits.device)
     vals = logits.gather(-1, tokens)
-    return (logits.unsqueeze(-2) > vals.unsqueeze(-1)).sum(-1)
+    return torch.stack([(logits > vals[..., k:k + 1]).sum(-1, dtype=torch.int32) for k in range(tokens.shape[-1])], -1)

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from patchgrid.metrics import METRICS, MIN_SPAN, Reading, answer_ranks, kl_divergence, recovery
+from patchgrid.metrics import METRICS, MIN_SPAN, KlReference, Reading, answer_ranks, kl_divergence, recovery
 
 
 @pytest.mark.parametrize("patched, clean, corrupt, want", [
@@ -36,6 +36,19 @@ def test_kl_divergence_of_two_coins():
     # KL is not symmetric: 0.25 ln(0.25 / 0.5) + 0.75 ln(0.75 / 0.5) = 0.75 ln 3 - ln 2
     assert kl_divergence(run, reference).item() == pytest.approx(0.75 * math.log(3) - math.log(2), rel=1e-6)
     assert kl_divergence(reference, reference).item() == 0.0
+
+
+def test_the_kl_of_many_rows_from_one_reference_is_the_definition_rearranged():
+    g = torch.Generator().manual_seed(0)
+    reference = torch.log_softmax(3 * torch.randn(5000, generator=g), 0)
+    logits = 4 * torch.randn(6, 5000, generator=g)
+    logits[0] = reference + 7.5  # the reference itself, shifted: KL 0
+    lse = torch.logsumexp(logits, 1)
+    got = KlReference(reference).kl(logits, lse)
+    want = kl_divergence(reference.expand(6, -1), logits - lse[:, None])
+    assert got.dtype == torch.float32 and got.shape == (6,)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    assert abs(got[0].item()) < 1e-6 and (got[1:] > 0.5).all()
 
 
 def test_kl_divergence_is_per_row_in_float32():

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 
 import torch
 
-from ...metrics import answer_ranks, kl_divergence
+from ...metrics import answer_ranks
 from ...plan import encode_tensor
 from ..unembed import unembed_float32
 from .step import Step
@@ -114,8 +114,11 @@ def _score(targets, logits, lse) -> None:
 
 def _read_firsts(firsts, logits, lse) -> None:
     """Each first forward's readout at its last prompt position, into its request's `readout`."""
-    rows = torch.tensor([f[0] for f in firsts], device=logits.device)
-    first_logits, first_lse = logits[rows], lse[rows]
+    if len(firsts) == logits.shape[0]:  # every read row is one (one-token answers): no copy
+        first_logits, first_lse = logits, lse
+    else:
+        rows = torch.tensor([f[0] for f in firsts], device=logits.device)
+        first_logits, first_lse = logits[rows], lse[rows]
     kls = _kls(firsts, first_logits, first_lse)
     lse_list = first_lse.tolist()
     answers = _answers(firsts, first_logits)
@@ -132,14 +135,21 @@ def _read_firsts(firsts, logits, lse) -> None:
 
 
 def _kls(firsts, first_logits, first_lse) -> list:
-    """The KL divergence of each request with a reference from it (None without one)."""
+    """The KL divergence of each request with a reference from it (None without one): one product
+    per reference with the rows measured from it (metrics.KlReference)."""
     kls = [None] * len(firsts)
-    with_ref = [k for k, (_, r) in enumerate(firsts) if r.reference is not None]
-    if with_ref:
-        refs = torch.stack([firsts[k][1].reference for k in with_ref])
-        sel = torch.tensor(with_ref, device=first_logits.device)
-        lp = first_logits[sel] - first_lse[sel, None]
-        for k, v in zip(with_ref, kl_divergence(refs, lp).tolist()):
+    by_reference = defaultdict(list)
+    for k, (_, r) in enumerate(firsts):
+        if r.reference is not None:
+            by_reference[id(r.reference)].append(k)
+    for ks in by_reference.values():
+        reference = firsts[ks[0]][1].reference
+        if len(ks) == len(firsts):
+            values = reference.kl(first_logits, first_lse)
+        else:
+            sel = torch.tensor(ks, device=first_logits.device)
+            values = reference.kl(first_logits[sel], first_lse[sel])
+        for k, v in zip(ks, values.tolist()):
             kls[k] = v
     return kls
 
@@ -153,9 +163,11 @@ def _answers(firsts, first_logits) -> dict:
     for count, ks in by_count.items():
         if not count:
             continue
-        sel = torch.tensor(ks, device=first_logits.device)
+        rows = first_logits
+        if len(ks) < len(firsts):
+            rows = first_logits[torch.tensor(ks, device=first_logits.device)]
         tokens = torch.tensor([firsts[k][1].answers for k in ks], device=first_logits.device)
-        vals = first_logits[sel].gather(1, tokens).tolist()
-        ranks = answer_ranks(first_logits[sel], tokens).tolist()
+        vals = rows.gather(1, tokens).tolist()
+        ranks = answer_ranks(rows, tokens).tolist()
         answers.update(zip(ks, zip(vals, ranks)))
     return answers

@@ -8,6 +8,7 @@ and moved to the activations' device once per step; captures go to the CPU.
 """
 from __future__ import annotations
 
+from ...metrics import KlReference
 from ...plan import LOGPROBS, decode_tensor
 from ...sites import SITES, Family, get_module
 from ...tp import units_per_rank
@@ -51,8 +52,9 @@ class Session(SiteHooks, MidstackStart, LogitsReadout):
         param = next(self.model.parameters())
         self.dtype, self.device = param.dtype, param.device
         self.sources = Sources(sources, self.dtype)
-        # reference log-probabilities stay float32, on the activations' device (read every step)
-        self.references = {name: decode_tensor(caps[LOGPROBS]).float().to(self.device)
+        # reference distributions, prepared once for the KL divergence of every row read from them
+        # (float64, on the activations' device: read every step)
+        self.references = {name: KlReference(decode_tensor(caps[LOGPROBS]).to(self.device))
                            for name, caps in sources.items() if LOGPROBS in caps}
         self.tp = tp_rank_and_size()
         self.widths = site_widths(shape, self.tp[1])
