@@ -21,7 +21,9 @@ Beside each engine figure, its agreement with a Hugging Face float32 reference o
 wrong), the engine run as the figure ran it (started mid-stack or every layer).
 
     .venv/bin/python benchmarks/sweep_throughput.py [--model smollm2-135m] [--dtype auto|float32|...]
-        [--pairs 4] [--trace-pairs 2] [--trace-samples 10] [--answer-pairs 4] [--repeats 3]
+        [--pairs 2] [--trace-pairs 1] [--trace-samples 5] [--answer-pairs 2] [--repeats 3]
+
+Its defaults finish in about 10 minutes on a 2-core machine (issue 31).
 """
 from __future__ import annotations
 
@@ -166,12 +168,12 @@ def main():
     parser.add_argument("--dtype", default=None,
                         help="the model's dtype (default: its own, or float32 on a CPU without bf16 units)")
     parser.add_argument("--repeats", type=int, default=3, help="timed sweeps per way, interleaved (median printed)")
-    parser.add_argument("--pairs", type=int, default=4, help="pairs for the default sweep set")
-    parser.add_argument("--trace-pairs", type=int, default=2, help="facts for causal tracing (0: skip it)")
-    parser.add_argument("--trace-samples", type=int, default=10)
+    parser.add_argument("--pairs", type=int, default=2, help="pairs for the default sweep set")
+    parser.add_argument("--trace-pairs", type=int, default=1, help="facts for causal tracing (0: skip it)")
+    parser.add_argument("--trace-samples", type=int, default=5)
     parser.add_argument("--sweeps", default="resid,attn_out,mlp_out,heads")
     parser.add_argument("--max-requests", type=int, default=2048)
-    parser.add_argument("--answer-pairs", type=int, default=4,
+    parser.add_argument("--answer-pairs", type=int, default=2,
                         help="pairs with answers of several tokens, scored whole and by first token (0: skip it)")
     parser.add_argument("--no-agreement", action="store_true", help="leave out the agreement with hf float32")
     args = parser.parse_args()
