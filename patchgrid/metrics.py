@@ -118,21 +118,20 @@ def kl_divergence(reference: torch.Tensor, logprobs: torch.Tensor) -> torch.Tens
 
 class KlReference:
     """One reference distribution (log-probabilities [vocab]) prepared once for the KL divergence of
-    many rows from it: with p = exp(ref), KL(ref || lp) = sum p (ref - lp) = c - p . lp, where
-    c = sum p ref. The rows' log-probabilities are rounded to float32 first, as a Result's are, and
-    the sums are float64 as in kl_divergence, so the two agree to float32's last bit (the
-    rearranged sum's own rounding, about 1e-15 nats, may dip below 0: it is clamped there); a row
-    then costs one product with p instead of its own exp of the reference."""
+    many rows from it: KL(ref || lp) = sum p (ref - lp) with p = exp(ref) taken once, not once per
+    row, and the sum one float64 product per row. The rows' log-probabilities are rounded to float32
+    first, as a Result's are, and every term is kl_divergence's, so the two agree to float32's last
+    bit, and a row equal to the reference reads exactly 0."""
 
     def __init__(self, logprobs: torch.Tensor):
-        ref = logprobs.double()
-        self.p = ref.exp()
-        self.c = (self.p * ref).sum()
+        self.ref = logprobs.double()
+        self.p = self.ref.exp()
 
     def kl(self, logits: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
         """logits [rows, vocab] float32 and their logsumexp [rows] -> KL [rows] float32."""
-        lp = (logits - lse[:, None]).double()
-        return (self.c - lp @ self.p).clamp_min(0.0).float()
+        d = (logits - lse[:, None]).double()
+        d.neg_().add_(self.ref)  # ref - lp, in place: no second [rows, vocab] float64 tensor
+        return (d @ self.p).float()
 
 
 def answer_ranks(logits: torch.Tensor, tokens) -> torch.Tensor:

@@ -49,6 +49,8 @@ def test_the_kl_of_many_rows_from_one_reference_is_the_definition_rearranged():
     assert got.dtype == torch.float32 and got.shape == (6,)
     torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
     assert abs(got[0].item()) < 1e-6 and (got[1:] > 0.5).all()
+    # a row equal to the reference reads exactly 0, whatever the order of its sum (a Ray worker's)
+    assert KlReference(reference).kl(reference[None], torch.zeros(1)).item() == 0.0
 
 
 def test_kl_divergence_is_per_row_in_float32():
