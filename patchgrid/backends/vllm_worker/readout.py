@@ -114,11 +114,8 @@ def _score(targets, logits, lse) -> None:
 
 def _read_firsts(firsts, logits, lse) -> None:
     """Each first forward's readout at its last prompt position, into its request's `readout`."""
-    if len(firsts) == logits.shape[0]:  # every read row is one (one-token answers): no copy
-        first_logits, first_lse = logits, lse
-    else:
-        rows = torch.tensor([f[0] for f in firsts], device=logits.device)
-        first_logits, first_lse = logits[rows], lse[rows]
+    rows = [f[0] for f in firsts]
+    first_logits, first_lse = _selected(logits, rows), _selected(lse, rows)
     kls = _kls(firsts, first_logits, first_lse)
     lse_list = first_lse.tolist()
     answers = _answers(firsts, first_logits)
@@ -143,12 +140,7 @@ def _kls(firsts, first_logits, first_lse) -> list:
         if r.reference is not None:
             by_reference[id(r.reference)].append(k)
     for ks in by_reference.values():
-        reference = firsts[ks[0]][1].reference
-        if len(ks) == len(firsts):
-            values = reference.kl(first_logits, first_lse)
-        else:
-            sel = torch.tensor(ks, device=first_logits.device)
-            values = reference.kl(first_logits[sel], first_lse[sel])
+        values = firsts[ks[0]][1].reference.kl(_selected(first_logits, ks), _selected(first_lse, ks))
         for k, v in zip(ks, values.tolist()):
             kls[k] = v
     return kls
@@ -163,11 +155,16 @@ def _answers(firsts, first_logits) -> dict:
     for count, ks in by_count.items():
         if not count:
             continue
-        rows = first_logits
-        if len(ks) < len(firsts):
-            rows = first_logits[torch.tensor(ks, device=first_logits.device)]
+        rows = _selected(first_logits, ks)
         tokens = torch.tensor([firsts[k][1].answers for k in ks], device=first_logits.device)
         vals = rows.gather(1, tokens).tolist()
         ranks = answer_ranks(rows, tokens).tolist()
         answers.update(zip(ks, zip(vals, ranks)))
     return answers
+
+
+def _selected(t: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """t's rows `rows` (ascending, distinct): t itself, uncopied, when they are all of its rows."""
+    if len(rows) == t.shape[0]:
+        return t
+    return t[torch.tensor(rows, device=t.device)]

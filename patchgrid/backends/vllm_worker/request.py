@@ -46,15 +46,16 @@ class Sources:
 
     def __init__(self, wire: dict, dtype):
         per_key: dict[str, list] = {}
+        held: dict[str, int] = {}  # rows stacked so far per key
         self.first: dict[tuple[str, str], int] = {}
         for name, caps in wire.items():
             for key, enc in caps.items():
                 if key == LOGPROBS:
                     continue
                 t = decode_tensor(enc)
-                parts = per_key.setdefault(key, [])
-                self.first[(name, key)] = sum(len(p) for p in parts)
-                parts.append(t)
+                self.first[(name, key)] = held.get(key, 0)
+                held[key] = self.first[(name, key)] + len(t)
+                per_key.setdefault(key, []).append(t)
         self.rows = {key: (parts[0] if len(parts) == 1 else torch.cat(parts)).to(dtype)
                      for key, parts in per_key.items()}
 
