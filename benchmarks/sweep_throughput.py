@@ -84,7 +84,7 @@ def plain_prefill(engine, tokens, max_requests: int) -> None:
     """vLLM's own prefill of `tokens`, no intervention, in calls of at most `max_requests`."""
     from vllm import SamplingParams, TokensPrompt
 
-    params = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
+    params = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False, skip_clone=True)  # no deep copies
     for k in range(0, len(tokens), max_requests):
         engine.llm.generate([TokensPrompt(prompt_token_ids=list(t)) for t in tokens[k:k + max_requests]],
                             params, use_tqdm=False)

@@ -17,6 +17,12 @@ over every token of an answer, `Request.continuations`):
     rank           how many tokens have a larger logit than the clean answer's first token at the
                    last prompt position (0: it is the top token)
 
+A run reads only what its metrics need (`Metric.reads`: the answers' logits, the continuations'
+log-probabilities, the KL reference, the answers' ranks): a study's `metrics` setting chooses them, and
+a metric it leaves out is NULL in the effect rows of its patched runs (no row of that metric in the
+warehouse's views). Every metric but logit_diff needs the whole vocabulary unembedded at the read
+row; logit_diff alone needs only the answers' two columns.
+
 Each metric has a direction (`better`: +1 when the clean run's value is the larger, -1 when the
 smaller) and, where a ratio means something, a recovery. Effect rows carry every metric's patched,
 clean and corrupt value (`patched_<metric>`, ...); the warehouse's views turn them into one row
@@ -41,46 +47,72 @@ class Metric:
     # the recovery averages (and counted there as n_small_span); its effect is still averaged.
     # None: the metric has no recovery (a ratio of ranks means nothing).
     min_span: float | None
+    # What a run must read for it (plan.Request): `answers` (the answers' logits at the last prompt
+    # position), `continuations` (each answer scored whole), `reference` (the clean run's
+    # log-probabilities, for KL) or `ranks` (the answers' ranks over the vocabulary)
+    reads: str = "answers"
 
 
 METRICS = {
     "logit_diff": Metric("logit(clean answer) - logit(corrupt answer) at the last prompt position (one-token "
-                         "answers)", +1, 0.5),
-    "logprob_diff": Metric("log p(clean answer) - log p(corrupt answer), each summed over its tokens", +1, 0.5),
-    "logp_clean": Metric("log p(clean answer), summed over its tokens", +1, 0.5),
-    "logp_corrupt": Metric("log p(corrupt answer), summed over its tokens", -1, 0.5),
-    "p": Metric("probability of the clean answer (the product over its tokens)", +1, 0.02),
+                         "answers)", +1, 0.5, "answers"),
+    "logprob_diff": Metric("log p(clean answer) - log p(corrupt answer), each summed over its tokens", +1, 0.5,
+                           "continuations"),
+    "logp_clean": Metric("log p(clean answer), summed over its tokens", +1, 0.5, "continuations"),
+    "logp_corrupt": Metric("log p(corrupt answer), summed over its tokens", -1, 0.5, "continuations"),
+    "p": Metric("probability of the clean answer (the product over its tokens)", +1, 0.02, "continuations"),
     "kl": Metric("KL divergence (nats) from the clean run's next-token distribution to this run's at the last "
-                 "prompt position", -1, 0.1),
-    "rank": Metric("rank of the clean answer's first token at the last prompt position (0: the top token)", -1, None),
+                 "prompt position", -1, 0.1, "reference"),
+    "rank": Metric("rank of the clean answer's first token at the last prompt position (0: the top token)", -1, None,
+                   "ranks"),
 }
 MIN_SPAN = {name: m.min_span for name, m in METRICS.items()}
+READS = ("answers", "continuations", "reference", "ranks")
+
+
+def reads_of(metrics) -> frozenset[str]:
+    """What a run must read for `metrics` (names in METRICS): a subset of READS."""
+    return frozenset(METRICS[m].reads for m in metrics)
 
 
 @dataclass(frozen=True)
 class Reading:
     """One run's value on every metric (a trace row's: the mean over noise samples)."""
 
-    logit_diff: float | None
-    logprob_diff: float
-    logp_clean: float
-    logp_corrupt: float
-    p: float
-    kl: float | None  # None: no clean distribution to compare with
-    rank: float
+    logit_diff: float | None  # None: an answer of several tokens
+    logprob_diff: float | None  # None (here and below): the run did not read it (the `metrics` setting)
+    logp_clean: float | None
+    logp_corrupt: float | None
+    p: float | None
+    kl: float | None  # None also: no clean distribution to compare with
+    rank: float | None
     logp_clean_tokens: tuple[float, ...] = ()
     logp_corrupt_tokens: tuple[float, ...] = ()
 
     @classmethod
     def of(cls, result, kl: float | None = None) -> Reading:
         """From an engine Result whose answers are (clean first token, corrupt first token) and whose
-        continuations are (clean answer, corrupt answer); `kl` when the result has none."""
+        continuations are (clean answer, corrupt answer), or none where the run scored no answer
+        whole (its answers' first tokens then stand for them: logit_diff's one-token case);
+        `kl` when the result has none. What the run did not read is None."""
+        kl = result.kl if result.kl is not None else kl
+        rank = float(result.answer_ranks[0]) if result.answer_ranks else None
+        if not result.continuation_logprobs:
+            return cls(float(result.answer_logits[0] - result.answer_logits[1]), None, None, None, None, kl, rank)
         clean, corrupt = (tuple(float(x) for x in c) for c in result.continuation_logprobs)
         one_token = len(clean) == 1 and len(corrupt) == 1
         logit_diff = float(result.answer_logits[0] - result.answer_logits[1]) if one_token else None
         lp_clean, lp_corrupt = math.fsum(clean), math.fsum(corrupt)
-        return cls(logit_diff, lp_clean - lp_corrupt, lp_clean, lp_corrupt, math.exp(lp_clean),
-                   result.kl if result.kl is not None else kl, float(result.answer_ranks[0]), clean, corrupt)
+        return cls(logit_diff, lp_clean - lp_corrupt, lp_clean, lp_corrupt, math.exp(lp_clean), kl, rank, clean,
+                   corrupt)
+
+    def only(self, metrics) -> Reading:
+        """This reading with every metric but `metrics` None (a per-token list with its metric)."""
+        keep = set(metrics)
+        out = {m: getattr(self, m) if m in keep else None for m in METRICS}
+        out["logp_clean_tokens"] = self.logp_clean_tokens if "logp_clean" in keep else ()
+        out["logp_corrupt_tokens"] = self.logp_corrupt_tokens if "logp_corrupt" in keep else ()
+        return Reading(**out)
 
     def value(self, metric: str) -> float | None:
         return getattr(self, metric)

@@ -8,7 +8,17 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from patchgrid.metrics import METRICS, MIN_SPAN, KlReference, Reading, answer_ranks, kl_divergence, recovery
+from patchgrid.metrics import (
+    METRICS,
+    MIN_SPAN,
+    READS,
+    KlReference,
+    Reading,
+    answer_ranks,
+    kl_divergence,
+    reads_of,
+    recovery,
+)
 
 
 @pytest.mark.parametrize("patched, clean, corrupt, want", [
@@ -89,6 +99,19 @@ def test_a_reading_of_longer_answers_sums_their_tokens_and_has_no_logit_diff():
     assert r.kl == 0.125  # the result had none: the one given
     assert r.logp_clean_tokens == (-0.5, -0.25)
     assert Reading.of(_result([1.0, 0.0], [-0.5], [-1.0], kl=None)).kl is None
+
+
+def test_a_reading_of_a_run_that_read_only_some_metrics_has_none_for_the_rest():
+    # the answers' logits alone (logit_diff): no answer scored whole, no rank, no KL
+    r = Reading.of(SimpleNamespace(answer_logits=torch.tensor([2.5, 0.5]), continuation_logprobs=[], kl=None,
+                                   answer_ranks=[]))
+    assert r == Reading(2.0, None, None, None, None, None, None)
+    assert Reading.of(_result([2.5, 0.5], [-0.5], [-2.0], ranks=())).rank is None
+    assert reads_of(["logit_diff"]) == {"answers"}
+    assert reads_of(METRICS) == set(READS)
+    full = Reading(1.0, 2.0, -1.0, -3.0, 0.5, 0.1, 2.0, (-1.0,), (-3.0,))
+    assert full.only(METRICS) == full
+    assert full.only(["logit_diff", "logp_clean"]) == Reading(1.0, None, -1.0, None, None, None, None, (-1.0,), ())
 
 
 def test_the_mean_of_readings_is_field_by_field_and_token_by_token():

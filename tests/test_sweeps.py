@@ -124,6 +124,53 @@ def test_chunking_and_reruns_do_not_change_a_number(tmp_path, engines, tokenizer
     assert any(abs(a[k]["patched_p"] - c[k]["patched_p"]) > 1e-9 for k in a if k[1] == "trace")
 
 
+@needs_vllm
+def test_a_study_reads_only_the_metrics_it_asks_and_each_sweeps_headline(tmp_path, engines, tokenizers):
+    """`metrics`: the patched runs read those metrics and each sweep's headline (logprob_diff for
+    answers of several tokens, p for trace), with the numbers of a run reading every metric; the
+    rest is NULL in the patched columns (unchanged cells too), the baselines keep every metric."""
+    vl = engines.get("tiny-llama", "vllm", dtype="float32")
+    pairs = _long_answers(shipped_pairs(tokenizers("tiny-llama"), 3))
+    cfg = SweepConfig(sweeps=("resid", "heads", "trace"), trace_samples=2)
+    cache, _ = load_or_build(vl, pairs, cache_spec(cfg, 4, noise_std_for(vl, pairs)), tmp_path, log=lambda *_: None)
+    every = _by_key(run_sweeps(vl, pairs, cache, cfg))
+    whole = {p.pair_id for p in pairs[:2]}  # answers of several tokens
+    for asked in (("logit_diff",), ("kl", "rank")):
+        some = _by_key(run_sweeps(vl, pairs, cache, replace(cfg, metrics=asked)))
+        assert some.keys() == every.keys()
+        for k, row in some.items():
+            head = "p" if k[1] == "trace" else "logprob_diff" if k[0] in whole else "logit_diff"
+            assert row["metric"] == head and row["effect"] == pytest.approx(every[k]["effect"], abs=1e-6)
+            for m in METRICS:
+                read = m in asked or m == head
+                if m == "logit_diff" and k[0] in whole:
+                    read = False  # answers of several tokens have none
+                assert (row[f"patched_{m}"] is not None) == read, (k, m)
+                if read:
+                    assert row[f"patched_{m}"] == pytest.approx(every[k][f"patched_{m}"], abs=1e-6), (k, m)
+                assert row[f"clean_{m}"] == every[k][f"clean_{m}"]
+    with pytest.raises(ValueError, match="unknown metric 'accuracy'"):
+        SweepConfig(metrics=("accuracy",))
+    with pytest.raises(ValueError, match=r"metrics: unknown metric \(none\)"):
+        SweepConfig(metrics=())
+
+
+def test_engine_calls_are_cut_where_a_start_layer_ends():
+    from types import SimpleNamespace
+
+    from patchgrid.sweeps.run import start_layer_calls
+
+    def run(layer):
+        return (0, None, None, SimpleNamespace(start=SimpleNamespace(layer=layer) if layer else None))
+
+    runs = [run(layer) for layer in (3, 0, 3, 1, 3, 0, 3, 3, 3, 1)]
+    calls = start_layer_calls(runs, 4)
+    layers = [[r[-1].start.layer if r[-1].start else 0 for r in call] for call in calls]
+    assert layers == [[0, 0, 1, 1], [3, 3, 3, 3], [3, 3]]  # layer 3's six runs split only by the size
+    assert sorted(map(id, sum(calls, []))) == sorted(map(id, runs))
+    assert start_layer_calls(runs, 100) == [sum(calls, [])] and start_layer_calls([], 4) == []
+
+
 def test_trace_window_is_centred_and_cut():
     assert list(trace_window(0, 10, 30)) == list(range(0, 5))
     assert list(trace_window(15, 10, 30)) == list(range(10, 20))

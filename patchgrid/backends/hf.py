@@ -187,8 +187,9 @@ class HFEngine:
 
 def _first_readout(r, lg, logprobs, sources) -> dict:
     """A request's readout at its last prompt position, from its logits `lg` there."""
-    part = dict(answer_logits=lg[list(r.answers)].clone(), logsumexp=float(torch.logsumexp(lg, 0)),
-                answer_ranks=answer_ranks(lg, list(r.answers)).tolist() if r.answers else [], top_ids=[],
+    part = dict(answer_logits=lg[list(r.answers)].clone(),
+                logsumexp=float(torch.logsumexp(lg, 0)) if r.reads_vocabulary else None,
+                answer_ranks=answer_ranks(lg, list(r.answers)).tolist() if r.answers and r.ranks else [], top_ids=[],
                 top_logits=[],
                 kl=None if r.reference is None else float(kl_divergence(sources[r.reference][LOGPROBS], logprobs)),
                 logprobs=logprobs.clone() if r.logprobs else None)

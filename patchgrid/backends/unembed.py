@@ -21,10 +21,17 @@ SLICE_BYTES = 64 * 2**20  # the float64 copy of a large weight held at once: one
 KEEP_BYTES = 256 * 2**20  # a weight whose float64 copy is at most this keeps it (an attribute of the weight)
 
 
-def unembed_float32(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def unembed_float32(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                    columns: torch.Tensor | None = None) -> torch.Tensor:
     """hidden [rows, d] (any dtype) @ weight [vocab, d].T (+ bias [vocab]), accumulated in float64:
-    [rows, vocab] float32 on hidden's device."""
+    [rows, vocab] float32 on hidden's device; with `columns` (vocabulary ids), those columns alone:
+    [rows, len(columns)]."""
     h = hidden.double()
+    if columns is not None:
+        out = h @ weight[columns].double().T
+        if bias is not None:
+            out += bias[columns].double()
+        return out.float()
     kept = _kept_wide(weight)
     if kept is not None:
         out = h @ kept.T if bias is None else torch.addmm(bias.double(), h, kept.T)

@@ -1,6 +1,6 @@
 """The product backend: patched requests through vLLM, many per generate call.
 
-Plans travel per request in SamplingParams.extra_args; patch values travel once per call to the
+A call's plans and patch values travel once per call to the
 worker extension (`vllm_worker.extension.PatchgridWorker`), which applies them inside vLLM's forward
 pass (README.md in this folder follows one request through it).
 Requests that may start mid-stack (plan.Start) go in one generate call per start layer; a
@@ -36,7 +36,7 @@ from ..plan import (
 from ..sites import SITES, parse_key
 from ..stopping import stopped_for_good
 from ..tp import merge_rank_captures
-from .vllm_worker.request import PLAN_KEY
+from .vllm_worker.request import request_id
 
 WORKER_EXTENSION = "patchgrid.backends.vllm_worker.extension.PatchgridWorker"
 # The worker extension reads the V1 model runner's batch layout, as written in these releases
@@ -245,8 +245,6 @@ class VllmEngine:
             return self._generate_watched(requests, sources, start_layer, fwds)
 
     def _generate_watched(self, requests, sources, start_layer: int, fwds=None) -> list[Result]:
-        from vllm import SamplingParams, TokensPrompt
-
         call = next(self._calls)
         fwds = fwds if fwds is not None else [forwards(r) for r in requests]
         tags = [[f"{call}:{i}:{k}" for k in range(len(f))] for i, f in enumerate(fwds)]
@@ -255,16 +253,11 @@ class VllmEngine:
         shape = {"vocab_size": self.shape.vocab_size, "d_model": self.shape.d_model,
                  "n_heads": self.shape.n_heads, "head_dim": self.shape.head_dim, "d_mlp": self.shape.d_mlp,
                  "n_kv_heads": self.shape.kv_heads}
-        self.llm.collective_rpc("pg_begin", args=(wire_sources, keys, self.shape.family.name, shape, start_layer))
-        prompts, params = [], []
-        for r, fs, ts in zip(requests, fwds, tags):
-            for f, tag in zip(fs, ts):
-                prompts.append(TokensPrompt(prompt_token_ids=[int(t) for t in f.tokens]))
-                # each forward's own parameters, which vLLM may therefore use without its deep copy
-                params.append(SamplingParams(max_tokens=1, temperature=0.0, detokenize=False, skip_clone=True,
-                                             extra_args={PLAN_KEY: to_wire(r, tag, f)}))
+        plans = [to_wire(r, tag, f) for r, fs, ts in zip(requests, fwds, tags) for f, tag in zip(fs, ts)]
+        self.llm.collective_rpc("pg_begin", args=(wire_sources, keys, self.shape.family.name, shape, start_layer,
+                                                  call, plans))
         try:
-            self.llm.generate(prompts, params, use_tqdm=False)
+            self._prefill(call, [f.tokens for fs in fwds for f in fs])
         except BaseException as exc:
             # A step that raised leaves vLLM's runner mid-step: the next call would wait for ever.
             self._failed = f"{type(exc).__name__}: {exc}".splitlines()[0]
@@ -280,6 +273,22 @@ class VllmEngine:
         if missing:
             raise RuntimeError(f"vLLM returned no result for {len(missing)} of {len(flat)} forwards")
         return [join_forwards(r, fs, [_part(per_rank, t) for t in ts]) for r, fs, ts in zip(requests, fwds, tags)]
+
+    def _prefill(self, call: int, prompts: list) -> None:
+        """vLLM prefills every forward of call `call` and samples nothing of use: one SamplingParams
+        shared by all (vLLM copies it shallowly per request, skip_clone), each request's id naming its
+        plan (vllm_worker.request.request_id), through the engine's own add_request / step loop (what
+        LLM.generate runs, without its ids of its own)."""
+        from vllm import SamplingParams, TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        params = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False, skip_clone=True,
+                                output_kind=RequestOutputKind.FINAL_ONLY)
+        engine = self.llm.llm_engine
+        for k, tokens in enumerate(prompts):
+            engine.add_request(request_id(call, k), TokensPrompt(prompt_token_ids=[int(t) for t in tokens]), params)
+        while engine.has_unfinished_requests():
+            engine.step()
 
     @contextmanager
     def _woken_if_the_core_dies(self):

@@ -65,7 +65,8 @@ def join_forwards(req: Request, fwds: list[Forward], parts: list[dict]) -> Resul
         raise RuntimeError(f"continuation {missing[0]} of a request was not scored in full")
     return Result(
         answer_logits=torch.as_tensor(first["answer_logits"], dtype=torch.float32).reshape(-1),
-        logsumexp=float(first["logsumexp"]), top_ids=list(first["top_ids"]), top_logits=list(first["top_logits"]),
+        logsumexp=None if first["logsumexp"] is None else float(first["logsumexp"]),
+        top_ids=list(first["top_ids"]), top_logits=list(first["top_logits"]),
         captures=captures, answer_ranks=list(first["answer_ranks"]),
         continuation_logprobs=[list(scores[j]) for j in range(len(req.continuations))],
         kl=first["kl"], logprobs=first["logprobs"])

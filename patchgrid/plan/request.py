@@ -75,16 +75,26 @@ class Request:
     continuations: tuple[tuple[int, ...], ...] = ()
     reference: str | None = None  # the source whose LOGPROBS the KL divergence is measured from
     logprobs: bool = False  # return the last prompt position's log-probabilities
+    ranks: bool = True  # read the answers' ranks over the vocabulary
+
+    @property
+    def reads_vocabulary(self) -> bool:
+        """Whether its readout needs the whole vocabulary's logits at a read row (its logsumexp):
+        False when it reads only its answers' logits at the last prompt position, which need
+        only those columns of the unembedding."""
+        return bool(self.continuations or self.reference is not None or self.ranks or self.top_k or self.logprobs)
 
 
 @dataclass
 class Result:
     answer_logits: torch.Tensor  # [len(answers)] float32
-    logsumexp: float  # of the last prompt position's logits, so p(answer) = exp(logit - logsumexp)
+    # of the last prompt position's logits, so p(answer) = exp(logit - logsumexp); None: the request
+    # read only its answers' logits (Request.reads_vocabulary)
+    logsumexp: float | None
     top_ids: list[int] = field(default_factory=list)
     top_logits: list[float] = field(default_factory=list)
     captures: dict[str, torch.Tensor] = field(default_factory=dict)  # key -> [tree_len, width]
-    answer_ranks: list[int] = field(default_factory=list)  # per answer: tokens with a larger logit
+    answer_ranks: list[int] = field(default_factory=list)  # per answer: tokens with a larger logit (when asked)
     continuation_logprobs: list[list[float]] = field(default_factory=list)  # per continuation, per token
     kl: float | None = None  # KL(reference || this run) at the last prompt position, when asked
     logprobs: torch.Tensor | None = None  # [vocab] float32, when asked
@@ -93,6 +103,9 @@ class Result:
     def answer_probs(self) -> torch.Tensor:
         import torch
 
+        if self.logsumexp is None:
+            raise ValueError("this result read only its answers' logits (Request.reads_vocabulary): it has no "
+                             "logsumexp, so no probabilities")
         return torch.exp(self.answer_logits - self.logsumexp)
 
 

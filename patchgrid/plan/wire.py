@@ -1,8 +1,8 @@
-"""Requests and tensors as plain data for vLLM's worker: a plan travels in SamplingParams.extra_args
-(msgpack in multiprocess mode), tensors through collective_rpc across a process boundary."""
+"""Requests and tensors as plain data for vLLM's worker: a call's plans and tensors travel through
+collective_rpc (msgpack across a process boundary in multiprocess mode), as lists, numbers, strings
+and bytes."""
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING
 
 from .forwards import Forward
@@ -12,12 +12,12 @@ if TYPE_CHECKING:  # imported where it is used: the light commands import the pl
     import torch
 
 
-def to_wire(req: Request, tag: str, fwd: Forward | None = None) -> str:
-    """One JSON string: vLLM deep-copies and checks extra_args per request, and a string is cheap
-    to copy and crosses msgpack as it is. With `fwd`, the forward of `req` that this vLLM request
-    is: the prompt's length, the continuations it scores, its branch row and whether it is the first."""
+def to_wire(req: Request, tag: str, fwd: Forward | None = None) -> list:
+    """One plan as plain data (no tokens: vLLM holds them). With `fwd`, the forward of `req` that
+    this vLLM request is: the prompt's length, the continuations it scores, its branch row and
+    whether it is the first."""
     f = fwd or Forward(tuple(req.tokens), tuple(range(len(req.continuations))), len(req.tokens), True)
-    return json.dumps([
+    return [
         tag,
         [len(req.tokens), list(f.scores), int(f.branch), bool(f.first)],
         [int(a) for a in req.answers],
@@ -30,12 +30,13 @@ def to_wire(req: Request, tag: str, fwd: Forward | None = None) -> str:
         [[int(t) for t in c] for c in req.continuations],
         req.reference,
         bool(req.logprobs),
-    ], separators=(",", ":"))
+        bool(req.ranks),
+    ]
 
 
-def from_wire(text: str) -> tuple[str, Request, tuple[int, Forward]]:
+def from_wire(plan: list) -> tuple[str, Request, tuple[int, Forward]]:
     """(tag, the request without its tokens, (prompt length, the forward without its tokens))."""
-    tag, fwd, answers, top_k, capture, patches, noise, start, continuations, reference, logprobs = json.loads(text)
+    tag, fwd, answers, top_k, capture, patches, noise, start, continuations, reference, logprobs, ranks = plan
     req = Request(
         tokens=(),
         answers=tuple(answers),
@@ -48,6 +49,7 @@ def from_wire(text: str) -> tuple[str, Request, tuple[int, Forward]]:
         continuations=tuple(tuple(c) for c in continuations),
         reference=reference,
         logprobs=logprobs,
+        ranks=ranks,
     )
     n_prompt, scores, branch, first = fwd
     return tag, req, (n_prompt, Forward((), tuple(scores), branch, first))

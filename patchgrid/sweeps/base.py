@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from ..cache import NOISED, CacheSpec
 from ..effects import effect_row, reading_from
-from ..metrics import Reading
+from ..metrics import METRICS, Reading, reads_of
 from ..plan import Request, Start, latest_start
 from ..settings import SpecError
 from .populations import ACCEPTED_PAIRS, Population
@@ -127,6 +127,11 @@ class SweepKind:
             return "logprob_diff"
         return self.metric
 
+    def metrics_read(self, pair, config) -> tuple[str, ...]:
+        """The metrics its patched runs of `pair` read: the study's (config.metrics) and its headline."""
+        head = self.headline(pair)
+        return tuple(m for m in METRICS if m in config.metrics or m == head)
+
     def family_sites(self, config) -> tuple[str, ...]:
         """The sites the model's family must have for this kind to run (check_family)."""
         return self.sites
@@ -190,13 +195,18 @@ class SweepKind:
         return [effect_row(pair, cell, r, clean, corrupt, metric) for cell, r in readings]
 
 
-def as_run(req: Request, cell: Cell, index: int, ctx: SweepContext) -> Request:
+def as_run(req: Request, cell: Cell, index: int, ctx: SweepContext, metrics: tuple[str, ...]) -> Request:
     """A kind's request as the engine gets it for pair `index`: with `config.start_midstack` starting
     at the latest layer its patches allow, from the stream of the run it equals below them, and
-    measuring its KL divergence from the clean run's (`{index}:clean`)."""
+    reading what `metrics` (SweepKind.metrics_read) need and no more: its KL divergence from the
+    clean run's (`{index}:clean`), the answers' ranks, the answers scored whole (kept for answers of
+    several tokens, whose first tokens alone are no logit difference: metrics.Reading.of)."""
     layer = latest_start(req.patches, ctx.n_layers) if ctx.config.start_midstack else 0
     start = Start(layer, f"{index}:{cell.base_run}") if layer > 0 else None
-    return dataclasses.replace(req, start=start, reference=f"{index}:clean")
+    reads = reads_of(metrics)
+    whole = "continuations" in reads or any(len(c) > 1 for c in req.continuations)
+    return dataclasses.replace(req, start=start, reference=f"{index}:clean" if "reference" in reads else None,
+                               ranks="ranks" in reads, continuations=req.continuations if whole else ())
 
 
 def baselines(row: dict) -> tuple[Reading, Reading]:

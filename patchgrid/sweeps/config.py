@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..metrics import METRICS
 from ..pairs.known import TRACE_FACTS
 from ..rows import DIRECTIONS
 from ..settings import SpecError, at_least, normalise_and_check, not_negative, number_list, setting
@@ -68,6 +69,12 @@ class SweepConfig:
     start_midstack: bool = setting(
         True, "start each patched run at its lowest patched layer from the cached stream below it (plan.Start); "
         "--no-start-midstack runs every layer of every patched run (the numbers are the same)")
+    metrics: tuple[str, ...] = setting(
+        tuple(METRICS), "the metrics each patched run reads, a comma list (each sweep's headline metric, which its "
+        "effect and recovery are on, is read whatever this says); the others are left NULL in its effect rows and "
+        "cost nothing: kl and rank each a pass over the vocabulary, and logit_diff alone skips the vocabulary's "
+        "unembedding at the read row (patchgrid.metrics)", choices=tuple(METRICS), item="metric",
+        record="if_changed")
     atp_kinds: tuple[str, ...] = setting(DEFAULT_ATP_KINDS, "atp: the sweep kinds it screens, a comma list",
                                          choices=ATP_KINDS, record="if_used")
     verify_top: int = setting(20, "atp: per pair, site and scope (every position at once, or one), patch the K "

@@ -144,7 +144,7 @@ class PathSweep(SweepKind):
                     first[p.pair_id][cell] = baselines(run.store.baselines[p.pair_id])[1]
                 req = self.first_request(p, cell, ctx, f"{i}:clean", f"{i}:corrupt")
                 if req.capture or cell not in first[p.pair_id]:
-                    runs.append((i, self, cell, as_run(req, cell, i, ctx)))
+                    runs.append((i, self, cell, as_run(req, cell, i, ctx, self.metrics_read(p, ctx.config))))
 
         def read(r, res):
             i, _, cell, _ = r

@@ -8,7 +8,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 
 from ..cache import CacheError, CacheSpec
-from ..metrics import Reading
+from ..metrics import METRICS, Reading
 from ..plan import LOGPROBS, Request
 from .base import Cell, SweepContext, SweepKind, SweepRun, as_run, baselines
 from .config import SweepConfig
@@ -44,14 +44,16 @@ def count_runs(pairs, config: SweepConfig, n_layers: int, n_heads: int, d_mlp: i
 
 def patched_runs(pairs, ctx: SweepContext) -> Iterator[tuple[int, SweepKind, Cell, Request]]:
     """Every patched run of the sweeps over `pairs`, pair by pair: (pair index, kind, cell, request).
-    A request patches from the source named `{pair index}:{run}` and measures its KL divergence
-    from the clean run's (`{pair index}:clean`); with `config.start_midstack` it starts at the latest layer
-    its patches allow, from the stream of the run it equals below them."""
+    A request patches from the source named `{pair index}:{run}`, reads the metrics its kind reads for
+    the pair (SweepKind.metrics_read: KL from the clean run's `{pair index}:clean`); with
+    `config.start_midstack` it starts at the latest layer its patches allow, from the stream of the
+    run it equals below them."""
     for i, p in enumerate(pairs):
         for name in ctx.config.sweeps:
             kind = SWEEP_KINDS[name]
             for cell in kind.cells(p, ctx):
-                yield i, kind, cell, as_run(kind.request(p, cell, ctx, f"{i}:{kind.source_run(cell)}"), cell, i, ctx)
+                yield i, kind, cell, as_run(kind.request(p, cell, ctx, f"{i}:{kind.source_run(cell)}"), cell, i, ctx,
+                                     kind.metrics_read(p, ctx.config))
 
 
 class _Calls:
@@ -68,15 +70,13 @@ class _Calls:
 
     def run(self, runs, read, ctx: SweepContext, counted: bool = True) -> None:
         """Each result handed to `read`. `counted`: runs that are cells of the grid (a phase's are
-        not). Sorted by the layer they start at, so that an engine call holds few start layers (a
-        call computes from one layer up; plan.Start); a shard's requests are small, its results are not."""
-        runs = sorted(runs, key=lambda run: run[-1].start.layer if run[-1].start else 0)
-        for k in range(0, len(runs), self.max_requests):
-            buffer = runs[k:k + self.max_requests]
+        not). In engine calls of at most max_requests runs (a shard's requests are small, its
+        results are not), cut by start_layer_calls."""
+        for buffer in start_layer_calls(runs, self.max_requests):
             sources = {}
             for *_, req in buffer:
                 names = {p.source for p in req.patches} | {req.reference} | ({req.start.source} if req.start else set())
-                for name in names - set(sources):
+                for name in names - set(sources) - {None}:
                     sources[name] = _source(self.store, ctx, self.pairs, name)
             for run, res in zip(buffer, self.engine.run([req for *_, req in buffer], sources)):
                 read(run, res)
@@ -85,6 +85,31 @@ class _Calls:
 
     def uncounted(self, runs, read, ctx: SweepContext) -> None:
         self.run(runs, read, ctx, counted=False)
+
+
+def start_layer_calls(runs: list, size: int) -> list[list]:
+    """Runs [(..., request)] cut into engine calls of at most `size`, sorted by the layer they start
+    at: a call computes from one layer up (plan.Start), so the engine splits a call by start layer
+    (VllmEngine: merge_starts); calls are cut where a start layer's runs end, and a start layer's
+    runs are split only where they alone are more than `size`, so that no start layer is cut in
+    two calls more than it must be."""
+    by_layer: dict[int, list] = defaultdict(list)
+    for run in runs:
+        by_layer[run[-1].start.layer if run[-1].start else 0].append(run)
+    calls: list[list] = []
+    current: list = []
+    for layer in sorted(by_layer):
+        group = by_layer[layer]
+        if current and len(current) + len(group) > size:
+            calls.append(current)
+            current = []
+        while len(group) > size:
+            calls.append(group[:size])
+            group = group[size:]
+        current += group
+    if current:
+        calls.append(current)
+    return calls
 
 
 def run_sweeps(engine, pairs, store, config: SweepConfig, progress: Progress | None = None,
@@ -148,6 +173,9 @@ def _rows(pairs, ctx: SweepContext, kinds, readings, store) -> list[dict]:
             # cells arrive grouped by start layer: back in grid order, so that averages add up alike
             order = {cell: k for k, cell in enumerate(kind.cells(p, ctx))}
             got = sorted(readings[(i, kind.name)], key=lambda cr, order=order: order[cr[0]])
+            if set(ctx.config.metrics) != set(METRICS):  # unchanged cells and phases read every metric
+                read = kind.metrics_read(p, ctx.config)
+                got = [(cell, None if r is None else r.only(read)) for cell, r in got]
             rows += kind.rows(p, got, store.baselines[p.pair_id], ctx)
     return rows
 

@@ -60,6 +60,42 @@ def test_every_metric_matches_hf(pair_of_engines, continuations):
     assert len({tuple(r.answer_ranks) for r in b}) > 1
 
 
+def lean(req: Request) -> Request:
+    """`req` reading its answers' logits and nothing else (Request.reads_vocabulary false)."""
+    return dataclasses.replace(req, continuations=(), reference=None, ranks=False, top_k=0, logprobs=False)
+
+
+def test_a_run_reads_only_what_it_asks(pair_of_engines):
+    """A run reading only its answers' logits (no ranks, KL or answers scored whole: the metric
+    logit_diff alone) has the logits of the same run reading everything, on vLLM, where only those
+    columns of the unembedding are computed (soft-capped as the family caps), and on hf; nothing
+    else comes back. In one call with runs that read the whole vocabulary, each gets what it asked."""
+    hf, vl = pair_of_engines
+    sources = _sources(hf, ONE)
+    full = scored_requests(hf.shape, CORRUPT, ONE)
+    lean_reqs = [lean(r) for r in full]
+    assert not any(r.reads_vocabulary for r in lean_reqs)
+    want = vl.run(full, sources)
+    for engine in (vl, hf):
+        got = engine.run(lean_reqs, sources)
+        for x, y in zip(got, want):
+            assert (x.answer_logits - y.answer_logits).abs().max().item() <= (1e-6 if engine is vl else 1e-4)
+            assert x.logsumexp is None and x.answer_ranks == [] and x.kl is None and x.continuation_logprobs == []
+            reading = Reading.of(x)
+            assert reading.logit_diff == pytest.approx(Reading.of(y).logit_diff, abs=1e-4)
+            assert reading.kl is reading.rank is reading.p is reading.logprob_diff is None
+    # ranks without KL, KL without ranks, each beside lean runs in one call
+    asked = [lean_reqs[0], dataclasses.replace(lean_reqs[1], ranks=True),
+             dataclasses.replace(lean_reqs[2], reference="ref"), full[3]]
+    got = vl.run(asked, sources)
+    assert got[0].logsumexp is None and got[0].answer_ranks == []
+    assert got[1].answer_ranks == want[1].answer_ranks and got[1].kl is None
+    assert got[2].answer_ranks == [] and got[2].kl == pytest.approx(want[2].kl, abs=1e-6)
+    assert_results_close(got[3:], want[3:4], tol=1e-6)
+    for x, y in zip(got, want):
+        assert (x.answer_logits - y.answer_logits).abs().max().item() <= 1e-6
+
+
 def test_scores_equal_a_plain_forward_over_prompt_and_answer(pair_of_engines):
     """What `continuation_logprobs`, `kl` and `answer_ranks` mean, checked without patchgrid's hooks:
     log-softmax of the model's logits over prompt + answer, read at the positions before each token."""

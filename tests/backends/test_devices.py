@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from patchgrid.backends.vllm_worker.hooks import put
-from patchgrid.backends.vllm_worker.request import PLAN_KEY
+from patchgrid.backends.vllm_worker.request import plan_index, request_id
 from patchgrid.backends.vllm_worker.session import Session as _Session
 from patchgrid.models import prepare
 from patchgrid.plan import Noise, Patch, Request, Start, encode_tensor, to_wire
@@ -30,16 +30,21 @@ ANSWERS = (5, 77)
 def _runner(model, requests):
     """The parts of vLLM's V1 runner the worker reads, for one step holding every request whole."""
     lengths = [len(r.tokens) for r in requests]
-    ids = [f"r{i}" for i in range(len(requests))]
+    ids = [f"{request_id(0, i)}-0a1b2c3d" for i in range(len(requests))]  # as vLLM suffixes the ids given
     return SimpleNamespace(
         get_model=lambda: model,
         input_batch=SimpleNamespace(num_reqs=len(requests), req_ids=ids,
                                     num_computed_tokens_cpu=np.zeros(len(requests), dtype=np.int64)),
         query_start_loc=SimpleNamespace(np=np.cumsum([0] + lengths)),
-        requests={rid: SimpleNamespace(prompt_token_ids=list(r.tokens),
-                                       sampling_params=SimpleNamespace(extra_args={PLAN_KEY: to_wire(r, rid)}))
-                  for rid, r in zip(ids, requests)},
-    ), sum(lengths)
+        requests={rid: SimpleNamespace(prompt_token_ids=list(r.tokens)) for rid, r in zip(ids, requests)},
+    ), sum(lengths), [to_wire(r, rid) for rid, r in zip(ids, requests)]
+
+
+def test_a_vllm_request_id_names_its_call_and_plan():
+    assert plan_index(request_id(7, 12), 7) == 12
+    assert plan_index(f"{request_id(7, 12)}-0a1b2c3d", 7) == 12  # vLLM's suffix
+    assert plan_index(f"{request_id(7, 12)}-0a1b2c3d", 8) is None  # another call's
+    assert plan_index("12-0a1b2c3d", 7) is None and plan_index("pg7.x", 7) is None  # no patchgrid call's
 
 
 def test_every_write_of_a_step_is_on_the_activations_device():
@@ -66,8 +71,9 @@ def test_every_write_of_a_step_is_on_the_activations_device():
         Request(tokens=CORRUPT, answers=ANSWERS, noise=(Noise((2, 3), 0.5, 1),), start=Start(2, "corrupt"),
                 patches=(Patch("head", 2, "clean", None, 3), Patch("neuron", 3, "clean", (2,), neuron=7))),
     ]
-    runner, n_rows = _runner(model, requests)
-    session = _Session(runner, wire, ["resid.1", "attn_out.2", "head.2", "neuron.3"], LLAMA, dims, start_layer=2)
+    runner, n_rows, plans = _runner(model, requests)
+    session = _Session(runner, wire, ["resid.1", "attn_out.2", "head.2", "neuron.3"], LLAMA, dims, start_layer=2,
+                       call=0, plans=plans)
     try:
         assert session.device == torch.device("meta")
         session._begin_step(None, ())

@@ -61,3 +61,12 @@ def test_tensor_parallel_2_on_cpu_matches_hf(engines):
     sources["ref"] = {LOGPROBS: hf.run([dataclasses.replace(cap, logprobs=True)])[0].logprobs}
     scored = [dataclasses.replace(r, continuations=((5, 9, 33), (77, 4)), reference="ref") for r in reqs[:40]]
     assert_results_close(hf.run(scored, sources), tp.run(scored, sources))
+    # the answers' logits alone (logit_diff): each rank computes the answers its vocabulary slice holds
+    last = hf.shape.vocab_size - 2  # on the second rank's slice
+    lean = [dataclasses.replace(r, answers=(5, last), ranks=False, continuations=(), reference=None, top_k=0,
+                                logprobs=False) for r in reqs[:40]]
+    assert not any(r.reads_vocabulary for r in lean)
+    want = hf.run([dataclasses.replace(r, ranks=True) for r in lean], sources)
+    got = tp.run(lean, sources)
+    assert all(r.logsumexp is None and r.answer_ranks == [] for r in got)
+    assert max((x.answer_logits - y.answer_logits).abs().max().item() for x, y in zip(want, got)) <= 1e-4

@@ -61,7 +61,9 @@ def assert_results_close(a, b, tol=TOL):
     for i, (x, y) in enumerate(zip(a, b)):
         diff = (x.answer_logits - y.answer_logits).abs().max().item()
         assert diff <= tol, f"request {i}: answer logits differ by {diff}"
-        assert abs(x.logsumexp - y.logsumexp) <= tol, f"request {i}: logsumexp differs"
+        assert (x.logsumexp is None) == (y.logsumexp is None), f"request {i}: one has no logsumexp"
+        if x.logsumexp is not None:
+            assert abs(x.logsumexp - y.logsumexp) <= tol, f"request {i}: logsumexp differs"
         assert x.top_ids == y.top_ids, f"request {i}: top-k ids differ"
         assert _ranks_agree(x, y, tol), f"request {i}: answer ranks differ ({x.answer_ranks} vs {y.answer_ranks})"
         assert len(x.continuation_logprobs) == len(y.continuation_logprobs)

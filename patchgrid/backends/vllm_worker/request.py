@@ -3,9 +3,10 @@ gathers across scheduler steps; and the call's sources, stacked per site key.
 
 A patchgrid request whose answers are scored whole is several vLLM requests, one per forward
 (plan.forwards): the prompt followed by one continuation's inputs. Patches and noise address the
-prompt's positions only. Plans travel as plain data (`plan.to_wire`) under `PLAN_KEY` in
-`SamplingParams.extra_args`; the values they patch in are the call's sources, held in the worker
-and named by the plan. A Request holds no patch value: it names the rows of the stacked sources
+prompt's positions only. A call's plans travel as plain data (`plan.to_wire`) with its sources,
+once per call (`pg_begin`); each vLLM request's id names its plan (`request_id`), so that every
+forward shares one SamplingParams. The values the plans patch in are the call's sources, held in
+the worker and named by the plan. A Request holds no patch value: it names the rows of the stacked sources
 (`Sources`) each patch reads, and the step gathers every value of a site key in one index
 (step.plan_step).
 """
@@ -28,14 +29,20 @@ from ...plan import (
 from ...sites import SITES, parse_key
 from ...tp import unit_owner
 
-PLAN_KEY = "patchgrid"
+
+def request_id(call: int, k: int) -> str:
+    """The vLLM request id of forward `k` of engine call `call` (the k-th of its plans)."""
+    return f"pg{call}.{k}"
 
 
-def plan_of(state) -> str | None:
-    """The patchgrid plan a vLLM request (the runner's state of it) carries (None: a request of no
-    patchgrid call)."""
-    extra = getattr(getattr(state, "sampling_params", None), "extra_args", None) or {}
-    return extra.get(PLAN_KEY)
+def plan_index(rid: str, call: int) -> int | None:
+    """Which of call `call`'s plans the vLLM request `rid` runs (vLLM appends `-<random>` to the id
+    it was given); None: a request of no patchgrid call, or of another."""
+    given = rid.partition("-")[0]
+    prefix = f"pg{call}."
+    if not given.startswith(prefix) or not given[len(prefix):].isdigit():
+        return None
+    return int(given[len(prefix):])
 
 
 class Sources:
@@ -64,7 +71,7 @@ class Request:
     """One vLLM request (a forward of a patchgrid request, plan.forwards): its plan and what it has
     gathered so far, kept across scheduler steps."""
 
-    def __init__(self, plan: str, n_tokens: int, sources: Sources, references, widths, dtype, tp=(0, 1)):
+    def __init__(self, plan: list, n_tokens: int, sources: Sources, references, widths, dtype, tp=(0, 1)):
         self.tag, req, (n_prompt, fwd) = from_wire(plan)
         self.answers = list(req.answers)
         self.top_k = req.top_k
@@ -72,7 +79,9 @@ class Request:
         self.n_tokens = n_tokens  # the prompt and one continuation's inputs
         self.first = fwd.first
         self.logprobs = req.logprobs
+        self.ranks = req.ranks
         self.reference = None if req.reference is None else references[req.reference]
+        self.reads_vocabulary = req.reads_vocabulary  # False: its answers' logits are all it reads
         # (continuation index, its tokens): position n_prompt - 1 + k predicts token k
         self.scores = [(j, list(req.continuations[j])) for j in fwd.scores]
         self.scored = {j: [None] * len(c) for j, c in self.scores}

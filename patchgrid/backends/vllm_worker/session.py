@@ -15,7 +15,7 @@ from ...tp import units_per_rank
 from .hooks import SiteHooks
 from .midstack import MidstackStart
 from .readout import LogitsReadout
-from .request import Request, Sources, plan_of
+from .request import Request, Sources, plan_index
 from .step import Step, plan_step
 
 
@@ -44,8 +44,10 @@ def tp_rank_and_size() -> tuple[int, int]:
 
 
 class Session(SiteHooks, MidstackStart, LogitsReadout):
-    def __init__(self, runner, sources, keys, family: Family, shape: dict, start_layer: int = 0):
+    def __init__(self, runner, sources, keys, family: Family, shape: dict, start_layer: int = 0, call: int = 0,
+                 plans: list = ()):
         self.runner = runner
+        self.call, self.plans = call, plans  # the call's plans (plan.to_wire), by vLLM request (request_id)
         self.model = runner.get_model()
         self.family = family
         self.vocab = shape["vocab_size"]
@@ -89,10 +91,9 @@ class Session(SiteHooks, MidstackStart, LogitsReadout):
         return self._new_request(rid) if r is False else r
 
     def _new_request(self, rid):
-        state = self.runner.requests.get(rid)
-        plan = plan_of(state)
-        r = None if plan is None else Request(plan, len(state.prompt_token_ids), self.sources, self.references,
-                                              self.widths, self.dtype, self.tp)
+        k = plan_index(rid, self.call)
+        r = None if k is None else Request(self.plans[k], len(self.runner.requests[rid].prompt_token_ids),
+                                           self.sources, self.references, self.widths, self.dtype, self.tp)
         if self.start_layer and (r is None or r.start is None or r.start.layer != self.start_layer):
             # every row of a call that starts mid-stack needs its stream; the engine groups calls so
             raise RuntimeError(f"patchgrid worker: request {rid} does not start at layer {self.start_layer}, "

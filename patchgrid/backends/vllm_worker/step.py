@@ -6,7 +6,8 @@ first row this step is its position `num_computed_tokens`. At the start of every
 the step's requests become one vectorised write (rows, values) per site, so each hook does one
 indexed copy: the requests' patches are joined as plain lists, and each site key's positions,
 rows and values are then selected and gathered once for the whole step (from the stacked sources,
-request.Sources). They are put together on the CPU and moved to the activations' device once per step.
+request.Sources). They are put together on the CPU and moved to the activations' device once per step:
+on a GPU the values are gathered into pinned memory and copied without blocking (`staged`).
 """
 from __future__ import annotations
 
@@ -34,15 +35,32 @@ class Step:
         self.done: list[Request] = []  # requests whose last position is in this step
 
     def to(self, device) -> None:
-        """One transfer per tensor per step, to where the activations are."""
-        self.writes = {k: tuple(t.to(device) for t in v) for k, v in self.writes.items()}
-        self.units = {k: tuple(t.to(device) for t in v) for k, v in self.units.items()}
+        """One transfer per tensor per step, to where the activations are (without blocking from
+        pinned memory on a GPU: staged)."""
+        nb = staged(device)
+        self.writes = {k: tuple(t.to(device, non_blocking=nb) for t in v) for k, v in self.writes.items()}
+        self.units = {k: tuple(t.to(device, non_blocking=nb) for t in v) for k, v in self.units.items()}
         if self.noise is not None:
-            self.noise = tuple(t.to(device) for t in self.noise)
+            self.noise = tuple(t.to(device, non_blocking=nb) for t in self.noise)
         if self.start is not None:
-            self.start = tuple(t.to(device) for t in self.start)
+            self.start = tuple(t.to(device, non_blocking=nb) for t in self.start)
         if self.read_rows is not None:
-            self.read_rows = self.read_rows.to(device)
+            self.read_rows = self.read_rows.to(device, non_blocking=nb)
+
+
+def staged(device) -> bool:
+    """Whether a step's values go to `device` from pinned host memory, copied without blocking (a
+    GPU's); elsewhere they are copied plainly."""
+    return torch.device(device).type == "cuda"
+
+
+def _gather(source: torch.Tensor, index: torch.Tensor, pin: bool) -> torch.Tensor:
+    """source[index], into pinned memory when `pin` (the copy to the GPU then need not block; the
+    caching host allocator keeps the block until that copy is done)."""
+    if not pin:
+        return source[index]
+    out = torch.empty((len(index),) + tuple(source.shape[1:]), dtype=source.dtype, pin_memory=True)
+    return torch.index_select(source, 0, index, out=out)
 
 
 def plan_step(runner, request_of, sources: Sources, start_layer: int, widths: dict, device) -> Step:
@@ -61,7 +79,7 @@ def plan_step(runner, request_of, sources: Sources, start_layer: int, widths: di
         row0, row1 = int(qsl[i]), int(qsl[i + 1])
         pos0 = int(batch.num_computed_tokens_cpu[i])
         plan.add(r, row0, pos0, pos0 + (row1 - row0))
-    step = plan.finish(sources, widths)
+    step = plan.finish(sources, widths, staged(device))
     step.to(device)
     return step
 
@@ -115,7 +133,7 @@ class _Plan:
         self.step.reads.append((r, lo, pos1 - lo))
         self.read_rows.extend(range(lo - pos0 + row0, pos1 - pos0 + row0))
 
-    def finish(self, sources: Sources, widths: dict) -> Step:
+    def finish(self, sources: Sources, widths: dict, pin: bool = False) -> Step:
         step = self.step
         for (key, by_unit), lists in self.patches.items():
             pos, src, units, model_units, lo, hi, shift = (np.asarray(x, dtype=np.int64) for x in lists)
@@ -123,7 +141,7 @@ class _Plan:
             if not sel.any():
                 continue
             rows = torch.from_numpy(pos[sel] + shift[sel])
-            values = sources.rows[key][torch.from_numpy(src[sel])]
+            values = _gather(sources.rows[key], torch.from_numpy(src[sel]), pin and not by_unit)
             if not by_unit:
                 step.writes[key] = (rows, values)
                 continue
@@ -131,13 +149,14 @@ class _Plan:
             model_units = torch.from_numpy(model_units[sel])
             # the unit's slice of each source row (sources hold the whole model's width)
             values = values.view(len(values), -1, uw)[torch.arange(len(values)), model_units]
+            values = values.pin_memory() if pin else values
             step.units[key] = (rows, torch.from_numpy(units[sel]), values)
         if self.noise:
             step.noise = _cat2(self.noise)
         if self.start_rows:
             key = stream_key(self.start_layer)
             step.start = (torch.tensor(self.start_rows, dtype=torch.long),
-                          sources.rows[key][torch.tensor(self.start_src, dtype=torch.long)])
+                          _gather(sources.rows[key], torch.tensor(self.start_src, dtype=torch.long), pin))
         step.captures = self.caps
         if self.read_rows:
             step.read_rows = torch.tensor(self.read_rows, dtype=torch.long)
