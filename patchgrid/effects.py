@@ -14,10 +14,17 @@ from .staging import write_parquet
 SCHEMA = EFFECT.schema
 
 
+READING_FIELDS = tuple(f.name for f in fields(Reading))
+_COLUMNS = {prefix: tuple(f"{prefix}_{name}" for name in READING_FIELDS) for prefix in ("patched", "clean", "corrupt")}
+
+
 def reading_columns(prefix: str, reading: Reading | None) -> dict:
     """A reading as row columns: `<prefix>_<metric>` for every metric, and the per-token lists
     (NULL for a run that was not made)."""
-    return {f"{prefix}_{f.name}": None if reading is None else getattr(reading, f.name) for f in fields(Reading)}
+    columns = _COLUMNS.get(prefix) or tuple(f"{prefix}_{name}" for name in READING_FIELDS)
+    if reading is None:
+        return dict.fromkeys(columns)
+    return dict(zip(columns, (getattr(reading, name) for name in READING_FIELDS)))
 
 
 def reading_from(row: dict, prefix: str) -> Reading:

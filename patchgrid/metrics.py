@@ -30,6 +30,7 @@ per metric. To add a metric: its entry in `METRICS`, a field of `Reading` filled
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
@@ -72,6 +73,11 @@ READS = ("answers", "continuations", "reference", "ranks")
 
 def reads_of(metrics) -> frozenset[str]:
     """What a run must read for `metrics` (names in METRICS): a subset of READS."""
+    return _reads(tuple(metrics))
+
+
+@functools.lru_cache(maxsize=256)
+def _reads(metrics: tuple[str, ...]) -> frozenset[str]:
     return frozenset(METRICS[m].reads for m in metrics)
 
 
@@ -99,7 +105,7 @@ class Reading:
         rank = float(result.answer_ranks[0]) if result.answer_ranks else None
         if not result.continuation_logprobs:
             return cls(float(result.answer_logits[0] - result.answer_logits[1]), None, None, None, None, kl, rank)
-        clean, corrupt = (tuple(float(x) for x in c) for c in result.continuation_logprobs)
+        clean, corrupt = (tuple(map(float, c)) for c in result.continuation_logprobs)
         one_token = len(clean) == 1 and len(corrupt) == 1
         logit_diff = float(result.answer_logits[0] - result.answer_logits[1]) if one_token else None
         lp_clean, lp_corrupt = math.fsum(clean), math.fsum(corrupt)

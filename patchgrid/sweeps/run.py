@@ -51,9 +51,10 @@ def patched_runs(pairs, ctx: SweepContext) -> Iterator[tuple[int, SweepKind, Cel
     for i, p in enumerate(pairs):
         for name in ctx.config.sweeps:
             kind = SWEEP_KINDS[name]
+            read = kind.metrics_read(p, ctx.config)
             for cell in kind.cells(p, ctx):
                 yield i, kind, cell, as_run(kind.request(p, cell, ctx, f"{i}:{kind.source_run(cell)}"), cell, i, ctx,
-                                     kind.metrics_read(p, ctx.config))
+                                     read)
 
 
 class _Calls:
