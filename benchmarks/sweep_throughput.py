@@ -58,6 +58,8 @@ def differences(a, b) -> str:
     for field in ("recovery" if a[0]["sweep"] != "trace" else "effect", "patched_p"):
         d = sorted(abs(r[field] - other[key(r)][field]) for r in a
                    if r[field] is not None and other[key(r)][field] is not None)
+        if not d:  # a metric the runs did not read (--metrics)
+            continue
         out.append(f"{field} median {d[len(d) // 2]:.1e}, 99th pct {d[int(len(d) * 0.99)]:.1e}, max {d[-1]:.1e}")
     return "; ".join(out)
 
@@ -176,6 +178,8 @@ def main():
     parser.add_argument("--answer-pairs", type=int, default=2,
                         help="pairs with answers of several tokens, scored whole and by first token (0: skip it)")
     parser.add_argument("--no-agreement", action="store_true", help="leave out the agreement with hf float32")
+    parser.add_argument("--metrics", default=None,
+                        help="the metrics the patched runs read, a comma list (SweepConfig.metrics; default: all)")
     args = parser.parse_args()
 
     from transformers import AutoTokenizer
@@ -193,19 +197,22 @@ def main():
         plan.append(f"causal tracing of {args.trace_pairs} facts x {args.trace_samples} samples (skip, full)")
     if args.answer_pairs:
         plan.append(f"{args.answer_pairs} pairs with answers of several tokens, whole and first tokens")
+    metrics = {} if args.metrics is None else {"metrics": tuple(args.metrics.split(","))}
+    plan.append(f"patched runs reading {args.metrics or 'every metric'}")
     print(f"will run on {args.model} in {dtype} ({why}): {'; '.join(plan)}; each timed {args.repeats} times"
           + ("" if args.no_agreement else "; each figure judged against hf float32"))
     engine = load_engine(args.model, "vllm", dtype=dtype)
     tok = AutoTokenizer.from_pretrained(engine.folder)
     pairs = shipped_pairs(tok, max(args.pairs, args.trace_pairs), engine=engine, max_len=engine.shape.max_len)
     print(f"model {args.model} ({str(engine.dtype).removeprefix('torch.')}), {engine.shape.n_layers} layers")
-    config = SweepConfig(sweeps=tuple(args.sweeps.split(",")), max_requests=args.max_requests)
+    config = SweepConfig(sweeps=tuple(args.sweeps.split(",")), max_requests=args.max_requests, **metrics)
     judge = None if args.no_agreement else Judge(args.model)
     compare(f"sweeps {args.sweeps}", engine, pairs[:args.pairs], config, 0.0, plain=True, judge=judge,
             repeats=args.repeats)
     if args.trace_pairs:
         facts = pairs[:args.trace_pairs]
-        trace = SweepConfig(sweeps=("trace",), trace_samples=args.trace_samples, max_requests=args.max_requests)
+        trace = SweepConfig(sweeps=("trace",), trace_samples=args.trace_samples, max_requests=args.max_requests,
+                            **metrics)
         compare(f"causal tracing ({args.trace_samples} samples, hidden state + MLP + attention windows)", engine,
                 facts, trace, noise_std_for(engine, facts), judge=judge, repeats=args.repeats)
     if args.answer_pairs:

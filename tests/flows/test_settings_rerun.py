@@ -68,6 +68,7 @@ CHANGES = {
     "positions": ((0, 2), {"align_pairs", "sweep_shard"}, {"measure_trace_noise"}),
     "layers": ("0,2-3", {"align_pairs", "sweep_shard"}, {"measure_trace_noise", "cache_activations"}),
     "start_midstack": (False, {"align_pairs", "cache_activations", "sweep_shard"}, {"measure_trace_noise"}),
+    "metrics": ("logit_diff,kl", {"align_pairs", "sweep_shard"}, {"measure_trace_noise", "cache_activations"}),
     "atp_kinds": ("resid,attn_out,heads", {"align_pairs", "sweep_shard"}, {"measure_trace_noise"}),
     "verify_top": (3, {"align_pairs", "sweep_shard"}, {"measure_trace_noise", "cache_activations"}),
     "verify_random": (0, {"align_pairs", "sweep_shard"}, {"measure_trace_noise", "cache_activations"}),
