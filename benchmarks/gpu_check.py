@@ -329,10 +329,12 @@ def _runner(model, requests):
 
     import numpy as np
 
-    from patchgrid.backends.vllm_worker.request import PLAN_KEY
+    from patchgrid.backends.vllm_worker.request import request_id
     from patchgrid.plan import forwards, to_wire
 
-    vllm_requests = [(f"r{i}.{k}", r, f) for i, r in enumerate(requests) for k, f in enumerate(forwards(r))]
+    fwds = [(r, f) for r in requests for f in forwards(r)]
+    # vLLM's ids: the one given (which names the call's plan k) and a random suffix
+    vllm_requests = [(f"{request_id(0, k)}-0a1b2c3d", r, f) for k, (r, f) in enumerate(fwds)]
     lengths = [len(f.tokens) for _, _, f in vllm_requests]
     ids = [rid for rid, _, _ in vllm_requests]
     return SimpleNamespace(
@@ -340,10 +342,8 @@ def _runner(model, requests):
         input_batch=SimpleNamespace(num_reqs=len(ids), req_ids=ids, num_computed_tokens_cpu=np.zeros(len(ids),
                                                                                                      dtype=np.int64)),
         query_start_loc=SimpleNamespace(np=np.cumsum([0] + lengths)),
-        requests={rid: SimpleNamespace(prompt_token_ids=list(f.tokens),
-                                       sampling_params=SimpleNamespace(extra_args={PLAN_KEY: to_wire(r, rid, f)}))
-                  for rid, r, f in vllm_requests},
-    ), sum(lengths)
+        requests={rid: SimpleNamespace(prompt_token_ids=list(f.tokens)) for rid, _, f in vllm_requests},
+    ), sum(lengths), [to_wire(r, rid, f) for rid, r, f in vllm_requests]
 
 
 class _Activations:
@@ -380,9 +380,9 @@ def _worker_pass(model_name: str, device: str, started: bool):
     model, shape = _worker_model(model_name, device)
     values = device != "meta"
     requests, keys = _worker_requests(shape, started, values)
-    runner, n_rows = _runner(model, requests)
+    runner, n_rows, plans = _runner(model, requests)
     session = Session(runner, _wire_sources(shape, keys), keys, shape.family, _dims(shape),
-                      start_layer=2 if started else 0)
+                      start_layer=2 if started else 0, call=0, plans=plans)
     acts = _Activations(device)
     try:
         session._begin_step(None, ())
