@@ -25,8 +25,8 @@ The package's modules, one job each:
 - request.py   the request, its patches, noise and start, and the result it gets back
 - forwards.py  how a request splits into forwards over the tree of rows, and joins back
 - checks.py    `validate`: every out-of-range request refused, naming the field, before anything runs
-- wire.py      a request and tensors as plain data, for vLLM's worker (SamplingParams extra_args,
-               collective_rpc)
+- wire.py      a request and tensors as plain data, for vLLM's worker (a call's plans and sources,
+               through collective_rpc)
 """
 from .checks import PlanError, validate
 from .forwards import Forward, forwards, join_forwards, patch_rows, resolve_positions, tree_len, tree_rows
