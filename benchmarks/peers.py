@@ -6,7 +6,8 @@ the metric is the logit difference logit(" Paris") - logit(" Berlin") at the las
 `patchgrid patch --site resid` reports). Three ways, on the same token ids:
 
   patchgrid        the vLLM backend, float32 (the grid from `patchgrid patch`'s own code,
-                   sweep_pair; the timing from one engine call holding all the patched runs)
+                   sweep_pair; the timing from one engine call holding all the patched runs, each
+                   reading the two answers' logits, as the peers do, every layer computed)
   TransformerLens  TransformerBridge + patching.get_act_patch_resid_pre, one forward per patch
   nnsight          one trace, one tracer.invoke per patch, batched into one forward
 
@@ -211,8 +212,10 @@ def patchgrid_grid(model: str, repeats: int) -> tuple[dict, dict]:
         answers = (pair.clean_answer, pair.corrupt_answer)
         keys = tuple(f"resid.{layer}" for layer in range(n_layers))
         sources = {"clean": engine.run([Request(tokens=pair.clean, answers=answers, capture=keys)])[0].captures}
-        reqs = [Request(tokens=pair.corrupt, answers=answers, patches=(Patch("resid", layer, "clean", (pos,)),))
-                for layer in range(n_layers) for pos in range(n)]
+        # reading what the peers read, the two answers' logits (a study's --metrics logit_diff; no rank
+        # over the vocabulary), every layer computed as theirs are
+        reqs = [Request(tokens=pair.corrupt, answers=answers, patches=(Patch("resid", layer, "clean", (pos,)),),
+                        ranks=False) for layer in range(n_layers) for pos in range(n)]
         held = {}
 
         def sweep():
