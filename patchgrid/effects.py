@@ -29,7 +29,7 @@ def reading_columns(prefix: str, reading: Reading | None) -> dict:
 
 def reading_from(row: dict, prefix: str) -> Reading:
     """The reading a row holds under `prefix` (reading_columns' inverse)."""
-    return Reading(**{f.name: row[f"{prefix}_{f.name}"] for f in fields(Reading)})
+    return Reading(**{name: row[f"{prefix}_{name}"] for name in READING_FIELDS})
 
 
 def cell_columns(pair, cell) -> dict:

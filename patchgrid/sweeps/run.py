@@ -76,8 +76,8 @@ class _Calls:
         for buffer in start_layer_calls(runs, self.max_requests):
             sources = {}
             for *_, req in buffer:
-                names = {p.source for p in req.patches} | {req.reference} | ({req.start.source} if req.start else set())
-                for name in names - set(sources) - {None}:
+                names = {p.source for p in req.patches} | {req.reference, req.start and req.start.source} - {None}
+                for name in names - set(sources):
                     sources[name] = _source(self.store, ctx, self.pairs, name)
             for run, res in zip(buffer, self.engine.run([req for *_, req in buffer], sources)):
                 read(run, res)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from contextlib import contextmanager
+from functools import partial
 
 import torch
 
@@ -63,9 +64,7 @@ def float32_head(logits_processor, columns: torch.Tensor | None = None):
         raise RuntimeError(f"patchgrid worker: vLLM's logits processor ({type(logits_processor).__name__}) has no "
                            "_apply_head (the head's product, vLLM 0.32): the read logits cannot be made float32 "
                            "in this vLLM version")
-    # an instance attribute: shadows the method
-    logits_processor._apply_head = (_float32_head if columns is None else
-                                    lambda head, hidden, bias: _float32_head(head, hidden, bias, columns))
+    logits_processor._apply_head = partial(_float32_head, columns=columns)  # an instance attribute: shadows the method
     try:
         yield
     finally:
@@ -132,19 +131,17 @@ class ToHost:
 
     def __init__(self):
         self.parts: list[torch.Tensor] = []
+        self.starts: list[int] = [0]  # where each part's values begin in `values`, and the end
         self.values: list[float] = []
 
     def add(self, t: torch.Tensor) -> _Fetched:
         self.parts.append(t)
+        self.starts.append(self.starts[-1] + t.numel())
         return _Fetched(self, len(self.parts) - 1)
 
     def fetch(self) -> None:
         if self.parts:
-            flat = torch.cat([t.reshape(-1).double() for t in self.parts]).tolist()
-            self.starts = [0]
-            for t in self.parts:
-                self.starts.append(self.starts[-1] + t.numel())
-            self.values = flat
+            self.values = torch.cat([t.reshape(-1).double() for t in self.parts]).tolist()
 
 
 class _Fetched:
