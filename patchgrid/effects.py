@@ -44,17 +44,24 @@ def cell_columns(pair, cell) -> dict:
     }
 
 
-def effect_row(pair, cell, patched: Reading | None, clean: Reading, corrupt: Reading, metric: str) -> dict:
+def baseline_columns(clean: Reading, corrupt: Reading) -> dict:
+    """The clean and corrupt runs' columns of every effect row of a pair (effect_row's `base`)."""
+    return {**reading_columns("clean", clean), **reading_columns("corrupt", corrupt)}
+
+
+def effect_row(pair, cell, patched: Reading | None, clean: Reading, corrupt: Reading, metric: str,
+               base: dict | None = None) -> dict:
     """One effect row: the patched run's reading beside the pair's baselines, on every metric, and
     the effect and recovery on the headline `metric`. Denoising is measured from the corrupt run,
-    noising from the clean run. `patched` None: a site estimated but not patched (atp)."""
+    noising from the clean run. `patched` None: a site estimated but not patched (atp). `base`:
+    baseline_columns(clean, corrupt), when the caller made it once for the pair's rows."""
     reference = clean if cell.direction == "noise" else corrupt
     value, ref = None if patched is None else patched.value(metric), reference.value(metric)
     return {
         **cell_columns(pair, cell), "metric": metric,
         "effect": None if value is None or ref is None else value - ref,
         "recovery": recovery(value, clean.value(metric), corrupt.value(metric)),
-        **reading_columns("patched", patched), **reading_columns("clean", clean), **reading_columns("corrupt", corrupt),
+        **reading_columns("patched", patched), **(base or baseline_columns(clean, corrupt)),
     }
 
 

@@ -104,10 +104,10 @@ class Reading:
         kl = result.kl if result.kl is not None else kl
         rank = float(result.answer_ranks[0]) if result.answer_ranks else None
         if not result.continuation_logprobs:
-            return cls(float(result.answer_logits[0] - result.answer_logits[1]), None, None, None, None, kl, rank)
+            return cls(_difference(result.answer_logits), None, None, None, None, kl, rank)
         clean, corrupt = (tuple(map(float, c)) for c in result.continuation_logprobs)
         one_token = len(clean) == 1 and len(corrupt) == 1
-        logit_diff = float(result.answer_logits[0] - result.answer_logits[1]) if one_token else None
+        logit_diff = _difference(result.answer_logits) if one_token else None
         lp_clean, lp_corrupt = math.fsum(clean), math.fsum(corrupt)
         return cls(logit_diff, lp_clean - lp_corrupt, lp_clean, lp_corrupt, math.exp(lp_clean), kl, rank, clean,
                    corrupt)
@@ -134,6 +134,15 @@ class Reading:
             else:
                 out[f.name] = None if any(v is None for v in vals) else sum(vals) / len(vals)
         return Reading(**out)
+
+
+def _difference(logits) -> float:
+    """logits[0] - logits[1] of a float32 tensor, subtracted in float32 (as the tensors would) on
+    numpy's scalars: a tensor operation per run costs microseconds."""
+    import numpy as np
+
+    a, b = logits.tolist()[:2]
+    return float(np.float32(a) - np.float32(b))
 
 
 def recovery(patched: float | None, clean: float | None, corrupt: float | None) -> float | None:

@@ -42,10 +42,10 @@ from .request import (
     stream_key,
     trace_seed,
 )
-from .wire import decode_tensor, encode_tensor, from_wire, to_wire
+from .wire import WirePlan, decode_tensor, encode_tensor, from_wire, to_wire
 
 __all__ = [
-    "LOGPROBS", "Forward", "Noise", "Patch", "PlanError", "Request", "Result", "Start", "decode_tensor",
+    "LOGPROBS", "Forward", "Noise", "Patch", "PlanError", "Request", "Result", "Start", "WirePlan", "decode_tensor",
     "encode_tensor", "forwards", "from_wire", "gaussian_noise", "join_forwards", "latest_start", "patch_rows",
     "resolve_positions", "stream_key", "to_wire", "trace_seed", "tree_len", "tree_rows", "validate",
 ]

@@ -39,6 +39,8 @@ def _check_tokens(where, req: Request, shape: ModelShape) -> None:
 
 
 def _check_ids(where, what: str, ids, shape: ModelShape) -> None:
+    if not ids or (0 <= min(ids) and max(ids) < shape.vocab_size):
+        return
     for t in ids:
         if not 0 <= int(t) < shape.vocab_size:
             raise PlanError(f"{where}: {what} id {t} is outside the vocabulary (0..{shape.vocab_size - 1})")
@@ -125,6 +127,8 @@ def _check_layer(where, field_name, layer, shape):
 
 
 def _check_positions(where, field_name, positions, n):
+    if not positions or (0 <= min(positions) and max(positions) < n):
+        return
     for pos in positions:
         if not 0 <= int(pos) < n:
             raise PlanError(f"{where}: {field_name} position {pos} is out of range (prompt has {n} tokens)")

@@ -3,8 +3,9 @@ collective_rpc (msgpack across a process boundary in multiprocess mode), as list
 and bytes."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
+from ..sites import site_key
 from .forwards import Forward
 from .request import Noise, Patch, Request, Start
 
@@ -34,25 +35,71 @@ def to_wire(req: Request, tag: str, fwd: Forward | None = None) -> list:
     ]
 
 
+class WirePatch(NamedTuple):
+    """A patch as it travels (Patch's fields, in order), read without building a Patch."""
+
+    site: str
+    layer: int | None
+    source: str
+    positions: list[int] | None
+    head: int | None
+    neuron: int | None
+    whole: bool
+
+    @property
+    def key(self) -> str:
+        return site_key(self.site, self.layer)
+
+    @property
+    def unit(self) -> int | None:
+        return self.head if self.head is not None else self.neuron
+
+
+class WirePlan(NamedTuple):
+    """A plan as it travels (to_wire's list), its fields named; what the worker reads per request
+    without building the Request (from_wire does that)."""
+
+    tag: str
+    forward: list  # [prompt length, continuations scored, branch row, first]
+    answers: list[int]
+    top_k: int
+    capture: list[str]
+    patches: list[list]  # WirePatch's fields, in order
+    noise: list[list]  # [positions, std, seed]
+    start: list | None  # [layer, source]
+    continuations: list[list[int]]
+    reference: str | None
+    logprobs: bool
+    ranks: bool
+
+    @property
+    def reads_vocabulary(self) -> bool:
+        """Request.reads_vocabulary."""
+        return bool(self.continuations or self.reference is not None or self.ranks or self.top_k or self.logprobs)
+
+    def wire_patches(self) -> list[WirePatch]:
+        return [WirePatch(*p) for p in self.patches]
+
+
 def from_wire(plan: list) -> tuple[str, Request, tuple[int, Forward]]:
     """(tag, the request without its tokens, (prompt length, the forward without its tokens))."""
-    tag, fwd, answers, top_k, capture, patches, noise, start, continuations, reference, logprobs, ranks = plan
+    w = WirePlan(*plan)
     req = Request(
         tokens=(),
-        answers=tuple(answers),
-        patches=tuple(Patch(s, l, src, None if pos is None else tuple(pos), h, u, w)
-                      for s, l, src, pos, h, u, w in patches),
-        noise=tuple(Noise(tuple(pos), std, seed) for pos, std, seed in noise),
-        capture=tuple(capture),
-        top_k=top_k,
-        start=None if start is None else Start(*start),
-        continuations=tuple(tuple(c) for c in continuations),
-        reference=reference,
-        logprobs=logprobs,
-        ranks=ranks,
+        answers=tuple(w.answers),
+        patches=tuple(Patch(s, l, src, None if pos is None else tuple(pos), h, u, wh)
+                      for s, l, src, pos, h, u, wh in w.patches),
+        noise=tuple(Noise(tuple(pos), std, seed) for pos, std, seed in w.noise),
+        capture=tuple(w.capture),
+        top_k=w.top_k,
+        start=None if w.start is None else Start(*w.start),
+        continuations=tuple(tuple(c) for c in w.continuations),
+        reference=w.reference,
+        logprobs=w.logprobs,
+        ranks=w.ranks,
     )
-    n_prompt, scores, branch, first = fwd
-    return tag, req, (n_prompt, Forward((), tuple(scores), branch, first))
+    n_prompt, scores, branch, first = w.forward
+    return w.tag, req, (n_prompt, Forward((), tuple(scores), branch, first))
 
 
 # ---- tensors as plain data: collective_rpc crosses a process boundary in multiprocess mode ----

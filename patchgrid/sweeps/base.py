@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..cache import NOISED, CacheSpec
-from ..effects import effect_row, reading_from
+from ..effects import baseline_columns, effect_row, reading_from
 from ..metrics import METRICS, Reading, reads_of
 from ..plan import Request, Start, latest_start
 from ..settings import SpecError
@@ -192,7 +192,8 @@ class SweepKind:
         """Effect rows from every cell's reading (one row per cell, unless the kind averages)."""
         clean, corrupt = baselines(baseline)
         metric = self.headline(pair)
-        return [effect_row(pair, cell, r, clean, corrupt, metric) for cell, r in readings]
+        base = baseline_columns(clean, corrupt)
+        return [effect_row(pair, cell, r, clean, corrupt, metric, base) for cell, r in readings]
 
 
 def as_run(req: Request, cell: Cell, index: int, ctx: SweepContext, metrics: tuple[str, ...]) -> Request:

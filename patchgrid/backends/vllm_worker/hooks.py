@@ -20,9 +20,14 @@ from ...sites import QKV, SITES, get_module, parse_key, site_key, site_module
 
 def put(t: torch.Tensor, index, values: torch.Tensor, what: str) -> None:
     """t[index] = values, refusing values or indices that live elsewhere than t (on a GPU an index
-    write from the CPU fails or copies per hook)."""
+    write from the CPU fails or copies per hook). Rows given as one index tensor are copied with
+    `index_copy_` (on the CPU about three times faster than indexed assignment, which goes through
+    the general advanced-indexing kernel)."""
     _same_device(t, index, values, what)
-    t[index] = values
+    if isinstance(index, tuple):
+        t[index] = values
+    else:
+        t.index_copy_(0, index, values.to(t.dtype))
 
 
 def _same_device(t, index, values, what):
@@ -153,7 +158,7 @@ class SiteHooks:
             put(out, w[0], w[1] if scale is None else w[1] / scale, "embed")
         if step.noise is not None:
             rows, vals = step.noise
-            put(out, rows, out[rows] + (vals if scale is None else vals / scale), "noise")
+            put(out, rows, out.index_select(0, rows) + (vals if scale is None else vals / scale), "noise")
         self._capture("embed", lambda a, b: out[a:b] if scale is None else out[a:b] * scale)
         return out
 

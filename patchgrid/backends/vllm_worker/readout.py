@@ -83,7 +83,8 @@ class LogitsReadout:
             hidden = out[0] if isinstance(out, tuple) else out
             columns = answer_columns(step, hidden.device)
             with float32_head(self.model.logits_processor, columns):
-                logits = self.model.compute_logits(hidden[step.read_rows])  # every rank joins the gather
+                # every rank joins the gather
+                logits = self.model.compute_logits(hidden.index_select(0, step.read_rows))
             if logits is not None:  # None on tensor-parallel ranks but the first
                 step.logits = logits[:, : self.vocab].float()
                 read(step, step.logits, vocabulary=columns is None)
@@ -251,4 +252,4 @@ def _selected(t: torch.Tensor, rows: list[int]) -> torch.Tensor:
     """t's rows `rows` (ascending, distinct): t itself, uncopied, when they are all of its rows."""
     if len(rows) == t.shape[0]:
         return t
-    return t[torch.tensor(rows, device=t.device)]
+    return t.index_select(0, torch.tensor(rows, device=t.device))

@@ -19,9 +19,10 @@ from ...plan import (
     LOGPROBS,
     Forward,
     Noise,
+    Start,
+    WirePlan,
     decode_tensor,
     encode_tensor,
-    from_wire,
     gaussian_noise,
     patch_rows,
     tree_rows,
@@ -72,49 +73,55 @@ class Request:
     gathered so far, kept across scheduler steps."""
 
     def __init__(self, plan: list, n_tokens: int, sources: Sources, references, widths, dtype, tp=(0, 1)):
-        self.tag, req, (n_prompt, fwd) = from_wire(plan)
-        self.answers = list(req.answers)
-        self.top_k = req.top_k
+        # read from the plan as it travels (plan.WirePlan), without building its plan.Request
+        w = WirePlan(*plan)
+        n_prompt, scores, branch, self.first = w.forward
+        self.tag = w.tag
+        self.answers = w.answers
+        self.top_k = w.top_k
         self.n_prompt = n_prompt  # patches and noise address the prompt's positions
         self.n_tokens = n_tokens  # the prompt and one continuation's inputs
-        self.first = fwd.first
-        self.logprobs = req.logprobs
-        self.ranks = req.ranks
-        self.reference = None if req.reference is None else references[req.reference]
-        self.reads_vocabulary = req.reads_vocabulary  # False: its answers' logits are all it reads
+        self.logprobs = w.logprobs
+        self.ranks = w.ranks
+        self.reference = None if w.reference is None else references[w.reference]
+        self.reads_vocabulary = w.reads_vocabulary  # False: its answers' logits are all it reads
         # (continuation index, its tokens): position n_prompt - 1 + k predicts token k
-        self.scores = [(j, list(req.continuations[j])) for j in fwd.scores]
+        self.scores = [(j, w.continuations[j]) for j in scores]
         self.scored = {j: [None] * len(c) for j, c in self.scores}
         self.readout: dict = {}
-        self.patches = self._patches(req, fwd, sources, widths, tp)
+        self.patches = self._patches(w.wire_patches(), branch, sources, widths, tp) if w.patches else {}
         self.noise = []
-        for z in req.noise:
-            pos = np.asarray(z.positions, dtype=np.int64)
-            self.noise.append((pos, gaussian_noise(Noise(tuple(pos), z.std, z.seed), widths["d_model"]).to(dtype)))
-        self.captures = {key: torch.empty(n_tokens, widths[parse_key(key)[0]], dtype=dtype) for key in req.capture}
-        self.start = req.start
+        for positions, std, seed in w.noise:
+            pos = np.asarray(positions, dtype=np.int64)
+            self.noise.append((pos, gaussian_noise(Noise(tuple(pos), std, seed), widths["d_model"]).to(dtype)))
+        self.captures = {key: torch.empty(n_tokens, widths[parse_key(key)[0]], dtype=dtype) for key in w.capture}
+        self.start = None if w.start is None else Start(*w.start)
         # the stacked sources' rows of the stream entering the start layer, one per position of this
         # forward (the stream source holds the request's tree of rows: this forward's are its own)
         self.start_rows = None
-        if req.start is not None:
-            first = sources.first[(req.start.source, req.start.key)]
-            rows = tree_rows(Forward((0,) * n_tokens, (), fwd.branch, fwd.first), n_prompt)
-            self.start_rows = [first + row for row in rows]
+        if self.start is not None:
+            first = sources.first[(self.start.source, self.start.key)]
+            if n_tokens == n_prompt:  # the prompt alone: its rows are its positions
+                self.start_rows = range(first, first + n_tokens)
+            else:
+                rows = tree_rows(Forward((0,) * n_tokens, (), branch, self.first), n_prompt)
+                self.start_rows = [first + row for row in rows]
 
-    def _patches(self, req, fwd, sources: Sources, widths, tp) -> dict:
+    def _patches(self, patches, branch: int, sources: Sources, widths, tp) -> dict:
         """{(site key, patched by unit): (positions, stacked source rows, units on this rank, units in
         the model)} as lists; a head or neuron only on the rank that holds it."""
         rank, tp_size = tp
         out: dict[tuple[str, bool], tuple[list, list, list, list]] = {}
-        for p in req.patches:
+        for p in patches:
             unit = p.unit
             if unit is not None:
                 owner, unit = unit_owner(p.unit, widths["units"][SITES[p.site].unit], tp_size)
                 if owner != rank:  # another rank holds this head's slice of z, or this neuron
                     continue
-            pos, rows = patch_rows(p, self.n_prompt, self.n_tokens, fwd.branch)
-            first = sources.first[(p.source, p.key)]
-            entry = out.setdefault((p.key, unit is not None), ([], [], [], []))
+            pos, rows = patch_rows(p, self.n_prompt, self.n_tokens, branch)
+            key = p.key
+            first = sources.first[(p.source, key)]
+            entry = out.setdefault((key, unit is not None), ([], [], [], []))
             entry[0].extend(pos)
             entry[1].extend(first + row for row in rows)
             if unit is not None:

@@ -56,9 +56,11 @@ def staged(device) -> bool:
 
 def _gather(source: torch.Tensor, index: torch.Tensor, pin: bool) -> torch.Tensor:
     """source[index], into pinned memory when `pin` (the copy to the GPU then need not block; the
-    caching host allocator keeps the block until that copy is done)."""
+    caching host allocator keeps the block until that copy is done). `index_select`: on the CPU an
+    order of magnitude faster than `source[index]`, which goes through the general advanced-indexing
+    kernel."""
     if not pin:
-        return source[index]
+        return torch.index_select(source, 0, index)
     out = torch.empty((len(index),) + tuple(source.shape[1:]), dtype=source.dtype, pin_memory=True)
     return torch.index_select(source, 0, index, out=out)
 
