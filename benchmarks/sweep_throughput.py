@@ -182,7 +182,7 @@ def main():
     parser.add_argument("--dtype", default=None,
                         help="the model's dtype (default: its own, or float32 on a CPU without bf16 units)")
     parser.add_argument("--repeats", type=int, default=3, help="timed sweeps per way, interleaved (median printed)")
-    parser.add_argument("--pairs", type=int, default=2, help="pairs for the default sweep set")
+    parser.add_argument("--pairs", type=int, default=2, help="pairs for the default sweep set (0: skip it)")
     parser.add_argument("--trace-pairs", type=int, default=1, help="facts for causal tracing (0: skip it)")
     parser.add_argument("--trace-samples", type=int, default=5)
     parser.add_argument("--sweeps", default="resid,attn_out,mlp_out,heads")
@@ -204,7 +204,7 @@ def main():
 
     print(machine())
     dtype, why = bench_dtype(args.dtype)
-    plan = [f"{args.pairs} pairs x sweeps {args.sweeps} (skip, full, plain prefill)"]
+    plan = [f"{args.pairs} pairs x sweeps {args.sweeps} (skip, full, plain prefill)"] if args.pairs else []
     if args.trace_pairs:
         plan.append(f"causal tracing of {args.trace_pairs} facts x {args.trace_samples} samples (skip, full)")
     if args.answer_pairs:
@@ -219,8 +219,9 @@ def main():
     print(f"model {args.model} ({str(engine.dtype).removeprefix('torch.')}), {engine.shape.n_layers} layers")
     config = SweepConfig(sweeps=tuple(args.sweeps.split(",")), max_requests=args.max_requests, **metrics)
     judge = None if args.no_agreement else Judge(args.model)
-    compare(f"sweeps {args.sweeps}", engine, pairs[:args.pairs], config, 0.0, plain=True, judge=judge,
-            repeats=args.repeats)
+    if args.pairs:
+        compare(f"sweeps {args.sweeps}", engine, pairs[:args.pairs], config, 0.0, plain=True, judge=judge,
+                repeats=args.repeats)
     if args.trace_pairs:
         facts = pairs[:args.trace_pairs]
         trace = SweepConfig(sweeps=("trace",), trace_samples=args.trace_samples, max_requests=args.max_requests,
