@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple
 
-from ..sites import site_key
 from .forwards import Forward
 from .request import Noise, Patch, Request, Start
 
@@ -46,13 +45,8 @@ class WirePatch(NamedTuple):
     neuron: int | None
     whole: bool
 
-    @property
-    def key(self) -> str:
-        return site_key(self.site, self.layer)
-
-    @property
-    def unit(self) -> int | None:
-        return self.head if self.head is not None else self.neuron
+    key = property(Patch.key.fget)  # Patch's own definitions, on the same fields
+    unit = property(Patch.unit.fget)
 
 
 class WirePlan(NamedTuple):
