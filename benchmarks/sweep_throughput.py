@@ -83,25 +83,16 @@ def full_run_tokens(engine, pairs, config, noise_std) -> list[tuple]:
 
 
 def plain_prefill(engine, tokens, max_requests: int) -> None:
-    """vLLM's own prefill of `tokens`, no intervention, in calls of at most `max_requests`, driven the
-    cheapest way vLLM allows, as patchgrid drives it (VllmEngine._prefill): one SamplingParams shared
-    without vLLM's deep copy of it (skip_clone), final outputs only, the engine's own add_request /
-    step loop, Python's cyclic garbage collector paused for the call (backends.vllm.cyclic_gc_paused).
-    So the overhead is measured against the engine's own floor, not against a slower way to call it."""
-    from vllm import SamplingParams, TokensPrompt
-    from vllm.sampling_params import RequestOutputKind
-
+    """vLLM's own prefill of `tokens`, no intervention, in calls of at most `max_requests`, driven as
+    patchgrid drives vLLM (VllmEngine._prefill: one SamplingParams shared without a deep copy, final
+    outputs only, the engine's add_request / step loop) with Python's cyclic garbage collector paused
+    as for an engine call: the engine's own floor, not a slower way to call it. Outside a call
+    (pg_begin / pg_end) no hook is installed, so these forwards are plain."""
     from patchgrid.backends.vllm import cyclic_gc_paused
 
-    params = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False, skip_clone=True,
-                            output_kind=RequestOutputKind.FINAL_ONLY)
-    llm_engine = engine.llm.llm_engine
     for k in range(0, len(tokens), max_requests):
         with cyclic_gc_paused():
-            for i, t in enumerate(tokens[k:k + max_requests]):
-                llm_engine.add_request(f"plain{k + i}", TokensPrompt(prompt_token_ids=list(t)), params)
-            while llm_engine.has_unfinished_requests():
-                llm_engine.step()
+            engine._prefill(next(engine._calls), tokens[k:k + max_requests])
 
 
 def compare(name, engine, pairs, config, noise_std, plain=False, judge=None, repeats=3):

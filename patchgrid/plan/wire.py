@@ -66,10 +66,7 @@ class WirePlan(NamedTuple):
     logprobs: bool
     ranks: bool
 
-    @property
-    def reads_vocabulary(self) -> bool:
-        """Request.reads_vocabulary."""
-        return bool(self.continuations or self.reference is not None or self.ranks or self.top_k or self.logprobs)
+    reads_vocabulary = property(Request.reads_vocabulary.fget)  # Request's own definition
 
     def wire_patches(self) -> list[WirePatch]:
         return [WirePatch(*p) for p in self.patches]

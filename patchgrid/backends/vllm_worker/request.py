@@ -101,11 +101,8 @@ class Request:
         self.start_rows = None
         if self.start is not None:
             first = sources.first[(self.start.source, self.start.key)]
-            if n_tokens == n_prompt:  # the prompt alone: its rows are its positions
-                self.start_rows = range(first, first + n_tokens)
-            else:
-                rows = tree_rows(Forward((0,) * n_tokens, (), branch, self.first), n_prompt)
-                self.start_rows = [first + row for row in rows]
+            rows = tree_rows(Forward((0,) * n_tokens, (), branch, self.first), n_prompt)
+            self.start_rows = [first + row for row in rows]
 
     def _patches(self, patches, branch: int, sources: Sources, widths, tp) -> dict:
         """{(site key, patched by unit): (positions, stacked source rows, units on this rank, units in

@@ -59,9 +59,7 @@ def _gather(source: torch.Tensor, index: torch.Tensor, pin: bool) -> torch.Tenso
     caching host allocator keeps the block until that copy is done). `index_select`: on the CPU an
     order of magnitude faster than `source[index]`, which goes through the general advanced-indexing
     kernel."""
-    if not pin:
-        return torch.index_select(source, 0, index)
-    out = torch.empty((len(index),) + tuple(source.shape[1:]), dtype=source.dtype, pin_memory=True)
+    out = torch.empty((len(index),) + tuple(source.shape[1:]), dtype=source.dtype, pin_memory=True) if pin else None
     return torch.index_select(source, 0, index, out=out)
 
 
