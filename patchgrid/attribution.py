@@ -151,7 +151,7 @@ class Attributor:
         # the QK fix reads the layer's q, k, v and the gradient at its z (head) beside the sites asked for
         needed = tuple(dict.fromkeys(sites + (("q", "k", "v", "head") if fixed else ())))
         keys = [site_key(s, layer) for s in needed for layer in range(L)]
-        clean = self._clean(pairs, keys)
+        clean = self.clean_activations(pairs, keys)
         reqs = [Request(tokens=p.corrupt_ids, continuations=p.continuations) for p in pairs]
         by_len = defaultdict(list)  # the corrupt run's forwards, by length
         for b, r in enumerate(reqs):
@@ -160,7 +160,7 @@ class Attributor:
         drops = list(range(L)) if correction == "graddrop" else []
         groups, delta = [], {}
         for items in by_len.values():
-            acts, objective = self._corrupt_forward(reqs, items, keys, bool(drops))
+            acts, objective = self.corrupt_forward(reqs, items, keys, bool(drops))
             rows = torch.tensor([b for b, _ in items], device=self.device)
             groups.append((rows, acts, objective))
             for key in keys:  # every forward of a pair holds its prompt, and computes the same there
@@ -235,14 +235,14 @@ class Attributor:
         return torch.cat([per, per.sum(1, keepdim=True)], dim=1)
 
     @torch.no_grad()
-    def _clean(self, pairs, keys) -> dict[str, torch.Tensor]:
+    def clean_activations(self, pairs, keys) -> dict[str, torch.Tensor]:
         """The clean prompts' activations at every site key, [pairs, n, width]."""
         acts = {}
 
         def record(key, t):
             acts[key] = t.detach().to(self.acc)
 
-        handles = [self._hook(key, record) for key in keys]
+        handles = [self.hook(key, record) for key in keys]
         try:
             ids = torch.tensor([list(p.clean_ids) for p in pairs], device=self.device)
             self.model(input_ids=ids, logits_to_keep=1)
@@ -251,11 +251,11 @@ class Attributor:
                 h.remove()
         return acts
 
-    def _corrupt_forward(self, reqs, items, keys, gated: bool):
+    def corrupt_forward(self, reqs, items, keys, gated: bool):
         """One batch of the corrupt run's forwards of equal length, with its activations at `keys`
         in the graph: (activations, the summed metric to differentiate)."""
         acts = {}
-        handles = [self._hook(key, acts.__setitem__) for key in keys]
+        handles = [self.hook(key, acts.__setitem__) for key in keys]
         # the weights take no gradient: the graph starts at the token embeddings
         handles.append(get_module(self.model, self.shape.family.embed).register_forward_hook(
             lambda mod, args, out: out.requires_grad_(True)))
@@ -284,7 +284,7 @@ class Attributor:
             raise RuntimeError(f"attribution: no activation was read at {missing[0]}")
         return acts, objective
 
-    def _hook(self, key: str, record):
+    def hook(self, key: str, record):
         """A hook handing `record(key, tensor)` the site's activation [batch, tokens, width]."""
         site, layer = parse_key(key)
         if SITES[site].at == "attention":  # q, k, v: through the tap on the layer's attention
