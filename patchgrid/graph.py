@@ -37,13 +37,20 @@ class GraphError(ValueError):
     """A model whose nodes cannot be split into the graph's."""
 
 
+def unsplittable(family) -> str | None:
+    """Why a family's nodes cannot be split into the graph's (None: they can): a norm after attention
+    leaves its heads no output of their own in the stream."""
+    if family.attn_out is not None:
+        return (f"the {family.name} family normalises attention's summed output ({family.attn_out}) before adding "
+                "it to the stream: no head has an output of its own there, so its heads cannot be nodes of an edge "
+                "graph")
+    return None
+
+
 def check_splittable(shape: ModelShape) -> None:
-    """Refuse a family whose heads add nothing of their own to the stream (a norm after attention)."""
-    fam = shape.family
-    if fam.attn_out is not None:
-        raise GraphError(f"the {fam.name} family normalises attention's summed output ({fam.attn_out}) before "
-                         "adding it to the stream: no head has an output of its own there, so its heads cannot be "
-                         "nodes of an edge graph")
+    why = unsplittable(shape.family)
+    if why:
+        raise GraphError(why)
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ REASONS = (
 )
 # The sweep kinds (patchgrid.sweeps.registry registers a kind by each name, in this order)
 SWEEP_NAMES = ("resid", "resid_pre", "resid_mid", "attn_out", "mlp_out", "embed", "heads", "neurons", "qkv", "trace",
-               "atp", "paths")
+               "atp", "paths", "edges")
 DIRECTIONS = ("denoise", "noise")  # clean into corrupt | corrupt into clean
 VERIFY = ("top", "random")  # why an atp row's site was patched exactly
 POSITION_ROLES = ROLES + ("all",)  # `all`: a patch over every position at once

@@ -37,7 +37,8 @@ def _capture(m, shape, ids):
     hooks = []
     for layer, block in enumerate(_layers(m, shape)):
         lay = LAYOUT[shape.family.name]
-        hooks.append(block.register_forward_pre_hook(lambda mod, a, layer=layer: got.__setitem__(("x", layer), a[0][0])))
+        hooks.append(block.register_forward_pre_hook(
+            lambda mod, a, layer=layer: got.__setitem__(("x", layer), a[0][0])))
         hooks.append(get_module(block, lay["o_proj"]).register_forward_pre_hook(
             lambda mod, a, layer=layer: got.__setitem__(("z", layer), a[0][0])))
         hooks.append(get_module(block, lay["mlp"]).register_forward_hook(
@@ -132,7 +133,7 @@ def _some_edges(graph: EdgeGraph) -> list[tuple[str, str]]:
     """Edges into each kind of receiver input, from each kind of sender."""
     L = graph.n_layers
     want = [(INPUT, "q.1.2"), ("head.0.3", "k.2.1"), ("mlp_out.1", "v.3.0"), ("head.1.1", "mlp_in.1"),
-            ("head.2.0", LOGITS), ("mlp_out.%d" % (L - 1), LOGITS), (INPUT, "mlp_in.0"), ("head.0.1", "q.3.3")]
+            ("head.2.0", LOGITS), (f"mlp_out.{L - 1}", LOGITS), (INPUT, "mlp_in.0"), ("head.0.1", "q.3.3")]
     return [(s, r) for s, r in want if graph.reaches(s, r)]
 
 
@@ -236,3 +237,49 @@ def test_the_graph_has_every_edge_from_an_earlier_node_into_a_later_input():
 def test_a_family_that_normalises_attentions_summed_output_is_refused(family):
     with pytest.raises(GraphError, match="no head has an output of its own"):
         check_splittable(_shape(family))
+
+
+def test_the_edges_sweep_stores_every_edge_of_every_pair_as_scored(tmp_path, engines, tokenizers):
+    from patchgrid.cache import load_or_build
+    from patchgrid.effects import to_table
+    from patchgrid.sweeps import SweepConfig, cache_spec, run_sweeps
+
+    model = "tiny-llama"
+    hf = engines.get(model, "hf", dtype="float32")
+    pairs = _pairs(tokenizers, model)
+    config = SweepConfig(sweeps=("edges",), edge_method="eap-ig", ig_steps=3)
+    cache, _ = load_or_build(hf, pairs, cache_spec(config, hf.shape.n_layers), tmp_path, log=lambda *_: None)
+    rows = run_sweeps(hf, pairs, cache, config, attributor={"device": "cpu", "dtype": "float32"})
+    graph = EdgeGraph.of(hf.shape)
+    assert len(rows) == len(pairs) * len(graph.edges)
+    table = to_table(rows)  # the rows fit the effect shape
+    assert table.num_rows == len(rows)
+    from patchgrid.attribution import attributor_for
+
+    want = EdgeScorer(attributor_for(hf, device="cpu")).scores(pairs, "eap-ig", steps=3)
+    for b, pair in enumerate(pairs):
+        mine = {(r["sender"], r["receiver"]): r for r in rows if r["pair_id"] == pair.pair_id}
+        assert set(mine) == {(graph.senders[i], graph.receivers[j]) for i, j in graph.edges}
+        for (s, r), row in list(mine.items())[::17]:
+            assert row["estimate"] == pytest.approx(float(want[b][graph.senders.index(s), graph.receivers.index(r)]),
+                                                    rel=1e-6, abs=1e-9)
+            assert row["metric"] == "logprob_diff" and row["sweep"] == "edges" and row["position"] is None
+            assert row["site"] in ("resid_pre", "head", "mlp_out")
+    each = run_sweeps(hf, pairs[:1], cache, SweepConfig(sweeps=("edges",), edge_method="eap", edge_positions="each"),
+                      attributor={"device": "cpu", "dtype": "float32"})
+    n = len(pairs[0].corrupt_ids)
+    assert len(each) == n * len(graph.edges)
+    summed = {}
+    for r in each:
+        summed[(r["sender"], r["receiver"])] = summed.get((r["sender"], r["receiver"]), 0.0) + r["estimate"]
+    eap = EdgeScorer(attributor_for(hf, device="cpu")).scores(pairs[:1])[0]
+    s, r = graph.senders[graph.edges[-1][0]], graph.receivers[graph.edges[-1][1]]
+    assert summed[(s, r)] == pytest.approx(float(eap[graph.edges[-1]]), rel=1e-4, abs=1e-6)
+
+
+def test_the_edges_sweep_refuses_a_family_whose_heads_cannot_be_nodes():
+    from patchgrid.sweeps import SweepConfig
+    from patchgrid.sweeps.run import check_family
+
+    with pytest.raises(ValueError, match="sweep edges: the gemma2 family normalises"):
+        check_family(SweepConfig(sweeps=("edges",)), FAMILIES["gemma2"])

@@ -92,6 +92,9 @@ PAIR_CELL = tuple(c for c in IDENTITY if c != "position")
 # a selected subset. The effect views leave estimated rows out; atp_summary and atp_agreement
 # (views.sql) read them.
 EXACT_ROWS = "estimate IS NULL"
+# The estimated rows that are attribution patching's sites (an edge's score has a receiver besides:
+# edge_summary reads those).
+ATP_ROWS = "estimate IS NOT NULL AND receiver IS NULL"
 
 
 def _measures(name: str, metric) -> dict[str, str]:
@@ -151,7 +154,7 @@ def metric_statements() -> list[str]:
             f"CREATE OR REPLACE VIEW effect_metrics AS {long}",
             f"CREATE OR REPLACE VIEW pair_effects AS {pair_effects}",
             f"CREATE OR REPLACE VIEW atp_effects AS SELECT *, CASE metric {span} END AS span "
-            f"FROM effects WHERE NOT ({exact})"]
+            f"FROM effects WHERE {ATP_ROWS}"]
 
 
 def summary_view_sql() -> str:

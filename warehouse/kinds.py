@@ -9,10 +9,11 @@ views select rows by what they are:
     estimate  an attribution-patching estimate per row (`estimate` set), only a selected subset
               also patched exactly: in no effect view, read by atp_summary and atp_agreement
     path      one path from a sender to a receiver per row (`receiver` set): path_summary
+    edge      one edge's attribution score per row (`estimate` and `receiver` set): edge_summary
     noised    causal tracing: the clean prompt with noise on the subject, `corrupt_*` the noised
               run's readings, so a row stands on one fact (the clean prompt): trace_buckets
 
-Estimates and paths say so in their own columns; a noised row does not, so the views take it from
+Estimates, paths and edges say so in their own columns; a noised row does not, so the views take it from
 the record (`noised_sweeps`). A load written before runs recorded their kinds has none: its
 sweeps on p(answer) as their headline metric are taken as noised, which only causal tracing was.
 """
@@ -22,9 +23,9 @@ import pyarrow as pa
 
 from patchgrid.rows import RowShape
 
-ROW_SHAPES = ("exact", "estimate", "path", "noised")
+ROW_SHAPES = ("exact", "estimate", "path", "noised", "edge")
 # A kind's row shape by how the report draws it; every other drawing's rows are exact.
-DRAWING_SHAPES = {"atp": "estimate", "paths": "path", "trace_buckets": "noised"}
+DRAWING_SHAPES = {"atp": "estimate", "paths": "path", "trace_buckets": "noised", "edges": "edge"}
 
 SWEEP_KIND = RowShape("sweep_kind", pa.schema([
     ("sweep", pa.string()),

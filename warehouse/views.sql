@@ -221,6 +221,53 @@ SELECT
     n_recovery, n_small_span, mean_recovery, sd_recovery, se_recovery, ci95_low, ci95_high, ratio_of_means
 FROM paths;
 
+-- Edge attribution (the edges sweep: the rows with an estimate and a receiver). Each row of
+-- edge_pair_scores is one pair's score of one edge sender -> receiver (patchgrid.graph's names:
+-- senders input, head.L.H, mlp_out.L; receivers q.L.H, k.L.G and v.L.G by key/value head, mlp_in.L,
+-- logits) on `metric` (logprob_diff: log p(clean answer) - log p(corrupt answer), each summed over its
+-- tokens; for one-token answers the logit difference): EAP's or EAP-IG's first-order estimate of
+-- patched - corrupt when that edge alone carries the clean value into the corrupt run. position_role
+-- `all`: summed over the prompt's positions (MIB's edges, the default); with edge_positions `each`, a
+-- role's positions averaged within the pair (n_positions of them). sender_site, sender_layer and
+-- sender_head give the sender again (the input: resid_pre, layer 0).
+CREATE OR REPLACE VIEW edge_pair_scores AS
+SELECT run_id, pair_id, metric, sender, receiver, position_role,
+       site AS sender_site, layer AS sender_layer, head AS sender_head,
+       count(*)               AS n_positions,
+       avg(estimate::DOUBLE)  AS score
+FROM effects
+WHERE estimate IS NOT NULL AND receiver IS NOT NULL
+GROUP BY ALL;
+
+-- The edge scores averaged across pairs, per (run, metric, sender, receiver, position role): method
+-- (eap or eap-ig) and ig_steps (EAP-IG's; NULL for EAP) from the run's parameters; receiver_input
+-- (q, k, v, mlp_in or logits), receiver_layer and receiver_head (the key/value head for k and v;
+-- NULL where none) spelled out; n_pairs; mean_score and sd_score over pairs, score_ci95_low/high:
+-- mean_score -/+ t975(n_pairs - 1) * sd_score / sqrt(n_pairs) (Student's t, pairs as independent;
+-- NULL below two pairs); mean_abs_score, the mean over pairs of |score| (what circuits rank by).
+CREATE OR REPLACE VIEW edge_summary AS
+WITH cell AS (
+    SELECT run_id, metric, sender, receiver, position_role, sender_site, sender_layer, sender_head,
+           count(*)            AS n_pairs,
+           avg(score)          AS mean_score,
+           stddev_samp(score)  AS sd_score,
+           avg(abs(score))     AS mean_abs_score
+    FROM edge_pair_scores GROUP BY ALL
+)
+SELECT
+    c.run_id, ru.params ->> 'edge_method' AS method,
+    CASE WHEN ru.params ->> 'edge_method' = 'eap-ig' THEN TRY_CAST(ru.params ->> 'ig_steps' AS INTEGER) END
+        AS ig_steps,
+    c.metric, c.sender, c.receiver, split_part(c.receiver, '.', 1) AS receiver_input,
+    TRY_CAST(split_part(c.receiver, '.', 2) AS INTEGER) AS receiver_layer,
+    TRY_CAST(split_part(c.receiver, '.', 3) AS INTEGER) AS receiver_head,
+    c.position_role, c.sender_site, c.sender_layer, c.sender_head,
+    c.n_pairs, c.mean_score, c.sd_score,
+    c.mean_score - t975(c.n_pairs - 1) * c.sd_score / sqrt(c.n_pairs)  AS score_ci95_low,
+    c.mean_score + t975(c.n_pairs - 1) * c.sd_score / sqrt(c.n_pairs)  AS score_ci95_high,
+    c.mean_abs_score
+FROM cell c LEFT JOIN runs ru ON ru.run_id = c.run_id;
+
 -- Causal tracing (the noised sweeps' rows, noised_sweeps) averaged as Meng et al. do: every restored
 -- (prompt, token) row counts once in each bucket its token is in (a prompt's middle and further tokens
 -- weigh per token), the buckets formed from the subject's span [s, e) as ROME's notebook forms them
@@ -309,7 +356,7 @@ WHERE x.receiver IS NULL AND x."window" IS NULL
 -- (single_site_effects; a test checks it is kinds.kind_for_site's).
 CREATE OR REPLACE VIEW atp_exact_sweeps AS
 SELECT DISTINCT site, sweep FROM single_site_effects
-WHERE direction = 'denoise' AND site IN (SELECT DISTINCT site FROM effects WHERE estimate IS NOT NULL);
+WHERE direction = 'denoise' AND site IN (SELECT DISTINCT site FROM effects WHERE estimate IS NOT NULL AND receiver IS NULL);
 
 -- One row per (run, pair, site, metric, layer, position role, head, neuron): the pair's atp rows
 -- at the positions of that role averaged (a pair may have several `further` positions), as
@@ -326,7 +373,7 @@ SELECT run_id, pair_id, site, metric, layer, position_role, head, neuron,
        avg(effect::DOUBLE)                                        AS effect,
        avg(estimate::DOUBLE) FILTER (WHERE effect IS NOT NULL)    AS verified_estimate
 FROM effects
-WHERE estimate IS NOT NULL
+WHERE estimate IS NOT NULL AND receiver IS NULL
 GROUP BY ALL;
 
 -- The estimates averaged across pairs like every other sweep's effects (effect_summary), per

@@ -136,6 +136,10 @@ class SweepKind:
         """The sites the model's family must have for this kind to run (check_family)."""
         return self.sites
 
+    def family_refusal(self, family) -> str | None:
+        """Why the kind cannot run on the model's family at all, beyond its sites (check_family); None: it can."""
+        return None
+
     # ---- phases (optional) ----
     def settle(self, ctx: SweepContext, run: SweepRun) -> SweepContext:
         """Before the cache is checked: what the kind's `needs` depend on, from the run."""

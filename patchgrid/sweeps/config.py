@@ -22,6 +22,8 @@ TRACE_NOISE_SCALE = 3.0  # times the std of the subjects' embeddings over the da
 ATP_KINDS = ("resid", "attn_out", "mlp_out", "heads", "neurons", "qkv")  # what the atp sweep can screen
 DEFAULT_ATP_KINDS = ("resid", "attn_out", "mlp_out", "heads")
 ATP_CORRECTIONS = ("none", "graddrop")
+EDGE_METHODS = ("eap", "eap-ig")  # patchgrid.edge_attribution.METHODS
+EDGE_POSITIONS = ("summed", "each")  # edges summed over the prompt's positions (MIB's), or one per position
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,14 @@ class SweepConfig:
                                "through the softmax", record="if_used")
     atp_correction: str = setting("none", "atp: rank sites by |estimate| (none) or by AtP*'s GradDrop score "
                                   "(graddrop)", choices=ATP_CORRECTIONS, record="if_used")
+    edge_method: str = setting("eap-ig", "edges: score every edge by EAP (one corrupt forward and backward) or "
+                               "EAP-IG (the gradient averaged over --ig-steps inputs from the corrupt to the clean "
+                               "one)", choices=EDGE_METHODS, record="if_used")
+    ig_steps: int = setting(30, "edges: EAP-IG's steps (the EAP-IG code's default)", check=at_least(1),
+                            record="if_used")
+    edge_positions: str = setting("summed", "edges: one score per edge summed over the prompt's positions (summed, "
+                                  "as MIB's) or one per edge and position (each)", choices=EDGE_POSITIONS,
+                                  record="if_used")
     path_senders: tuple[str, ...] = setting(
         ("heads",), "paths: senders, a comma list: heads, attn_out, mlp_out (every one) or head.L.H, attn_out.L, "
         "mlp_out.L", record="if_used")

@@ -10,6 +10,7 @@ from __future__ import annotations
 from ..rows import SWEEP_NAMES
 from .atp import AtpSweep
 from .base import SweepKind
+from .edges import EdgeSweep
 from .paths import PathSweep
 from .populations import POPULATIONS, Population
 from .position import PositionSweep
@@ -30,6 +31,7 @@ SWEEP_KINDS.update((kind.name, kind) for kind in (
     TraceSweep(),
     AtpSweep(SWEEP_KINDS),  # screens the kinds above, by name
     PathSweep(),
+    EdgeSweep(),
 ))
 
 _unnamed = [name for name in SWEEP_KINDS if name not in SWEEP_NAMES]

@@ -31,6 +31,9 @@ def check_family(config: SweepConfig, family) -> None:
     """Refuse, before anything runs, a sweep of a site the model's family does not have
     (sites.Family.missing: resid_mid in a parallel block, neurons in a mixture of experts)."""
     for name in config.sweeps:
+        why = SWEEP_KINDS[name].family_refusal(family)
+        if why:
+            raise ValueError(f"sweep {name}: {why}")
         for site in SWEEP_KINDS[name].family_sites(config):
             why = family.missing(site)
             if why:
