@@ -93,7 +93,7 @@ REFUSED = [
     (["study", "--sweeps", "resid", "--trace-samples", "3"],
      "--trace-samples applies only to the trace sweep (--sweeps resid)"),
     (["study", "--sweeps", "resid", "--atp-dtype", "bfloat16"],
-     "--atp-dtype applies only to the atp sweep (--sweeps resid)"),
+     "--atp-dtype applies only to the atp and edges sweeps (--sweeps resid)"),
 ]
 
 

@@ -21,6 +21,8 @@ and the page has one section per drawing (sections.py), a drawing's kinds in reg
                    metric is selected: the estimates' layer x role and layer x head heatmaps
                    (atp_summary), estimate-against-exact scatter plots of the sites also patched
                    exactly, the top neurons per layer, and the agreement numbers (atp_agreement)
+    edges          per position role, a sender x receiver matrix of the strongest edges' mean
+                   EAP or EAP-IG score (edge_summary), on the score's own metric
     none           not drawn (a cell per neuron)
 
 A run without a drawing's rows has no such section. The patching and head heatmaps and the path
@@ -34,6 +36,7 @@ first kind drawn layer_by_role, on the headline metric.
     patching.py       exact patching's layer x role and layer x head heatmaps, the small multiples
     buckets.py        causal tracing by token bucket
     path_matrices.py  path patching's sender x receiver matrices
+    edge_matrices.py  edge attribution's sender x receiver matrices
     estimates.py      attribution patching's heatmaps, scatter plots and neuron table
     figures.py        the figures as data (Heatmap, Scatter) and the grid helpers
     colours.py        the diverging colour scale

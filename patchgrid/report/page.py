@@ -166,8 +166,19 @@ def grid_html(drawing: str, figures, figure) -> list[str]:
     return [f"<h2>{DRAWINGS[drawing][0]}</h2>", *(figure(h) for h in figures)]
 
 
+def edges_html(edges: dict, figure) -> list[str]:
+    """The edge attribution section: the strongest edges' mean scores, one matrix per position role."""
+    return [f"<h2>{DRAWINGS['edges'][0]}</h2>",
+            f"<p class='note'>Sweep {html.escape(edges['sweep'])} (edge_summary): every one of the model's "
+            f"{edges['n_edges']} edges scored for every pair by {html.escape(edges['method'])}, from gradients on "
+            "transformers; edges from the input, each head and each MLP into each later head's query, key and value, "
+            "each later MLP and the logits. Scores are estimates, not patched runs; the matrices are on their own "
+            "metric, whatever is chosen above.</p>",
+            *(figure(h) for h in edges["figures"])]
+
+
 # drawing -> how its section is written (every other drawing: grid_html)
-SECTION_HTML = {"paths": paths_html, "atp": atp_html}
+SECTION_HTML = {"paths": paths_html, "atp": atp_html, "edges": edges_html}
 
 INTRO = (" Hover a cell for its mean and metric, 95% t interval and pair count. Red marks what matters: "
          "denoising, the patch restores the clean answer; noising, the site carries it; tracing, restoring "

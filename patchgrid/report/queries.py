@@ -65,6 +65,10 @@ def path_summary(con, run_id: str) -> list[dict]:
     return rows(con, "SELECT * FROM path_summary WHERE run_id = ?", [run_id])
 
 
+def edge_summary(con, run_id: str) -> list[dict]:
+    return rows(con, "SELECT * FROM edge_summary WHERE run_id = ?", [run_id])
+
+
 def atp_summary(con, run_id: str) -> list[dict]:
     return rows(con, "SELECT * FROM atp_summary WHERE run_id = ?", [run_id])
 

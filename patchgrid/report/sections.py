@@ -15,6 +15,7 @@ from .buckets import bucket_figures
 from .estimates import estimate_section
 from .figures import HEADLINE
 from .patching import head_figures, position_figures, relation_multiples
+from .edge_matrices import edge_section
 from .path_matrices import path_section
 
 # A sweep in the warehouse that the registry does not know (a kind since removed) is drawn as this.
@@ -50,6 +51,10 @@ def paths(run: Run, kinds: list[str]):
     return path_section(queries.path_summary(run.con, run.run_id), run.metrics, run.params, kinds[0])
 
 
+def edges(run: Run, kinds: list[str]):
+    return edge_section(queries.edge_summary(run.con, run.run_id), kinds[0])
+
+
 def atp(run: Run, kinds: list[str]):
     summary = queries.atp_summary(run.con, run.run_id)
     if not summary:
@@ -66,6 +71,7 @@ DRAWINGS = {
     "trace_buckets": ("Causal tracing", trace_buckets),
     "paths": ("Path patching", paths),
     "atp": ("Attribution patching (AtP estimates)", atp),
+    "edges": ("Edge attribution (EAP and EAP-IG scores)", edges),
 }
 GRIDS = ("layer_by_role", "layer_by_head", "trace_buckets")  # drawings whose section is a list of heatmaps
 

@@ -24,9 +24,9 @@ from tests.support.pairs import DATA
 from tests.support.task_runs import task_states
 
 STEPS = ("align_pairs", "measure_trace_noise", "cache_activations", "sweep_shard")
-BASE = dict(model="tiny-llama", pairs=str(DATA), sweeps="resid,trace,atp,paths", limit=2, require_known=False,
+BASE = dict(model="tiny-llama", pairs=str(DATA), sweeps="resid,trace,atp,paths,edges", limit=2, require_known=False,
             trace_samples=2, shard_size=1, backend="hf", atp_kinds="resid", verify_top=2, verify_random=1,
-            path_senders="attn_out.1", path_inputs="v")
+            path_senders="attn_out.1", path_inputs="v", ig_steps=2)
 # Settings a local rerun cannot change: they need a Ray cluster (tests/flows/test_ray.py runs one).
 NEEDS_RAY = {"runner", "ray_address", "tensor_parallel_size", "ray_timeout_s", "ray_workers", "gpus_per_engine"}
 # Settings that need a model which knows its facts (the tiny test model knows none): recorded, so a
@@ -53,7 +53,7 @@ CHANGES = {
     "atp_device": ("cpu", {"sweep_shard"}, {"align_pairs", "measure_trace_noise", "cache_activations"}),
     "atp_dtype": ("bfloat16", {"align_pairs", "sweep_shard"}, {"measure_trace_noise", "cache_activations"}),
     "name": ("a label", set(), set(STEPS)),
-    "config": ('limit = 2\nsweeps = "resid,trace,atp,paths"\n', set(), set(STEPS)),
+    "config": ('limit = 2\nsweeps = "resid,trace,atp,paths,edges"\n', set(), set(STEPS)),
     "sweeps": ("trace,atp,paths", {"align_pairs", "sweep_shard"}, {"measure_trace_noise"}),
     "resid_directions": (("denoise",), {"align_pairs", "sweep_shard"}, {"measure_trace_noise"}),
     "head_position_roles": (("last",), {"align_pairs", "sweep_shard"}, {"measure_trace_noise"}),
@@ -78,6 +78,9 @@ CHANGES = {
     "path_receivers": ("heads", {"align_pairs", "sweep_shard"}, {"measure_trace_noise"}),
     "path_inputs": ("q", {"align_pairs", "sweep_shard"}, {"measure_trace_noise"}),
     "path_mlps": ("recomputed", {"align_pairs", "sweep_shard"}, {"measure_trace_noise"}),
+    "edge_method": ("eap", {"align_pairs", "sweep_shard"}, {"measure_trace_noise", "cache_activations"}),
+    "ig_steps": (3, {"align_pairs", "sweep_shard"}, {"measure_trace_noise", "cache_activations"}),
+    "edge_positions": ("each", {"align_pairs", "sweep_shard"}, {"measure_trace_noise", "cache_activations"}),
 }
 
 

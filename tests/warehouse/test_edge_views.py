@@ -81,3 +81,19 @@ def test_edge_rows_stay_out_of_the_atp_and_effect_views(study):
     wh, _, _ = study
     for view in ("atp_summary", "atp_effects", "effect_summary", "effect_metrics"):
         assert _rows(wh, f"SELECT count(*) AS n FROM {view}")[0]["n"] == 0, view
+
+
+def test_the_report_draws_the_strongest_edges(study, tmp_path):
+    from patchgrid.report import write_report
+
+    wh, stored, graph = study
+    page = write_report(wh, tmp_path, run_id="r", formats=("svg",)).read_text()
+    assert "Edge attribution (EAP and EAP-IG scores)" in page
+    assert f"every one of the model's {len(graph.edges)} edges" in page and "EAP-IG (Hanna et al. 2024), 30 steps" in page
+    assert (tmp_path / "edges-all.svg").exists()
+    # the strongest edge by |mean score| is drawn
+    means = {}
+    for r in stored:
+        means.setdefault((r["sender"], r["receiver"]), []).append(r["estimate"])
+    top = max(means, key=lambda k: abs(statistics.mean(means[k])))
+    assert f">{top[0]}<" in page and f">{top[1]}<" in page
