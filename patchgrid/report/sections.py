@@ -12,10 +12,10 @@ from ..sweeps import SWEEP_KINDS
 from . import estimates, queries
 from .buckets import METRIC as BUCKET_METRIC
 from .buckets import bucket_figures
+from .edge_matrices import edge_section
 from .estimates import estimate_section
 from .figures import HEADLINE
 from .patching import head_figures, position_figures, relation_multiples
-from .edge_matrices import edge_section
 from .path_matrices import path_section
 
 # A sweep in the warehouse that the registry does not know (a kind since removed) is drawn as this.
