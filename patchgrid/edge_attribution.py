@@ -175,28 +175,32 @@ class EdgeScorer:
             stream = acts[site_key("resid_pre", layer)]
             for site, units in (("q", H), ("k", G), ("v", G)):
                 key = site_key(site, layer)
-                g = grad[key]
-                for u in range(units):
-                    parts.append(self._back(acts[key], stream, g, slice(u * hd, (u + 1) * hd), n))
+                parts += list(self._back(acts[key], stream, grad[key], units, hd, n).unbind(2))
             key = site_key("mlp_out", layer)
-            parts.append(self._back(acts[key], acts[site_key(mlp_in, layer)], grad[key], None, n))
+            parts += list(self._back(acts[key], acts[site_key(mlp_in, layer)], grad[key], 0, 0, n).unbind(2))
         g = grad[final]
         parts.append((torch.zeros_like(acts[final]) if g is None else g)[:, :n].detach().to(self.at.acc))
         return torch.stack(parts, dim=2)
 
-    def _back(self, out, stream, g, cols, n) -> torch.Tensor:
-        """The gradient `g` at `out` (its columns `cols` only; None: all) carried back to `stream`
-        along the paths from `stream` to `out`: [forwards, n, d_model]."""
+    def _back(self, out, stream, g, units: int, width: int, n: int) -> torch.Tensor:
+        """The gradient `g` at `out` carried back to `stream` along the paths from `stream` to `out`,
+        each unit's columns (`units` of `width`; 0: the whole of `out` as one) on its own:
+        [forwards, n, units or 1, d_model]. One backward pass for every unit (autograd's batched
+        gradients)."""
+        count = max(units, 1)
         if g is None:
-            return torch.zeros_like(stream[:, :n], dtype=self.at.acc)
-        if cols is not None:
-            g_one = torch.zeros_like(g)
-            g_one[..., cols] = g[..., cols]
-            g = g_one
-        (back,) = torch.autograd.grad(out, stream, grad_outputs=g, retain_graph=True, allow_unused=True)
+            return torch.zeros(stream.shape[0], n, count, stream.shape[-1], dtype=self.at.acc, device=stream.device)
+        if units:
+            each = torch.zeros(units, *g.shape, dtype=g.dtype, device=g.device)
+            for u in range(units):
+                each[u, ..., u * width:(u + 1) * width] = g[..., u * width:(u + 1) * width]
+        else:
+            each = g.unsqueeze(0)
+        (back,) = torch.autograd.grad(out, stream, grad_outputs=each, retain_graph=True, allow_unused=True,
+                                      is_grads_batched=True)
         if back is None:
-            return torch.zeros_like(stream[:, :n], dtype=self.at.acc)
-        return back[:, :n].detach().to(self.at.acc)
+            return torch.zeros(stream.shape[0], n, count, stream.shape[-1], dtype=self.at.acc, device=stream.device)
+        return back[:, :, :n].detach().to(self.at.acc).permute(1, 2, 0, 3)
 
     def _contract(self, outputs, grads, per_position: bool) -> torch.Tensor:
         """[rows, n, S, d] x [rows, n, R, d] -> [rows, S, R] (or [rows, n, S, R])."""
