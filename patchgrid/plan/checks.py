@@ -161,11 +161,15 @@ def _check_patch_site(where, p: Patch, shape: ModelShape):
 
 
 def _check_patch_unit(where, p: Patch, site, shape: ModelShape) -> None:
-    """The head or neuron a patch names: set, in range, for the sites patched by one; unset otherwise."""
+    """The head or neuron a patch names: set, in range, for the sites patched by one; unset otherwise.
+    z and the neurons (read at a module's input) may also be patched whole: every head or neuron of
+    the layer at once (unit unset)."""
     for field_name in ("head", "neuron"):
         index = getattr(p, field_name)
         if site.unit_field == field_name:
             what = "key/value head" if site.unit == "kv_head" else site.unit
+            if index is None and site.at == "input":
+                continue
             if index is None or not 0 <= index < shape.units(p.site):
                 raise PlanError(f"{where}: patch {field_name} {index} is out of range (model has {shape.units(p.site)} "
                                 f"{what}s per layer)")

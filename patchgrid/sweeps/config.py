@@ -82,9 +82,9 @@ class SweepConfig:
     atp_kinds: tuple[str, ...] = setting(DEFAULT_ATP_KINDS, "atp: the sweep kinds it screens, a comma list",
                                          choices=ATP_KINDS, record="if_used")
     verify_top: int = setting(20, "atp: per pair, site and scope (every position at once, or one), patch the K "
-                                  "largest scores exactly",
+                                  "largest scores exactly; edges: per pair, the K edges of largest |score|",
                               check=not_negative, record="if_used")
-    verify_random: int = setting(20, "atp: and R sites sampled from the rest (seeded by --seed)",
+    verify_random: int = setting(20, "atp and edges: and R sites (edges) sampled from the rest (seeded by --seed)",
                                  check=not_negative, record="if_used")
     atp_qk_fix: bool = setting(True, "atp: estimate q and k (the qkv kind) with AtP*'s QK fix, the attention pattern "
                                "recomputed with the patched query or key; --no-atp-qk-fix: plain AtP, linear "

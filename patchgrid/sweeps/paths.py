@@ -45,6 +45,25 @@ SENDER_SITES = ("head", "attn_out", "mlp_out")
 SENDER_KINDS = {"heads": "head", "attn_out": "attn_out", "mlp_out": "mlp_out"}  # every one of a site
 PATH_MLPS = ("frozen", "recomputed")  # frozen: direct paths only; recomputed: Wang et al.'s full procedure
 FIRST = "path:"  # the run name prefix of a sender's first pass (its captures are pass 2's sources)
+MLP_IN = "mlp_in"  # a receiver `mlp_in.L`: layer L's MLP reading the stream (the edges sweep's exact confirmation)
+
+
+def capture_key(receiver: str) -> str:
+    """What a first pass captures for `receiver` (a head's q, k or v; an MLP's input: its neurons,
+    which the MLP computes from the stream it reads)."""
+    if receiver.startswith(MLP_IN + "."):
+        return site_key("neuron", int(receiver.split(".")[1]))
+    site, layer, _ = parse_unit_name(receiver)
+    return site_key(site, layer)
+
+
+def receiver_patch(receiver: str, source: str, positions) -> Patch:
+    """Pass 2's patch: the receiver's input from pass 1 (a head's q, k or v; an MLP's neurons, every one
+    of them, so that its output is what the stream of pass 1 makes of it)."""
+    if receiver.startswith(MLP_IN + "."):
+        return Patch("neuron", int(receiver.split(".")[1]), source, positions)
+    site, layer, unit = parse_unit_name(receiver)
+    return Patch(site, layer, source, positions, unit)
 
 
 def check_ends(senders, receivers, inputs, mlps) -> None:
@@ -165,18 +184,23 @@ class PathSweep(SweepKind):
         sender -> logits path)."""
         return list(dict.fromkeys(dataclasses.replace(c, receiver=None) for c in self.cells(pair, ctx)))
 
-    def first_request(self, pair, cell: Cell, ctx, clean: str, corrupt: str) -> Request:
+    def first_request(self, pair, cell: Cell, ctx, clean: str, corrupt: str, receivers=None) -> Request:
+        """The sender patched, what follows it frozen, capturing what `receivers` read (default: the
+        sender's receivers by the run's settings). A sender may also be the stream the first layer
+        reads (resid_pre at layer 0: the edges sweep's input node), before layer 0's attention."""
         site, layer = cell.site, cell.layer
         positions = None if cell.position is None else (cell.position,)
         patches = [Patch(site, layer, clean, positions, cell.head)]
         n = ctx.n_layers
         # frozen at every row the request computes, the answers' inputs past the prompt too: there the
         # change would otherwise reach the scored answers through later attention
-        patches += [Patch("attn_out", L, corrupt, whole=True) for L in range(layer + 1, n)]
+        first_attn = layer if site == "resid_pre" else layer + 1
+        patches += [Patch("attn_out", L, corrupt, whole=True) for L in range(first_attn, n)]
         if ctx.config.path_mlps == "frozen":
             first_mlp = layer + 1 if site == "mlp_out" else layer
             patches += [Patch("mlp_out", L, corrupt, whole=True) for L in range(first_mlp, n)]
-        capture = sorted({site_key(*parse_unit_name(r)[:2]) for r in self.receivers(layer, ctx) if r != LOGITS})
+        receivers = self.receivers(layer, ctx) if receivers is None else receivers
+        capture = sorted({capture_key(r) for r in receivers if r != LOGITS})
         return Request(tokens=pair.corrupt_ids, patches=tuple(patches), capture=tuple(capture), **scored(pair))
 
     @staticmethod
@@ -200,7 +224,7 @@ class PathSweep(SweepKind):
             pair_index = source.partition(":")[0]  # sources are named `{pair index}:{run}` (sweeps.run)
             return self.first_request(pair, dataclasses.replace(cell, receiver=None), ctx, source,
                                       f"{pair_index}:corrupt")
-        site, layer, unit = parse_unit_name(cell.receiver)
         positions = None if cell.position is None else (cell.position,)
-        return Request(tokens=pair.corrupt_ids, patches=(Patch(site, layer, source, positions, unit),), **scored(pair))
+        return Request(tokens=pair.corrupt_ids, patches=(receiver_patch(cell.receiver, source, positions),),
+                       **scored(pair))
 

@@ -31,7 +31,7 @@ SWEEP_KINDS.update((kind.name, kind) for kind in (
     TraceSweep(),
     AtpSweep(SWEEP_KINDS),  # screens the kinds above, by name
     PathSweep(),
-    EdgeSweep(),
+    EdgeSweep(SWEEP_KINDS),  # patches its chosen edges exactly through the paths kind
 ))
 
 _unnamed = [name for name in SWEEP_KINDS if name not in SWEEP_NAMES]

@@ -32,8 +32,8 @@ def edge_rows(method="eap-ig"):
     ctx = SweepContext(SweepConfig(sweeps=("edges",), edge_method=method), SHAPE.n_layers, SHAPE.n_heads,
                        prepared={"edges": {"edges": [(graph.senders[i], graph.receivers[j]) for i, j in edges],
                                            "index": ([i for i, _ in edges], [j for _, j in edges]),
-                                           "scores": scores}})
-    kind = EdgeSweep()
+                                           "scores": scores, "verify": {}, "first": {}}})
+    kind = EdgeSweep({})
     return [r for p in pairs for r in kind.rows(p, [], {}, ctx)], graph
 
 

@@ -239,12 +239,15 @@ class SiteHooks:
 
     def _make_input_hook(self, key):
         """z (o_proj's input) or the neurons (the down projection's input): a patch writes one
-        head's slice of it, or one neuron's column."""
+        head's slice of it, or one neuron's column, or the whole of it."""
         site = parse_key(key)[0]
         uw = self.widths["unit_width"][SITES[site].unit]
 
         def hook(module, args):
             z = args[0]
+            w = self.step.writes.get(key)
+            if w is not None:
+                put(z, w[0], w[1], key)
             w = self.step.units.get(key)
             if w is not None:
                 rows, units, vals = w
