@@ -11,7 +11,7 @@ from patchgrid.attribution import Attributor
 from patchgrid.edge_attribution import EdgeScorer
 from patchgrid.graph import INPUT, EdgeGraph, GraphError, check_splittable
 from patchgrid.sites import FAMILIES, LOGITS, ModelShape, get_module
-from tests.support.engines import TINY
+from tests.support.engines import TINY, needs_vllm
 from tests.test_attribution import _metric, _model64, _pairs
 
 # Per family, where the test finds what it rebuilds: the norm before attention, the q, k and v
@@ -283,3 +283,47 @@ def test_the_edges_sweep_refuses_a_family_whose_heads_cannot_be_nodes():
 
     with pytest.raises(ValueError, match="sweep edges: the gemma2 family normalises"):
         check_family(SweepConfig(sweeps=("edges",)), FAMILIES["gemma2"])
+
+
+@needs_vllm
+def test_the_strongest_edges_and_a_sample_are_patched_exactly_on_vllm(tmp_path, engines, tokenizers):
+    """Each verified edge's exact effect on vLLM equals the edge intervention done here on transformers:
+    the corrupt run with only the receiver's input moved by the sender's clean - corrupt output."""
+    from patchgrid.cache import load_or_build
+    from patchgrid.sweeps import SweepConfig, cache_spec, count_runs, run_sweeps
+
+    model = "tiny-llama"
+    vl = engines.get(model, "vllm", dtype="float32")
+    pairs = _pairs(tokenizers, model)[1:]
+    config = SweepConfig(sweeps=("edges",), edge_method="eap", verify_top=6, verify_random=6, seed=1)
+    cache, _ = load_or_build(vl, pairs, cache_spec(config, vl.shape.n_layers), tmp_path, log=lambda *_: None)
+    rows = run_sweeps(vl, pairs, cache, config, attributor={"device": "cpu", "dtype": "float32"})
+    verified = [r for r in rows if r.get("verify") is not None]
+    assert len(verified) == count_runs(pairs, config, vl.shape.n_layers, vl.shape.n_heads, vl.shape.d_mlp,
+                                       vl.shape.kv_heads) == 12 * len(pairs)
+    m, shape = _model64(model)
+    kinds = set()
+    for pair in pairs:
+        mine = [r for r in rows if r["pair_id"] == pair.pair_id]
+        top = [r for r in mine if r.get("verify") == "top"]
+        assert len(top) == 6 and min(abs(r["estimate"]) for r in top) >= max(
+            abs(r["estimate"]) for r in mine if r.get("verify") != "top")
+        clean, corrupt = _capture(m, shape, pair.clean_ids), _capture(m, shape, pair.corrupt_ids)
+        base = _metric(m, pair)
+        for r in mine:
+            if r.get("verify") is None:
+                assert r.get("effect") is None and r.get("patched_logprob_diff") is None
+                continue
+            hooks = _moved(m, shape, r["receiver"], _sender_delta(m, shape, clean, corrupt, r["sender"]))
+            try:
+                want = _metric(m, pair) - base
+            finally:
+                for h in hooks:
+                    h.remove()
+            assert r["effect"] == pytest.approx(want, abs=2e-4), (pair.pair_id, r["sender"], r["receiver"])
+            kinds.add(r["receiver"].split(".")[0])
+    assert kinds >= {"logits", "mlp_in"}, kinds  # both new ends of a path were patched
+    # the sample is seeded: the same again
+    again = run_sweeps(vl, pairs, cache, config, attributor={"device": "cpu", "dtype": "float32"})
+    assert [(r["sender"], r["receiver"], r.get("verify")) for r in again] == [
+        (r["sender"], r["receiver"], r.get("verify")) for r in rows]
