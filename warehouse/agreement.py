@@ -151,3 +151,47 @@ def agreement(con, run_id: str, *, resamples: int = RESAMPLES, seed: int = SEED)
         group = tuple(row[c] for c in GROUP)
         row |= intervals(units.get(group, {}), group, resamples=resamples, seed=seed) | {"resamples": resamples}
     return rows
+
+
+# Edge attribution's agreement (the edge_agreement view), one group per metric: the same figures
+# resampled by pair; recall_important is 1 - missed_share, its interval missed_share's turned round.
+EDGE_INTERVALS = ("pearson_random", "spearman_random", "missed_share")
+
+
+def edge_units_of(con, run_id: str) -> dict[tuple, dict[str, list]]:
+    """Per (metric,) of the run, its pairs as units: `random`, a pair's random edges patched exactly
+    as (scores, effects); `missed`, (outside, inside) of a pair entering missed_share."""
+    out = defaultdict(lambda: defaultdict(list))
+    by_pair = defaultdict(lambda: ([], []))
+    for metric, pair_id, estimate, effect in con.execute(
+            "SELECT metric, pair_id, estimate, effect FROM edge_verified WHERE run_id = ? AND verify = 'random' "
+            "ORDER BY ALL", [run_id]).fetchall():
+        by_pair[(metric, pair_id)][0].append(estimate)
+        by_pair[(metric, pair_id)][1].append(effect)
+    for (metric, _pair), (xs, ys) in sorted(by_pair.items()):
+        out[(metric,)]["random"].append((np.array(xs), np.array(ys)))
+    for metric, outside, inside in con.execute(
+            "SELECT metric, outside, inside FROM edge_agreement_pairs WHERE run_id = ? AND outside IS NOT NULL "
+            "ORDER BY metric, pair_id", [run_id]).fetchall():
+        out[(metric,)]["missed"].append((outside, inside))
+    return out
+
+
+def edge_agreement(con, run_id: str, *, resamples: int = RESAMPLES, seed: int = SEED) -> list[dict]:
+    """edge_agreement's rows of the run (by metric), each with bootstrap intervals over pairs
+    (`<figure>_ci95_low`, `_ci95_high` for each of EDGE_INTERVALS and recall_important) and `resamples`."""
+    cur = con.execute("SELECT * FROM edge_agreement WHERE run_id = ? ORDER BY metric", [run_id])
+    cols = [d[0] for d in cur.description]
+    rows = [dict(zip(cols, r)) for r in cur.fetchall()]
+    units = edge_units_of(con, run_id) if rows else {}
+    for row in rows:
+        group = ("edges", row["metric"])
+        mine = units.get((row["metric"],), {})
+        for name in EDGE_INTERVALS:
+            kind, figure = FIGURES[name]
+            low, high = bootstrap(mine.get(kind, []), figure, _rng(seed, group, name), resamples)
+            row |= {f"{name}_ci95_low": low, f"{name}_ci95_high": high}
+        low, high = row["missed_share_ci95_low"], row["missed_share_ci95_high"]
+        row |= {"recall_important_ci95_low": None if high is None else 1.0 - high,
+                "recall_important_ci95_high": None if low is None else 1.0 - low, "resamples": resamples}
+    return rows

@@ -95,6 +95,7 @@ EXACT_ROWS = "estimate IS NULL"
 # The estimated rows that are attribution patching's sites (an edge's score has a receiver besides:
 # edge_summary reads those).
 ATP_ROWS = "estimate IS NOT NULL AND receiver IS NULL"
+EDGE_ROWS = "estimate IS NOT NULL AND receiver IS NOT NULL"
 
 
 def _measures(name: str, metric) -> dict[str, str]:
@@ -154,7 +155,9 @@ def metric_statements() -> list[str]:
             f"CREATE OR REPLACE VIEW effect_metrics AS {long}",
             f"CREATE OR REPLACE VIEW pair_effects AS {pair_effects}",
             f"CREATE OR REPLACE VIEW atp_effects AS SELECT *, CASE metric {span} END AS span "
-            f"FROM effects WHERE {ATP_ROWS}"]
+            f"FROM effects WHERE {ATP_ROWS}",
+            f"CREATE OR REPLACE VIEW edge_effects AS SELECT *, CASE metric {span} END AS span "
+            f"FROM effects WHERE {EDGE_ROWS}"]
 
 
 def summary_view_sql() -> str:

@@ -552,6 +552,97 @@ SELECT r.run_id, r.site, r.scope, r.metric, r.n_pairs, r.n_sites, r.n_top, r.n_r
 FROM rows_stats r JOIN pair_stats p USING (run_id, site, scope, metric)
 LEFT JOIN random_stats s USING (run_id, site, scope, metric);
 
+-- Edge attribution's exact confirmation (the edges sweep's rows with verify set: per pair the top K
+-- edges by |score| and a seeded random sample of R of the others, patched exactly by path patching).
+-- edge_verified: each such row with its exact effect and recovery on `metric`, `span_ok` (the pair's
+-- span passes its metric's guard, as atp_sites) and `important` (span_ok and |recovery| >=
+-- atp_threshold(), 0.1), position NULL for edges summed over positions.
+CREATE OR REPLACE VIEW edge_verified AS
+SELECT e.run_id, e.pair_id, e.metric, e.sender, e.receiver, e.position, e.verify,
+       e.estimate::DOUBLE AS estimate, e.effect::DOUBLE AS effect, e.recovery::DOUBLE AS recovery, e.span,
+       m.better * e.span >= m.min_span AS span_ok,
+       coalesce(m.better * e.span >= m.min_span AND abs(e.recovery::DOUBLE) >= atp_threshold(), false) AS important
+FROM edge_effects e LEFT JOIN metrics m USING (metric)
+WHERE e.verify IS NOT NULL AND e.effect IS NOT NULL;
+
+-- Per (run, metric, pair): n_edges (the pair's edge rows), n_top, n_random, span_ok, and as
+-- atp_agreement_pairs has them, `outside`, the important edges the scores ranked outside the top K,
+-- estimated from the random sample (random important / random rows x (edges - top)), and `inside`,
+-- the important top edges; both NULL when the span fails its guard or there is no random row.
+CREATE OR REPLACE VIEW edge_agreement_pairs AS
+WITH counts AS (
+    SELECT run_id, metric, pair_id,
+           count(*)                                AS n_edges,
+           count(*) FILTER (WHERE verify = 'top')    AS n_top,
+           count(*) FILTER (WHERE verify = 'random') AS n_random
+    FROM edge_effects GROUP BY ALL
+),
+judged AS (
+    SELECT run_id, metric, pair_id,
+           count(*) FILTER (WHERE verify = 'top' AND important)    AS top_important,
+           count(*) FILTER (WHERE verify = 'random' AND important) AS random_important,
+           coalesce(bool_and(span_ok), false)                      AS span_ok
+    FROM edge_verified GROUP BY ALL
+)
+SELECT c.run_id, c.metric, c.pair_id, c.n_edges, c.n_top, c.n_random, coalesce(j.span_ok, false) AS span_ok,
+       CASE WHEN NOT coalesce(j.span_ok, false) THEN NULL WHEN c.n_edges = c.n_top THEN 0.0
+            WHEN c.n_random > 0 THEN j.random_important / c.n_random * (c.n_edges - c.n_top) END AS outside,
+       CASE WHEN coalesce(j.span_ok, false) AND (c.n_edges = c.n_top OR c.n_random > 0) THEN j.top_important END
+           AS inside
+FROM counts c LEFT JOIN judged j USING (run_id, metric, pair_id)
+WHERE c.n_top + c.n_random > 0;
+
+-- How far the edge scores can be trusted, per (run, metric): the point figures (their bootstrap
+-- intervals over pairs: warehouse/agreement.py's edge_agreement).
+--   n_pairs, n_edges (edge rows over pairs), n_top, n_random, n_verified (rows patched exactly);
+--   n_random_verified, n_pairs_random; pearson_random, spearman_random: the correlations of score and
+--   exact effect over the random rows alone, pooled over pairs (as atp_agreement's: they describe the
+--   edges outside the top K, each pair weighing the same); pearson_pooled: over top and random rows
+--   (biased upwards: the top rows are chosen by the scores); threshold: atp_threshold();
+--   n_pairs_missed, n_pairs_unguarded; missed_share: sum(outside) / sum(outside + inside), the
+--   estimated share of the important edges the scores ranked outside the top K; recall_important:
+--   1 - missed_share, the estimated share of them the top K holds (the recall of the exact important
+--   edges; no exhaustive exact sweep of every edge is run).
+CREATE OR REPLACE VIEW edge_agreement AS
+WITH random_ranked AS (
+    SELECT run_id, metric, pair_id, estimate, effect,
+           rank() OVER (PARTITION BY run_id, metric ORDER BY estimate)
+               + (count(*) OVER (PARTITION BY run_id, metric, estimate) - 1) / 2 AS estimate_rank,
+           rank() OVER (PARTITION BY run_id, metric ORDER BY effect)
+               + (count(*) OVER (PARTITION BY run_id, metric, effect) - 1) / 2 AS effect_rank
+    FROM edge_verified WHERE verify = 'random'
+),
+random_stats AS (
+    SELECT run_id, metric,
+           count(*)                AS n_random_verified,
+           count(DISTINCT pair_id) AS n_pairs_random,
+           CASE WHEN var_pop(estimate) > 0 AND var_pop(effect) > 0 THEN corr(effect, estimate) END AS pearson_random,
+           CASE WHEN var_pop(estimate_rank) > 0 AND var_pop(effect_rank) > 0
+                THEN corr(effect_rank, estimate_rank) END AS spearman_random
+    FROM random_ranked GROUP BY ALL
+),
+verified_stats AS (
+    SELECT run_id, metric, count(*) AS n_verified,
+           CASE WHEN var_pop(estimate) > 0 AND var_pop(effect) > 0 THEN corr(effect, estimate) END AS pearson_pooled
+    FROM edge_verified GROUP BY ALL
+),
+pair_stats AS (
+    SELECT run_id, metric,
+           count(*)                                        AS n_pairs,
+           sum(n_edges)                                    AS n_edges,
+           sum(n_top)                                      AS n_top,
+           sum(n_random)                                   AS n_random,
+           count(outside)                                  AS n_pairs_missed,
+           count(*) FILTER (WHERE NOT span_ok)             AS n_pairs_unguarded,
+           sum(outside) / nullif(sum(outside + inside), 0) AS missed_share
+    FROM edge_agreement_pairs GROUP BY ALL
+)
+SELECT p.run_id, p.metric, p.n_pairs, p.n_edges, p.n_top, p.n_random, coalesce(v.n_verified, 0) AS n_verified,
+       coalesce(s.n_random_verified, 0) AS n_random_verified, coalesce(s.n_pairs_random, 0) AS n_pairs_random,
+       s.pearson_random, s.spearman_random, v.pearson_pooled, atp_threshold() AS threshold,
+       p.n_pairs_missed, p.n_pairs_unguarded, p.missed_share, 1 - p.missed_share AS recall_important
+FROM pair_stats p LEFT JOIN random_stats s USING (run_id, metric) LEFT JOIN verified_stats v USING (run_id, metric);
+
 CREATE OR REPLACE VIEW rejections AS
 SELECT run_id, reason, count(*) AS n
 FROM pairs

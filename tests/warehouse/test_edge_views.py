@@ -16,25 +16,37 @@ from patchgrid.sweeps import SweepConfig
 from patchgrid.sweeps.base import SweepContext
 from patchgrid.sweeps.edges import EdgeSweep
 from patchgrid.warehouse.loader import query
-from tests.support.effect_rows import make_pair
+from tests.support.effect_rows import baseline, between, make_pair
 from tests.warehouse.test_path_views import N_PAIRS, ROLES, load
 
 SHAPE = ModelShape(FAMILIES["llama"], 2, 2, 8, 16, 50, 32, 32, 1)
 
 
-def edge_rows(method="eap-ig"):
+def edge_rows(method="eap-ig", verify=(0, 0)):
+    """Every edge of every pair with a random score; with verify = (K, R), the sweep's own choice of
+    the top K and R random edges per pair, each patched exactly to a recovery of 0.1 x its score
+    plus a pair's own noise."""
     graph = EdgeGraph.of(SHAPE)
     gen = torch.Generator().manual_seed(5)
     pairs = [make_pair(f"p{i}", ROLES, subject=(0, 2)) for i in range(N_PAIRS)]
     scores = {p.pair_id: torch.randn(len(graph.senders), len(graph.receivers), generator=gen) * graph.mask()
               for p in pairs}
     edges = graph.edges
-    ctx = SweepContext(SweepConfig(sweeps=("edges",), edge_method=method), SHAPE.n_layers, SHAPE.n_heads,
-                       prepared={"edges": {"edges": [(graph.senders[i], graph.receivers[j]) for i, j in edges],
-                                           "index": ([i for i, _ in edges], [j for _, j in edges]),
-                                           "scores": scores, "verify": {}, "first": {}}})
+    config = SweepConfig(sweeps=("edges",), edge_method=method, verify_top=verify[0], verify_random=verify[1])
+    got = {"edges": [(graph.senders[i], graph.receivers[j]) for i, j in edges],
+           "index": ([i for i, _ in edges], [j for _, j in edges]), "scores": scores, "verify": {}, "first": {}}
+    ctx = SweepContext(config, SHAPE.n_layers, SHAPE.n_heads, prepared={"edges": got})
     kind = EdgeSweep({})
-    return [r for p in pairs for r in kind.rows(p, [], {}, ctx)], graph
+    rows = []
+    for k, p in enumerate(pairs):
+        readings = []
+        if any(verify):
+            got["verify"][p.pair_id] = kind.chosen(p, ctx)
+            scored = dict(kind.edge_cells(p, ctx))
+            readings = [(c, between(0.1 * scored[c] + 0.05 * math.sin(k + j))) for j, c in
+                        enumerate(got["verify"][p.pair_id])]
+        rows += kind.rows(p, readings, baseline(p.pair_id), ctx)
+    return rows, graph
 
 
 @pytest.fixture(scope="module")
@@ -98,3 +110,45 @@ def test_the_report_draws_the_strongest_edges(study, tmp_path):
         means.setdefault((r["sender"], r["receiver"]), []).append(r["estimate"])
     top = max(means, key=lambda k: abs(statistics.mean(means[k])))
     assert f">{top[0]}<" in page and f">{top[1]}<" in page
+
+
+def test_edge_agreement_matches_a_hand_computation(tmp_path):
+    from patchgrid.warehouse.agreement import edge_agreement
+    from patchgrid.warehouse.loader import connect
+
+    rows, graph = edge_rows(verify=(4, 6))
+    wh, stored = load(tmp_path, rows, params={"edge_method": "eap", "verify_top": 4, "verify_random": 6})
+    verified = [r for r in stored if r["verify"] is not None]
+    assert len(verified) == 10 * N_PAIRS
+    span = 2.5 - (-2.5)  # logprob_diff, clean - corrupt (tests.support.effect_rows)
+    import numpy as np
+
+    random_rows = [r for r in verified if r["verify"] == "random"]
+    xs, ys = np.array([r["estimate"] for r in random_rows]), np.array([r["effect"] for r in random_rows])
+    outside = inside = 0.0
+    for i in range(N_PAIRS):
+        mine = [r for r in verified if r["pair_id"] == f"p{i}"]
+        n_edges = len([r for r in stored if r["pair_id"] == f"p{i}"])
+        important = [abs(r["effect"] / span) >= 0.1 for r in mine]
+        top = sum(1 for r, imp in zip(mine, important) if imp and r["verify"] == "top")
+        rnd = sum(1 for r, imp in zip(mine, important) if imp and r["verify"] == "random")
+        outside += rnd / 6 * (n_edges - 4)
+        inside += top
+    got = _rows(wh, "SELECT * FROM edge_agreement WHERE run_id = 'r'")
+    assert len(got) == 1
+    a = got[0]
+    assert (a["n_pairs"], a["n_top"], a["n_random"], a["n_verified"]) == (N_PAIRS, 4 * N_PAIRS, 6 * N_PAIRS,
+                                                                          10 * N_PAIRS)
+    assert a["n_edges"] == len(graph.edges) * N_PAIRS
+    assert a["pearson_random"] == pytest.approx(float(np.corrcoef(xs, ys)[0, 1]), abs=1e-6)
+    assert a["spearman_random"] == pytest.approx(stats.spearmanr(xs, ys).statistic, abs=1e-6)
+    assert a["missed_share"] == pytest.approx(outside / (outside + inside), rel=1e-6)
+    assert a["recall_important"] == pytest.approx(inside / (outside + inside), rel=1e-6)
+    con = connect(wh)
+    try:
+        (b,) = edge_agreement(con, "r", resamples=200)
+    finally:
+        con.close()
+    for name in ("pearson_random", "spearman_random", "missed_share", "recall_important"):
+        assert b[f"{name}_ci95_low"] <= b[name] <= b[f"{name}_ci95_high"], name
+    assert b["recall_important_ci95_low"] == pytest.approx(1 - b["missed_share_ci95_high"])
