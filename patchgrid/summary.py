@@ -1,6 +1,6 @@
 """What a study did, read back from the warehouse once its flow has returned (read-only queries,
 through the same sandbox as `patchgrid query`): its records and why any were rejected, its sweeps
-and their patched runs, its time, the strongest averaged cells of each sweep, and the commands
+and their patched runs, its time, the strongest averaged cells of each sweep (and edges), and the commands
 that query it and draw its report. Plain values: the command line prints them (patchgrid/cli/study.py)
 or writes them as JSON."""
 from __future__ import annotations
@@ -73,6 +73,14 @@ def strongest(warehouse, run_id: str, per_sweep: int = STRONGEST_PER_SWEEP) -> l
     return _rows(warehouse, _STRONGEST, [run_id, run_id, int(per_sweep)])
 
 
+def strongest_edges(warehouse, run_id: str, n: int = STRONGEST_PER_SWEEP) -> list[dict]:
+    """The edges with the largest mean |score| (edge_summary), each with its mean score, t interval and
+    n_pairs, and its method."""
+    return _rows(warehouse, "SELECT method, sender, receiver, position_role, metric, n_pairs, mean_score, "
+                            "score_ci95_low, score_ci95_high FROM edge_summary WHERE run_id = ? "
+                            "ORDER BY mean_abs_score DESC, sender, receiver, position_role LIMIT ?", [run_id, int(n)])
+
+
 def cell_name(cell: dict) -> str:
     """A cell in a few words: `resid L3 last`, `head L2.1 subject_last`, `head L1.0 -> logits all`."""
     unit = cell.get("head") if cell.get("head") is not None else cell.get("neuron")
@@ -109,4 +117,5 @@ def study_summary(warehouse: str | Path, run_id: str, per_sweep: int = STRONGEST
             "seconds": None if state["seconds"] is None else float(state["seconds"]),
             "records": records(warehouse, run_id), "sweeps": sweeps(warehouse, run_id),
             "strongest": [{**c, "cell": cell_name(c)} for c in strongest(warehouse, run_id, per_sweep)],
+            "strongest_edges": strongest_edges(warehouse, run_id, per_sweep),
             "commands": commands(warehouse, run_id)}

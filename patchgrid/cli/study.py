@@ -124,6 +124,17 @@ def cmd_study(args) -> int:
     return 0
 
 
+def edge_lines(edges: list[dict]) -> list[str]:
+    """The strongest edges, where the run scored edges."""
+    if not edges:
+        return []
+    return [f"\nstrongest edges ({edges[0]['method']} scores, edge_summary, on {edges[0]['metric']}; mean score "
+            "over pairs, 95% t interval; estimates, not patched runs):",
+            format_rows(["sender", "receiver", "position_role", "n_pairs", "mean_score", "ci95_low", "ci95_high"],
+                        [(e["sender"], e["receiver"], e["position_role"], e["n_pairs"], e["mean_score"],
+                          e["score_ci95_low"], e["score_ci95_high"]) for e in edges])]
+
+
 def format_summary(s: dict) -> str:
     """The summary as the terminal shows it; its last line is the run id alone, as --quiet prints it."""
     rec = s["records"]
@@ -133,7 +144,7 @@ def format_summary(s: dict) -> str:
     lines = [f"run {s['run_id']}{named} {s['status']}{took}: model {s['model']}, warehouse {s['warehouse']}",
              f"records: {rec['read']} read, {rec['accepted']} accepted, {rec['rejected']} rejected"
              + (f" ({reasons})" if reasons else ""),
-             "\nsweeps (effect rows: one per patched run, or per estimate for atp):",
+             "\nsweeps (effect rows: one per patched run, or per estimate for atp and edges):",
              format_rows(["sweep", "pairs", "effect_rows", "patched_runs"],
                          [(w["sweep"], w["pairs"], w["effect_rows"], w["patched_runs"]) for w in s["sweeps"]]),
              "\nstrongest averaged cells per sweep (effect_summary, on the sweep's metric; mean recovery, or the "
@@ -141,6 +152,7 @@ def format_summary(s: dict) -> str:
              format_rows(["sweep", "cell", "metric", "n_pairs", "mean_of", "mean", "ci95_low", "ci95_high"],
                          [(c["sweep"], c["cell"], c["metric"], c["n_pairs"], c["mean_of"], c["mean"], c["ci95_low"],
                            c["ci95_high"]) for c in s["strongest"]]),
+             *edge_lines(s.get("strongest_edges") or []),
              f"\nquery:  {s['commands']['query']}",
              f"report: {s['commands']['report']}",
              s["run_id"]]

@@ -174,7 +174,26 @@ def edges_html(edges: dict, figure) -> list[str]:
             "transformers; edges from the input, each head and each MLP into each later head's query, key and value, "
             "each later MLP and the logits. Scores are estimates, not patched runs; the matrices are on their own "
             "metric, whatever is chosen above.</p>",
-            *(figure(h) for h in edges["figures"])]
+            *(figure(h) for h in edges["figures"]), *_edge_agreement_table(edges.get("agreement") or [])]
+
+
+def _edge_agreement_table(agreement) -> list[str]:
+    """How the scores compare with the edges patched exactly (edge_agreement, bootstrap intervals over pairs)."""
+    if not agreement:
+        return []
+    parts = ["<p class='note'>Agreement with exact patching (edge_agreement): per pair the K edges of largest "
+             "|score| and R sampled from the rest were patched exactly (path patching, MLPs frozen). Correlations "
+             "of score and exact effect over the random sample (the edges outside the top K); recall: the "
+             "estimated share of the important edges (|recovery| ≥ 0.1) that the top K holds. In brackets: "
+             "95% bootstrap intervals over pairs.</p>",
+             "<table><tr><th>metric</th><th>pairs</th><th>top K rows</th><th>random rows</th>"
+             "<th>Pearson (random)</th><th>Spearman (random)</th><th>recall of important edges</th></tr>"]
+    for a in agreement:
+        parts.append(f"<tr><td>{a['metric']}</td><td>{a['n_pairs']}</td><td>{a['n_top']}</td><td>{a['n_random']}</td>"
+                     f"<td>{with_interval(a, 'pearson_random')}</td><td>{with_interval(a, 'spearman_random')}</td>"
+                     f"<td>{with_interval(a, 'recall_important')}</td></tr>")
+    parts.append("</table>")
+    return parts
 
 
 # drawing -> how its section is written (every other drawing: grid_html)

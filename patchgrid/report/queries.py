@@ -83,6 +83,13 @@ def atp_agreement(con, run_id: str, sites) -> list[dict]:
                                                           r["metric"]))
 
 
+def edge_agreement(con, run_id: str) -> list[dict]:
+    """edge_agreement's rows of the run beside their bootstrap intervals over pairs (warehouse/agreement.py)."""
+    from ..warehouse.agreement import edge_agreement as with_intervals
+
+    return with_intervals(con, run_id)
+
+
 def verified_estimates(con, run_id: str, limit: int) -> list[dict]:
     """The estimated rows also patched exactly (estimate and effect both set), a deterministic
     sample of `limit` per site kind and metric at most, each with n_rows, how many there were."""

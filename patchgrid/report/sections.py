@@ -52,7 +52,10 @@ def paths(run: Run, kinds: list[str]):
 
 
 def edges(run: Run, kinds: list[str]):
-    return edge_section(queries.edge_summary(run.con, run.run_id), kinds[0])
+    section = edge_section(queries.edge_summary(run.con, run.run_id), kinds[0])
+    if section is not None:
+        section["agreement"] = queries.edge_agreement(run.con, run.run_id)
+    return section
 
 
 def atp(run: Run, kinds: list[str]):

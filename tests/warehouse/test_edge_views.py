@@ -152,3 +152,12 @@ def test_edge_agreement_matches_a_hand_computation(tmp_path):
     for name in ("pearson_random", "spearman_random", "missed_share", "recall_important"):
         assert b[f"{name}_ci95_low"] <= b[name] <= b[f"{name}_ci95_high"], name
     assert b["recall_important_ci95_low"] == pytest.approx(1 - b["missed_share_ci95_high"])
+
+
+def test_the_report_shows_the_edges_agreement(tmp_path):
+    from patchgrid.report import write_report
+
+    rows, _ = edge_rows(verify=(4, 6))
+    wh, _ = load(tmp_path, rows, params={"edge_method": "eap", "verify_top": 4, "verify_random": 6})
+    page = write_report(wh, tmp_path / "out", run_id="r", formats=("svg",)).read_text()
+    assert "Agreement with exact patching (edge_agreement)" in page and "recall of important edges" in page
