@@ -39,6 +39,24 @@ from .sites import site_key, site_module
 
 METHODS = ("eap", "eap-ig")
 IG_STEPS = 30  # the EAP-IG code's default (get_scores_eap_ig)
+# A batch's senders' outputs and receivers' gradients ([pairs, tokens, senders + receivers, d_model],
+# float32) are held at once: pairs per batch are cut so that they stay under this (an 8B model's take
+# about 0.4 GiB per pair of 20 tokens).
+EDGE_TENSOR_BYTES = 2 << 30
+
+
+def edge_tensor_bytes(graph: EdgeGraph, d_model: int, pairs: int, tokens: int, per_position: bool = False) -> int:
+    """What a batch of `pairs` prompts of `tokens` holds besides the gradient pass: the senders' outputs
+    and the receivers' gradients (float32), and the scores."""
+    senders, receivers = len(graph.senders), len(graph.receivers)
+    scores = senders * receivers * pairs * (tokens if per_position else 1)
+    return 4 * ((senders + receivers) * d_model * pairs * tokens + scores)
+
+
+def edge_batch_pairs(graph: EdgeGraph, d_model: int, tokens: int, most: int, per_position: bool = False) -> int:
+    """Pairs per batch: at most `most`, and as many as keep edge_tensor_bytes under EDGE_TENSOR_BYTES."""
+    one = edge_tensor_bytes(graph, d_model, 1, tokens, per_position)
+    return max(1, min(most, EDGE_TENSOR_BYTES // one))
 
 
 class EdgeScorer:
@@ -65,9 +83,11 @@ class EdgeScorer:
         for i, p in enumerate(pairs):
             by_len[len(p.corrupt_ids)].append(i)
         out: list = [None] * len(pairs)
-        for idx in by_len.values():
-            for k in range(0, len(idx), self.at.batch_size):
-                chunk = idx[k:k + self.at.batch_size]
+        for n, idx in by_len.items():
+            size = edge_batch_pairs(self.graph, self.shape.d_model, n + longest_answer(pairs, idx),
+                                    self.at.batch_size, per_position)
+            for k in range(0, len(idx), size):
+                chunk = idx[k:k + size]
                 got = self._batch([pairs[i] for i in chunk], steps, per_position)
                 for i, one in zip(chunk, got):
                     out[i] = one.cpu()
@@ -207,6 +227,11 @@ class EdgeScorer:
         if per_position:
             return torch.einsum("btsd,btrd->btsr", outputs, grads)
         return torch.einsum("btsd,btrd->bsr", outputs, grads)
+
+
+def longest_answer(pairs, idx) -> int:
+    """The most tokens a forward of pairs `idx` scores past its prompt (answers scored whole)."""
+    return max((len(c) - 1 for i in idx for c in pairs[i].continuations), default=0)
 
 
 def edge_scorer_for(attributor) -> EdgeScorer:

@@ -1,4 +1,5 @@
-"""The atp memory plan: before any model loads, what a study whose sweeps include `atp` needs on its
+"""The atp memory plan: before any model loads, what a study whose sweeps include `atp` (or `edges`,
+whose gradient batch is planned as patchgrid.edge_attribution cuts it) needs on its
 engine's GPU, and the engine options that make it fit.
 
 On one GPU sit the vLLM engine (its weights, vLLM's own working memory and the KV cache, all within
@@ -132,7 +133,7 @@ def memory_plan(spec: StudySpec, device_memory: int | None, *, config=None, weig
     read from its folder); `weight_bytes`: the engine's weights (default: its weight files' sizes, or
     the config's parameters in its dtype); `seq_len`: the gradient pass's longest sequence (default:
     estimated from the data set's prompts and answers)."""
-    if "atp" not in spec.sweeps or spec.backend != "vllm":
+    if not {"atp", "edges"} & set(spec.sweeps) or spec.backend != "vllm":
         return None
     folder = None
     if config is None:
@@ -161,9 +162,12 @@ def plan_for(spec: StudySpec, config, device_memory: int | None, *, params: int,
     engine_bytes = DTYPE_BYTES[_config_dtype(config)]
     min_kv = 2 * shape.n_layers * shape.kv_heads * shape.head_dim * engine_bytes * shape.max_len
     seqs = min(BATCH_PAIRS, spec.limit or BATCH_PAIRS) * (2 if spec.answer_policy == "full" else 1)
+    activations = activation_bytes(shape, spec.sweep.atp_kinds, spec.atp_dtype, seqs, seq_len, config)
+    if "edges" in spec.sweeps:
+        activations = max(activations, edge_bytes(shape, spec, seqs, seq_len, config))
     base = Plan(device_memory, device_memory is not None and _shares_gpu(spec.atp_device, tp),
                 math.ceil(weight_bytes / tp), math.ceil(min_kv / tp), params * DTYPE_BYTES[spec.atp_dtype],
-                activation_bytes(shape, spec.sweep.atp_kinds, spec.atp_dtype, seqs, seq_len, config), spec.atp_dtype,
+                activations, spec.atp_dtype,
                 (seqs, seq_len), spec.gpu_memory_utilization, spec.gpu_memory_utilization)
     if device_memory is None or not base.shared:
         return base
@@ -243,6 +247,20 @@ def activation_bytes(shape, kinds, dtype: str, seqs: int, tokens: int, config=No
     pairs = seqs // 2 or 1
     held = 2 * sites * shape.n_layers * pairs * tokens * 4
     return graph + logits + held
+
+
+def edge_bytes(shape, spec, seqs: int, tokens: int, config=None) -> int:
+    """The edges sweep's gradient batch: its forward's graph (as activation_bytes, no site held) and the
+    senders' outputs and receivers' gradients of its pairs (patchgrid.edge_attribution's batch)."""
+    from .edge_attribution import edge_batch_pairs, edge_tensor_bytes
+    from .graph import EdgeGraph
+
+    graph = EdgeGraph(shape.n_layers, shape.n_heads, shape.kv_heads, shape.family.mlp_norm is None)
+    each = spec.sweep.edge_positions == "each"
+    forwards = 2 if spec.answer_policy == "full" else 1  # per pair, as plan_for counts `seqs`
+    pairs = edge_batch_pairs(graph, shape.d_model, tokens, max(1, seqs // forwards), each)
+    return (activation_bytes(shape, (), spec.atp_dtype, pairs * forwards, tokens, config)
+            + edge_tensor_bytes(graph, shape.d_model, pairs, tokens, each))
 
 
 def weight_file_bytes(folder: Path) -> int:

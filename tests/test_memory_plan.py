@@ -131,3 +131,23 @@ def test_an_engine_started_with_the_study_options_takes_the_devices_sizes(engine
     sized = study_engine_options(spec.replace(max_num_seqs=16), None)
     config = engines.get(spec.model, "vllm", dtype="float32", **sized).llm.llm_engine.vllm_config
     assert sized == {"max_num_seqs": 16} and config.scheduler_config.max_num_seqs == 16
+
+
+def test_an_edges_study_is_planned_with_its_senders_and_receivers_batch(qwen3_8b):
+    """The edges sweep's gradient batch: cut so that its senders' outputs and receivers' gradients
+    (float32) stay under EDGE_TENSOR_BYTES, and planned with its forward's graph."""
+    from patchgrid.edge_attribution import EDGE_TENSOR_BYTES, edge_batch_pairs, edge_tensor_bytes
+    from patchgrid.graph import EdgeGraph
+    from patchgrid.sites import shape_of
+
+    edges = StudySpec.of(sweeps="edges")
+    plan = memory_plan(edges, 80 * GIB, config=qwen3_8b, seq_len=TOKENS)
+    assert plan is not None and plan.problem is None and plan.shared
+    shape = shape_of(qwen3_8b)
+    graph = EdgeGraph.of(shape)
+    pairs = edge_batch_pairs(graph, shape.d_model, TOKENS, 16)
+    assert 1 <= pairs < 16  # an 8B model's graph does not fit 16 pairs' tensors under the cap
+    held = edge_tensor_bytes(graph, shape.d_model, pairs, TOKENS)
+    assert held <= EDGE_TENSOR_BYTES < edge_tensor_bytes(graph, shape.d_model, pairs + 1, TOKENS)
+    assert plan.grad_activations > held
+    assert memory_plan(edges.replace(backend="hf"), 80 * GIB, config=qwen3_8b) is None
