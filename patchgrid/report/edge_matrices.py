@@ -11,6 +11,13 @@ METHOD_NAMES = {"eap": "EAP (Syed et al. 2023)", "eap-ig": "EAP-IG (Hanna et al.
 INPUTS = ("q", "k", "v", "mlp_in", "logits")  # a layer's receivers in this order (graph.RECEIVER_INPUTS)
 
 
+def edge_sender_order(row):
+    """The input first, then by layer its heads (by head) and its MLP."""
+    if row["sender"] == "input":
+        return (-1, 0, -1, row["sender"])
+    return sender_order(row)
+
+
 def receiver_order(row):
     """Receivers by layer (the logits last); within a layer the heads' q, k, v by head, then the MLP."""
     layer = row["receiver_layer"]
@@ -42,7 +49,7 @@ def edge_section(summary, prefix: str) -> dict | None:
 
 
 def edge_figure(rows, role, method: str, prefix: str) -> Heatmap:
-    senders, n_senders = top_ends(rows, "sender", sender_order, PATH_TOP)
+    senders, n_senders = top_ends(rows, "sender", edge_sender_order, PATH_TOP)
     receivers, n_receivers = top_ends(rows, "receiver", receiver_order, PATH_TOP)
     values, notes = grid(rows, "sender", "receiver", senders, receivers, lambda r: r["mean_score"], edge_note)
     counts = cell_counts(rows, "sender", "receiver", senders, receivers, lambda r: r["n_pairs"])

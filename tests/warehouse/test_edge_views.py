@@ -110,6 +110,7 @@ def test_the_report_draws_the_strongest_edges(study, tmp_path):
         means.setdefault((r["sender"], r["receiver"]), []).append(r["estimate"])
     top = max(means, key=lambda k: abs(statistics.mean(means[k])))
     assert f">{top[0]}<" in page and f">{top[1]}<" in page
+    assert page.index(">input<") < page.index(">head.0.0<")  # the input first, then by layer
 
 
 def test_edge_agreement_matches_a_hand_computation(tmp_path):
