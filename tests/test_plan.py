@@ -142,3 +142,11 @@ def test_a_whole_patch_needs_the_request_tree_and_crosses_the_wire():
     assert patch_rows(Patch("attn_out", 1, "src", (2, 4)), 5, 7, 5) == ([2, 4], [2, 4])
     # with a second answer of several tokens, its forward's inputs past the prompt are stored after the first's
     assert patch_rows(whole, 5, 7, 7) == (list(range(7)), [0, 1, 2, 3, 4, 7, 8])
+
+
+def test_a_layers_neurons_may_be_patched_whole_and_its_heads_may_not():
+    """Every neuron of a layer at once (neuron unset): path patching's way into an MLP's input."""
+    whole = Request(tokens=TOKENS, patches=(Patch("neuron", 1, "clean", (0,)),))
+    validate([whole], {"clean": {"neuron.1": torch.zeros(len(TOKENS), SHAPE.d_mlp)}}, SHAPE)
+    with pytest.raises(PlanError, match="head None is out of range"):
+        validate([Request(tokens=TOKENS, patches=(Patch("head", 2, "clean", (0,)),))], SOURCES, SHAPE)

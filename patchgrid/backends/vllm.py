@@ -230,9 +230,9 @@ class VllmEngine:
         for i, r in enumerate(requests):
             for p in r.patches:
                 if tp > 1 and p.unit is None and SITES[p.site].width in ("z", "mlp"):
-                    raise PlanError(f"request {i}: {p.key}: patched whole (every head or neuron at once) under "
+                    raise PlanError(f"request {i}: {p.key}: patched whole (every neuron at once) under "
                                     f"tensor_parallel_size {tp}, where each rank holds a slice of it; patch it "
-                                    "by head or neuron")
+                                    "neuron by neuron")
             for key in list(r.capture) + [p.key for p in r.patches]:
                 site = parse_key(key)[0]
                 if SITES[site].width == "pattern":

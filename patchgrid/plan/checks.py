@@ -162,13 +162,13 @@ def _check_patch_site(where, p: Patch, shape: ModelShape):
 
 def _check_patch_unit(where, p: Patch, site, shape: ModelShape) -> None:
     """The head or neuron a patch names: set, in range, for the sites patched by one; unset otherwise.
-    z and the neurons (read at a module's input) may also be patched whole: every head or neuron of
-    the layer at once (unit unset)."""
+    The neurons may also be patched whole: every neuron of the layer at once (neuron unset; path
+    patching's way into an MLP's input)."""
     for field_name in ("head", "neuron"):
         index = getattr(p, field_name)
         if site.unit_field == field_name:
             what = "key/value head" if site.unit == "kv_head" else site.unit
-            if index is None and site.at == "input":
+            if index is None and p.site == "neuron":
                 continue
             if index is None or not 0 <= index < shape.units(p.site):
                 raise PlanError(f"{where}: patch {field_name} {index} is out of range (model has {shape.units(p.site)} "
