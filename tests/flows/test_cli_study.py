@@ -66,7 +66,8 @@ def test_study_ends_with_a_summary_and_quiet_and_json_are_for_scripts(tmp_path):
     assert js.returncode == 0, js.stderr[-3000:]
     summary = json.loads(js.stdout)
     assert set(summary) == {"run_id", "name", "warehouse", "model", "status", "seconds", "records", "sweeps",
-                            "strongest", "commands"}
+                            "strongest", "strongest_edges", "commands"}
+    assert summary["strongest_edges"] == []  # no edges sweep
     assert summary["name"] is None  # no --name given
     assert (summary["run_id"], summary["status"], summary["records"]["read"]) == (run_id, "completed", counts[0])
     assert summary["sweeps"] == [{"sweep": "resid", "pairs": 2, "effect_rows": n_effects, "patched_runs": n_effects}]
@@ -137,6 +138,34 @@ def test_study_with_the_atp_sweep_fills_the_warehouse_and_the_report(tmp_path):
     assert rep.returncode == 0, rep.stderr[-3000:]
     html = (tmp_path / "report" / "report.html").read_text()
     assert "AtP" in html
+
+
+def test_study_with_the_edges_sweep_fills_the_warehouse_the_summary_and_the_report(tmp_path):
+    """Every edge of every pair scored, the strongest and a sample patched exactly on vLLM, the
+    strongest edges printed, the agreement and the matrix in the report."""
+    from patchgrid.graph import EdgeGraph
+    from patchgrid.sites import shape_of
+
+    wh = tmp_path / "w.duckdb"
+    res = cli("study", "--model", "tiny-llama", "--pairs", str(DATA), "--limit", "2", "--no-require-known",
+              "--sweeps", "edges", "--edge-method", "eap", "--verify-top", "3", "--verify-random", "2",
+              "--warehouse", str(wh), "--workdir", str(tmp_path / "work"), cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "strongest edges (eap scores, edge_summary, on logprob_diff" in res.stdout
+    from transformers import AutoConfig
+
+    from patchgrid.models import prepare
+
+    n_edges = len(EdgeGraph.of(shape_of(AutoConfig.from_pretrained(prepare("tiny-llama")))).edges)
+    (rows,) = query(wh, "SELECT count(*), count(DISTINCT pair_id), count(verify), count(effect) FROM effects")[1]
+    assert rows == (2 * n_edges, 2, 10, 10)
+    (summary,) = query(wh, "SELECT count(*), min(n_pairs), any_value(method) FROM edge_summary")[1]
+    assert summary == (n_edges, 2, "eap")
+    (agreement,) = query(wh, "SELECT n_pairs, n_top, n_random, n_verified FROM edge_agreement")[1]
+    assert agreement == (2, 6, 4, 10)
+    rep = cli("report", "--warehouse", str(wh), "--out", str(tmp_path / "report"))
+    assert rep.returncode == 0, rep.stderr[-3000:]
+    assert "Edge attribution (EAP and EAP-IG scores)" in (tmp_path / "report" / "report.html").read_text()
 
 
 def test_study_with_the_new_sites_and_paths_fills_the_warehouse_and_the_report(tmp_path):
