@@ -89,7 +89,7 @@ REFUSED = [
     (["study", "--sweeps", "resid", "--path-senders", "head.1.1"],
      "--path-senders applies only to the paths sweep (--sweeps resid)"),
     (["study", "--sweeps", "resid,heads", "--verify-top", "5"],
-     "--verify-top applies only to the atp sweep (--sweeps resid,heads)"),
+     "--verify-top applies only to the atp and edges sweeps (--sweeps resid,heads)"),
     (["study", "--sweeps", "resid", "--trace-samples", "3"],
      "--trace-samples applies only to the trace sweep (--sweeps resid)"),
     (["study", "--sweeps", "resid", "--atp-dtype", "bfloat16"],
@@ -118,7 +118,7 @@ def test_the_python_api_and_the_flow_refuse_it_too(tmp_path):
 
     with pytest.raises(SpecError, match=r"ray_workers applies only with --runner ray \(the runner is local\)"):
         patchgrid.study(model="tiny-llama", ray_workers=9, warehouse=str(tmp_path / "w.duckdb"))
-    with pytest.raises(Exception, match="verify_top applies only to the atp sweep"):
+    with pytest.raises(Exception, match="verify_top applies only to the atp and edges sweeps"):
         study.validate_parameters({"spec": {"sweep": {"sweeps": ["resid"], "verify_top": 5}}})
     assert not (tmp_path / "w.duckdb").exists()
     # at their defaults, or where they apply, they are taken

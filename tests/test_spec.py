@@ -41,8 +41,8 @@ def test_the_flow_takes_the_spec_as_its_one_typed_parameter():
     ({"ray_timeout_s": 5.0}, "ray_timeout_s applies only", "--ray-timeout-s applies only with --runner ray"),
     ({"sweeps": "resid", "path_senders": "head.1.1"}, "path_senders applies only to the paths sweep (--sweeps resid)",
      "--path-senders applies only to the paths sweep (--sweeps resid)"),
-    ({"sweeps": "resid,heads", "verify_top": 5}, "verify_top applies only to the atp sweep",
-     "--verify-top applies only to the atp sweep (--sweeps resid,heads)"),
+    ({"sweeps": "resid,heads", "verify_top": 5}, "verify_top applies only to the atp and edges sweeps",
+     "--verify-top applies only to the atp and edges sweeps (--sweeps resid,heads)"),
     ({"run_id": "a b"}, "run_id 'a b' may hold only", "--run-id 'a b' may hold only"),
     ({"answer_policy": "whole"}, "answer_policy 'whole' is not one of single, full, first-token",
      "--answer-policy 'whole' is not one of"),
@@ -98,7 +98,7 @@ def test_atp_settings_key_the_run_only_when_the_atp_sweep_runs():
     plain = StudySpec()
     assert "verify_top" not in plain.recorded_params()
     assert fingerprint(plain.recorded_params()) == fingerprint(StudySpec.of(verify_top=20).recorded_params())
-    with pytest.raises(SpecError, match="verify_top applies only to the atp sweep"):  # it would change nothing
+    with pytest.raises(SpecError, match="verify_top applies only to the atp and edges sweeps"):  # it would change nothing
         StudySpec.of(verify_top=5)
     atp = StudySpec.of(sweeps="atp", verify_top=5)
     assert atp.recorded_params()["verify_top"] == 5 and atp.sweep.verify_top == 5

@@ -265,5 +265,6 @@ def test_each_kind_counts_its_cells(head_positions):
     config = SweepConfig(sweeps=("resid",), head_positions=head_positions, trace_samples=2)
     ctx = SweepContext(config, n_layers=3, n_heads=2, d_mlp=5)
     for name, kind in SWEEP_KINDS.items():
-        if name != "atp":  # its cells are chosen by its estimates; tests/test_attribution.py counts them
+        if name not in ("atp", "edges"):  # their cells are chosen by their estimates (tests/test_attribution.py,
+            # tests/test_edge_attribution.py count them)
             assert kind.count(pair, ctx) == len(kind.cells(pair, ctx)), name

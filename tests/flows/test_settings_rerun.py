@@ -54,7 +54,7 @@ CHANGES = {
     "atp_dtype": ("bfloat16", {"align_pairs", "sweep_shard"}, {"measure_trace_noise", "cache_activations"}),
     "name": ("a label", set(), set(STEPS)),
     "config": ('limit = 2\nsweeps = "resid,trace,atp,paths,edges"\n', set(), set(STEPS)),
-    "sweeps": ("trace,atp,paths", {"align_pairs", "sweep_shard"}, {"measure_trace_noise"}),
+    "sweeps": ("trace,atp,paths,edges", {"align_pairs", "sweep_shard"}, {"measure_trace_noise"}),
     "resid_directions": (("denoise",), {"align_pairs", "sweep_shard"}, {"measure_trace_noise"}),
     "head_position_roles": (("last",), {"align_pairs", "sweep_shard"}, {"measure_trace_noise"}),
     "head_positions": ("every", {"align_pairs", "sweep_shard"}, {"measure_trace_noise", "cache_activations"}),
