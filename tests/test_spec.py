@@ -98,7 +98,8 @@ def test_atp_settings_key_the_run_only_when_the_atp_sweep_runs():
     plain = StudySpec()
     assert "verify_top" not in plain.recorded_params()
     assert fingerprint(plain.recorded_params()) == fingerprint(StudySpec.of(verify_top=20).recorded_params())
-    with pytest.raises(SpecError, match="verify_top applies only to the atp and edges sweeps"):  # it would change nothing
+    # a value that would change nothing
+    with pytest.raises(SpecError, match="verify_top applies only to the atp and edges sweeps"):
         StudySpec.of(verify_top=5)
     atp = StudySpec.of(sweeps="atp", verify_top=5)
     assert atp.recorded_params()["verify_top"] == 5 and atp.sweep.verify_top == 5
