@@ -185,11 +185,14 @@ class EdgeSweep(SweepKind):
     def rows(self, pair, readings, baseline, ctx):
         exact = dict(readings)
         clean, corrupt = baselines(baseline) if exact else (None, None)
-        verify = (ctx.prepared_by(self.name)["verify"] or {}).get(pair.pair_id, {})
+        verify = (ctx.prepared_by(self.name)["verify"] or {}).get(pair.pair_id, {})  # cell -> top or random
         common = {"pair_id": pair.pair_id, "relation": pair.relation, "sweep": self.name, "direction": "denoise",
                   "metric": self.metric}
         out = []
-        for (cell, score), (sender, _) in zip(self.edge_cells(pair, ctx), self._senders(ctx, pair)):
+        got = ctx.prepared_by(self.name)
+        senders = [s for s, _ in got["edges"]]  # edge_cells' order: every edge, position by position
+        for k, (cell, score) in enumerate(self.edge_cells(pair, ctx)):
+            sender = senders[k % len(senders)]
             if cell in exact:
                 row = effect_row(pair, cell, exact[cell], clean, corrupt, self.metric)
                 row.update(sender=sender, estimate=score, verify=verify[cell])
@@ -200,9 +203,3 @@ class EdgeSweep(SweepKind):
                        "sender": sender, "receiver": cell.receiver, "estimate": score}
             out.append(row)
         return out
-
-    def _senders(self, ctx, pair):
-        """Each edge cell's sender name, in edge_cells' order."""
-        got = ctx.prepared_by(self.name)
-        times = 1 if got["scores"][pair.pair_id].dim() == 2 else len(got["scores"][pair.pair_id])
-        return [e for _ in range(times) for e in got["edges"]]
