@@ -135,6 +135,10 @@ class Family:
     # cap * tanh(logits / cap) (Gemma 2 and 3: final_logit_softcapping; no cap where it is None). The hf
     # backend caps its float32 logits by it (backends.unembed); vLLM's logits processor caps by its own.
     final_softcap: str | None = None
+    # Relative to a layer: the norm attention reads the stream through (None: attention reads the
+    # stream itself, OLMo 2). A circuit run (backends.edge_ablation) normalises each receiver's own
+    # input with it.
+    attn_norm: str | None = None
 
     def module_of(self, where: str) -> str:
         """The dotted path of a Site.module role relative to a layer."""
@@ -174,30 +178,33 @@ class Family:
 
 # vLLM: LlamaDecoderLayer(positions, hidden_states, residual); GPT2Block(hidden_states)
 LLAMA = Family("llama", "model.layers", "model.embed_tokens", "self_attn", "mlp", "self_attn.o_proj", True, 1,
-               "model.norm", "mlp.down_proj", "post_attention_layernorm")
+               "model.norm", "mlp.down_proj", "post_attention_layernorm", attn_norm="input_layernorm")
 GPT2 = Family("gpt2", "transformer.h", "transformer.wte", "attn", "mlp", "attn.c_proj", False, 0, "transformer.ln_f",
-              "mlp.c_proj", "ln_2")
+              "mlp.c_proj", "ln_2", attn_norm="ln_1")
 
 # Qwen3-MoE: Llama's paths and stream; its sparse MLP block sits where Llama's MLP does.
 QWEN3_MOE = Family("qwen3_moe", "model.layers", "model.embed_tokens", "self_attn", "mlp", "self_attn.o_proj", True,
-                   1, "model.norm", "mlp.down_proj", "post_attention_layernorm", experts=True)
+                   1, "model.norm", "mlp.down_proj", "post_attention_layernorm", experts=True,
+                   attn_norm="input_layernorm")
 
 # Gemma 2 / 3: norms after attention and after the MLP (their outputs are what the stream receives:
 # attn_out, mlp_out) and one before the MLP (resid_mid is its input); the embedding scaled by
 # sqrt(d_model). vLLM: Gemma2DecoderLayer(positions, hidden_states, residual), as Llama's.
 GEMMA = Family("gemma2", "model.layers", "model.embed_tokens", "self_attn", "mlp", "self_attn.o_proj", True, 1,
                "model.norm", "mlp.down_proj", "pre_feedforward_layernorm", attn_out="post_attention_layernorm",
-               mlp_out="post_feedforward_layernorm", embed_scaled=True, final_softcap="final_logit_softcapping")
+               mlp_out="post_feedforward_layernorm", embed_scaled=True, final_softcap="final_logit_softcapping",
+               attn_norm="input_layernorm")
 # GPT-J: a parallel block, out = x + attn(ln_1(x)) + mlp(ln_1(x)): attn_out and mlp_out are the two
 # terms, and there is no resid_mid. vLLM: GPTJBlock(position_ids, hidden_states) -> hidden_states;
 # transformers' GPT-J computes attention in its own `_attn`, not through the attention interface.
 GPTJ = Family("gptj", "transformer.h", "transformer.wte", "attn", "mlp", "attn.out_proj", False, 1, "transformer.ln_f",
-              "mlp.fc_out", None, hf_attn_method="_attn")
+              "mlp.fc_out", None, hf_attn_method="_attn", attn_norm="ln_1")
 # GPT-NeoX (Pythia) with a parallel block: attention and MLP both read the layer's input (no resid_mid).
 # vLLM runs it through its Transformers backend, whose decoder is `model` where transformers' is `gpt_neox`.
 GPT_NEOX = Family("gpt_neox", "gpt_neox.layers", "gpt_neox.embed_in", "attention", "mlp", "attention.dense", False,
                   0, "gpt_neox.final_layer_norm", "mlp.dense_4h_to_h", None, vllm_transformers=True,
-                  vllm_decoder="model", requires="use_parallel_residual")
+                  vllm_decoder="model", requires="use_parallel_residual",
+                  attn_norm="input_layernorm")
 # OLMo 2: no norm before attention or MLP; a norm after each, whose output is what the stream receives;
 # the MLP reads the stream after attention itself.
 OLMO2 = Family("olmo2", "model.layers", "model.embed_tokens", "self_attn", "mlp", "self_attn.o_proj", False, 0,

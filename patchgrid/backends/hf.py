@@ -19,6 +19,8 @@ import torch
 from ..metrics import answer_ranks, kl_divergence
 from ..plan import LOGPROBS, Result, forwards, gaussian_noise, join_forwards, patch_rows, validate
 from ..sites import QKV, SITES, get_module, parse_key, site_module
+from .edge_ablation import Layout, check_circuits
+from .hf_circuit import BatchCircuit
 from .unembed import soft_capped, unembed_float32
 
 ATTENTION = "patchgrid"  # the attention implementation the engine's models run under (sdpa)
@@ -127,6 +129,7 @@ class HFEngine:
         sources = sources or {}
         requests = list(requests)
         validate(requests, sources, self.shape)
+        check_circuits(requests, sources, self.shape)
         fwds = [forwards(r) for r in requests]
         by_len = defaultdict(list)  # forward length -> (request, forward index)
         for i, fs in enumerate(fwds):
@@ -144,7 +147,7 @@ class HFEngine:
     @torch.no_grad()
     def _forward(self, batch, sources) -> list[dict]:
         """One batch of forwards of equal length: each one's part of its request's Result."""
-        hooks = _BatchHooks(batch, sources, self.shape, self.device, self.dtype)
+        hooks = _BatchHooks(batch, sources, self.shape, self.device, self.dtype, self._circuit_layout(batch))
         n_prompt = [len(r.tokens) for r, _ in batch]
         length = len(batch[0][1].tokens)
         hooks.install(self.model)
@@ -167,6 +170,14 @@ class HFEngine:
                 part.update(_first_readout(r, rows[0], logprobs[0], sources))
             out.append(part)
         return out
+
+    def _circuit_layout(self, batch):
+        """The graph's layout, made on the first batch with a circuit run (None before)."""
+        if getattr(self, "_layout", None) is None and any(r.circuit is not None for r, _ in batch):
+            from ..graph import EdgeGraph
+
+            self._layout = Layout(EdgeGraph.of(self.shape), self.device)
+        return getattr(self, "_layout", None)
 
     def _logits(self, hidden: torch.Tensor, keep: int) -> torch.Tensor:
         """The float32 logits [batch, keep, vocab] (on the CPU) of the last `keep` positions, from the
@@ -203,8 +214,10 @@ class _BatchHooks:
     """The hooks of one batch's forward: each request's patches and noise written with plain
     indexing, its captures copied to the CPU."""
 
-    def __init__(self, batch, sources, shape, device, dtype):
+    def __init__(self, batch, sources, shape, device, dtype, layout=None):
         self.batch, self.shape, self.dtype = batch, shape, dtype
+        self.circuit = (BatchCircuit(batch, sources, shape, layout, device, dtype)
+                        if any(r.circuit is not None for r, _ in batch) else None)
         self.captures = [dict() for _ in batch]
         # site key -> [(row, positions, unit, value)]; noise: [(row, positions, value)]
         self.writes, self.noise = defaultdict(list), []
@@ -236,6 +249,9 @@ class _BatchHooks:
                 self.handles.append(module.register_forward_pre_hook(self.on_input(key)))
             else:
                 self.handles.append(module.register_forward_hook(self.on_output(key)))
+        if self.circuit is not None:
+            attention = set(range(self.shape.n_layers))
+            self.circuit.install(m, self.handles)
         self.attention_modules = [site_module(m, fam, "q", layer) for layer in attention]
         for layer, module in zip(attention, self.attention_modules):
             setattr(module, HOOK, self.on_attention(layer))
@@ -282,6 +298,8 @@ class _BatchHooks:
         keys = {site: f"{site}.{layer}" for site in QKV}
 
         def hook(query, key, value, scaling, window, softcap):  # [batch, heads, tokens, head_dim]
+            if self.circuit is not None:
+                query, key, value = self.circuit.at_attention(layer, query, key, value)
             out = []
             for site, t in zip(QKV, (query, key, value)):
                 k = keys[site]

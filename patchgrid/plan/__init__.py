@@ -11,6 +11,8 @@ A request is one forward pass over `tokens`. It may
   token by token (one forward per continuation of several tokens; prompt + its tokens but the last),
 - measure the KL divergence at the last prompt position from the log-probabilities a source holds
   (`reference`, its `LOGPROBS` entry), and return its own (`logprobs`),
+- run a circuit (`circuit`): every edge outside it (patchgrid.graph) carries its sender's output
+  from a source instead of this run's (backends.edge_ablation),
 - say where it may start (`start`): when everything below a layer computes exactly what a cached
   run computed, an engine may begin the forward at that layer from the run's stream instead of
   recomputing it. The result is the same either way; the reference backend always runs it all.
@@ -32,6 +34,7 @@ from .checks import PlanError, validate
 from .forwards import Forward, forwards, join_forwards, patch_rows, resolve_positions, tree_len, tree_rows
 from .request import (
     LOGPROBS,
+    Circuit,
     Noise,
     Patch,
     Request,
@@ -45,7 +48,7 @@ from .request import (
 from .wire import WirePlan, decode_tensor, encode_tensor, from_wire, to_wire
 
 __all__ = [
-    "LOGPROBS", "Forward", "Noise", "Patch", "PlanError", "Request", "Result", "Start", "WirePlan", "decode_tensor",
+    "LOGPROBS", "Circuit", "Forward", "Noise", "Patch", "PlanError", "Request", "Result", "Start", "WirePlan", "decode_tensor",
     "encode_tensor", "forwards", "from_wire", "gaussian_noise", "join_forwards", "latest_start", "patch_rows",
     "resolve_positions", "stream_key", "to_wire", "trace_seed", "tree_len", "tree_rows", "validate",
 ]

@@ -55,6 +55,17 @@ class Start:
         return stream_key(self.layer)
 
 
+@dataclass(frozen=True)
+class Circuit:
+    """An edge-level intervention (patchgrid.graph's edges; backends.edge_ablation computes it): the
+    request runs its own tokens, and every edge outside the circuit carries its sender's output from
+    `source` instead of this run's; the edges in `kept` (indices into EdgeGraph.edges) carry this
+    run's. The source holds each sender's output: resid_pre.0, head.L (z) and mlp_out.L."""
+
+    source: str
+    kept: tuple[int, ...] = ()
+
+
 def stream_key(layer: int) -> str:
     """The site key of the whole stream entering `layer` (>= 1): the previous layer's output."""
     return site_key("resid", layer - 1)
@@ -76,6 +87,7 @@ class Request:
     reference: str | None = None  # the source whose LOGPROBS the KL divergence is measured from
     logprobs: bool = False  # return the last prompt position's log-probabilities
     ranks: bool = True  # read the answers' ranks over the vocabulary
+    circuit: Circuit | None = None  # an edge-level intervention (a circuit run)
 
     @property
     def reads_vocabulary(self) -> bool:

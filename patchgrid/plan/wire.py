@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, NamedTuple
 
 from .forwards import Forward
-from .request import Noise, Patch, Request, Start
+from .request import Circuit, Noise, Patch, Request, Start
 
 if TYPE_CHECKING:  # imported where it is used: the light commands import the plan and need no torch
     import torch
@@ -31,6 +31,7 @@ def to_wire(req: Request, tag: str, fwd: Forward | None = None) -> list:
         req.reference,
         bool(req.logprobs),
         bool(req.ranks),
+        None if req.circuit is None else [req.circuit.source, [int(e) for e in req.circuit.kept]],
     ]
 
 
@@ -65,6 +66,7 @@ class WirePlan(NamedTuple):
     reference: str | None
     logprobs: bool
     ranks: bool
+    circuit: list | None  # [source, kept edge indices]
 
     reads_vocabulary = property(Request.reads_vocabulary.fget)  # Request's own definition
 
@@ -88,6 +90,7 @@ def from_wire(plan: list) -> tuple[str, Request, tuple[int, Forward]]:
         reference=w.reference,
         logprobs=w.logprobs,
         ranks=w.ranks,
+        circuit=None if w.circuit is None else Circuit(w.circuit[0], tuple(w.circuit[1])),
     )
     n_prompt, scores, branch, first = w.forward
     return w.tag, req, (n_prompt, Forward((), tuple(scores), branch, first))
