@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import torch
 
-from ..graph import INPUT, EdgeGraph, check_splittable
+from ..graph import INPUT, EdgeGraph
 from ..plan import PlanError, tree_len
 from ..sites import site_key
 
@@ -52,35 +52,44 @@ def check_circuits(requests, sources, shape) -> None:
     """Refuse circuit requests that cannot run as asked, naming the field."""
     graph = None
     for i, r in enumerate(requests):
-        c = r.circuit
-        if c is None:
+        if r.circuit is None:
             continue
         where = f"request {i}: circuit"
-        if graph is None:
-            try:
-                graph = EdgeGraph.of(shape)
-            except ValueError as exc:
-                raise PlanError(f"{where}: {exc}") from None
-            if graph.parallel:
-                raise PlanError(f"{where}: the {shape.family.name} block is parallel (attention and MLP read one "
-                                "norm of the layer's input); circuit runs are built for sequential blocks only")
+        graph = graph or _circuit_graph(where, shape)
         if r.patches or r.noise or r.start is not None:
             raise PlanError(f"{where}: a circuit run takes no patches, noise or start of its own")
         if tree_len(r) != len(r.tokens):
             raise PlanError(f"{where}: a circuit run scores one-token answers only (its continuations' inputs "
                             "would need the source's values along them)")
-        n_edges = len(graph.edges)
-        if c.kept and (min(c.kept) < 0 or max(c.kept) >= n_edges):
+        kept, n_edges = r.circuit.kept, len(graph.edges)
+        if kept and (min(kept) < 0 or max(kept) >= n_edges):
             raise PlanError(f"{where}: kept edge index out of range (the graph has {n_edges} edges)")
-        if c.source not in sources:
-            raise PlanError(f"{where}: source {c.source!r} is not among the call's sources")
-        for key in circuit_keys(shape.n_layers):
-            t = sources[c.source].get(key)
-            if t is None:
-                raise PlanError(f"{where}: source {c.source!r} holds no {key}, a sender's output")
-            if t.dim() != 2 or t.shape[0] < len(r.tokens) or t.shape[1] != shape.width(key.split(".")[0]):
-                raise PlanError(f"{where}: source {c.source!r} {key} has shape {tuple(t.shape)}, expected "
-                                f"[{len(r.tokens)}, {shape.width(key.split('.')[0])}]")
+        _check_source(where, r, sources, shape)
+
+
+def _circuit_graph(where, shape) -> EdgeGraph:
+    try:
+        graph = EdgeGraph.of(shape)
+    except ValueError as exc:
+        raise PlanError(f"{where}: {exc}") from None
+    if graph.parallel:
+        raise PlanError(f"{where}: the {shape.family.name} block is parallel (attention and MLP read one norm of "
+                        "the layer's input); circuit runs are built for sequential blocks only")
+    return graph
+
+
+def _check_source(where, r, sources, shape) -> None:
+    name = r.circuit.source
+    if name not in sources:
+        raise PlanError(f"{where}: source {name!r} is not among the call's sources")
+    for key in circuit_keys(shape.n_layers):
+        t = sources[name].get(key)
+        if t is None:
+            raise PlanError(f"{where}: source {name!r} holds no {key}, a sender's output")
+        width = shape.width(key.split(".")[0])
+        if t.dim() != 2 or t.shape[0] < len(r.tokens) or t.shape[1] != width:
+            raise PlanError(f"{where}: source {name!r} {key} has shape {tuple(t.shape)}, expected "
+                            f"[{len(r.tokens)}, {width}]")
 
 
 class Layout:

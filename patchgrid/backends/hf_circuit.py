@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from ..sites import get_module
-from .edge_ablation import Abort, Ablation, circuit_keys, head_outputs, receiver_qkv
+from .edge_ablation import Ablation, Abort, circuit_keys, head_outputs, receiver_qkv
 
 _BATCHED_KWARGS = ("attention_mask", "position_ids", "position_embeddings")
 
@@ -66,7 +66,7 @@ class BatchCircuit:
                 receivers = ab.receives(self.layout.attention_receivers(layer))
                 if not receivers:
                     continue
-                x = norm(ab.inputs(self.stream[b], receivers).to(self.dtype))  # [R, tokens, d]
+                x = norm.forward(ab.inputs(self.stream[b], receivers).to(self.dtype))  # [R, tokens, d]
                 kw = {k: _rows(v, b, len(receivers)) if k in _BATCHED_KWARGS else v for k, v in kwargs.items()
                       if k not in ("hidden_states", "past_key_values", "past_key_value", "layer_past")}
                 self.capturing = ()
@@ -119,7 +119,7 @@ class BatchCircuit:
             for b, ab, _ in self.items:
                 if ab.receives([r]):
                     x = args[0].clone() if x is None else x
-                    x[b] = norm(ab.inputs(self.mid[b], [r])[0].to(self.dtype))
+                    x[b] = norm.forward(ab.inputs(self.mid[b], [r])[0].to(self.dtype))  # past _on_mid
             return None if x is None else (x,) + tuple(args[1:])
         return hook
 

@@ -36,6 +36,7 @@ from ..plan import (
 from ..sites import SITES, parse_key
 from ..stopping import stopped_for_good
 from ..tp import merge_rank_captures
+from .edge_ablation import check_circuits, circuit_keys
 from .vllm_worker.request import request_id
 
 WORKER_EXTENSION = "patchgrid.backends.vllm_worker.extension.PatchgridWorker"
@@ -196,6 +197,7 @@ class VllmEngine:
         sources = sources or {}
         requests = list(requests)
         validate(requests, sources, self.shape)
+        check_circuits(requests, sources, self.shape)
         self._refuse_unreadable(requests)
         fwds = [forwards(r) for r in requests]  # a start does not change them: computed once per call
         for i, (r, fs) in enumerate(zip(requests, fwds)):
@@ -228,6 +230,9 @@ class VllmEngine:
         """Sites this engine cannot read or write, named with the reason."""
         tp = self.tensor_parallel_size
         for i, r in enumerate(requests):
+            if r.circuit is not None and tp > 1:
+                raise PlanError(f"request {i}: circuit: a circuit run reads every head's output through the output "
+                                f"projection, which tensor_parallel_size {tp} splits over ranks; run it on one rank")
             for p in r.patches:
                 if tp > 1 and p.unit is None and SITES[p.site].width in ("z", "mlp"):
                     raise PlanError(f"request {i}: {p.key}: patched whole (every neuron at once) under "
@@ -254,7 +259,7 @@ class VllmEngine:
         fwds = fwds if fwds is not None else [forwards(r) for r in requests]
         tags = [[f"{call}:{i}:{k}" for k in range(len(f))] for i, f in enumerate(fwds)]
         keys = sorted({p.key for r in requests for p in r.patches} | {k for r in requests for k in r.capture})
-        wire_sources = _wire_sources(requests, sources)
+        wire_sources = _wire_sources(requests, sources, self.shape.n_layers)
         shape = {"vocab_size": self.shape.vocab_size, "d_model": self.shape.d_model,
                  "n_heads": self.shape.n_heads, "head_dim": self.shape.head_dim, "d_mlp": self.shape.d_mlp,
                  "n_kv_heads": self.shape.kv_heads}
@@ -379,10 +384,12 @@ def cyclic_gc_paused():
             gc.enable()
 
 
-def _wire_sources(requests, sources) -> dict:
-    """Only what the patches, starts and references read crosses to the worker, as plain data."""
+def _wire_sources(requests, sources, n_layers: int) -> dict:
+    """Only what the patches, starts, references and circuits read crosses to the worker, as plain data."""
     used: dict[str, set[str]] = {}
     for r in requests:
+        if r.circuit is not None:
+            used.setdefault(r.circuit.source, set()).update(circuit_keys(n_layers))
         for p in r.patches:
             used.setdefault(p.source, set()).add(p.key)
         if r.start is not None:

@@ -67,12 +67,16 @@ def unbatched(hook, batched: bool):
 
 
 class Wrapped:
-    """A module's `forward` with a pre-hook run first (marks it as patchgrid's)."""
+    """A module's `forward` with a pre-hook run first (marks it as patchgrid's); `forward` is the one
+    it wraps. With `with_kwargs` the hook sees (module, args, kwargs) and changes nothing."""
 
-    def __init__(self, module, forward, hook):
-        self.module, self.forward, self.hook = module, forward, hook
+    def __init__(self, module, forward, hook, with_kwargs: bool = False):
+        self.module, self.forward, self.hook, self.with_kwargs = module, forward, hook, with_kwargs
 
     def __call__(self, *args, **kwargs):
+        if self.with_kwargs:
+            self.hook(self.module, args, kwargs)
+            return self.forward(*args, **kwargs)
         new = self.hook(self.module, args)
         return self.forward(*(args if new is None else new), **kwargs)
 
@@ -82,10 +86,10 @@ class ForwardHook:
     (module hooks fire only for calls through the module itself). `remove` puts back what was there:
     nothing (the class's forward), or a forward of the instance's own (vLLM rebinds some)."""
 
-    def __init__(self, module, hook):
+    def __init__(self, module, hook, with_kwargs: bool = False):
         self.module = module
         self.own = module.__dict__.get("forward")
-        module.forward = Wrapped(module, module.forward, hook)
+        module.forward = Wrapped(module, module.forward, hook, with_kwargs)
 
     def remove(self):
         if self.own is None:
@@ -123,6 +127,8 @@ class SiteHooks:
                 attention.add(layer)
             else:
                 self._install_site(key, site, module)
+        if self.circuit_layout is not None:  # a circuit run puts its receivers' q, k, v in at every layer
+            attention = set(range(len(get_module(m, fam.layers))))
         for layer in attention:
             kernel = get_module(site_module(m, fam, "q", layer), fam.attn_kernel)
             # Its input is [tokens, heads * head_dim] in every family; vLLM's Transformers backend
@@ -224,6 +230,8 @@ class SiteHooks:
 
         def hook(module, args):
             out = list(args[:3])
+            if self.circuit_layout is not None:
+                out = self._circuit_kernel(layer, out)
             for i, key in enumerate(keys):
                 w = self.step.units.get(key)
                 if w is not None:

@@ -96,6 +96,8 @@ class Request:
             self.noise.append((pos, gaussian_noise(Noise(tuple(pos), std, seed), widths["d_model"]).to(dtype)))
         self.captures = {key: torch.empty(n_tokens, widths[parse_key(key)[0]], dtype=dtype) for key in w.capture}
         self.start = None if w.start is None else Start(*w.start)
+        self.circuit = w.circuit  # [source, kept edge indices] (a circuit run), or None
+        self.ablated = None  # its edges outside the circuit, once the circuit hooks have made the mask
         # the stacked sources' rows of the stream entering the start layer, one per position of this
         # forward (the stream source holds the request's tree of rows: this forward's are its own)
         self.start_rows = None

@@ -9,9 +9,10 @@ and moved to the activations' device once per step; captures go to the CPU.
 from __future__ import annotations
 
 from ...metrics import KlReference
-from ...plan import LOGPROBS, decode_tensor
+from ...plan import LOGPROBS, WirePlan, decode_tensor
 from ...sites import SITES, Family, get_module
 from ...tp import units_per_rank
+from .circuit import CircuitHooks
 from .hooks import SiteHooks
 from .midstack import MidstackStart
 from .readout import LogitsReadout
@@ -43,7 +44,7 @@ def tp_rank_and_size() -> tuple[int, int]:
         return 0, 1
 
 
-class Session(SiteHooks, MidstackStart, LogitsReadout):
+class Session(SiteHooks, MidstackStart, LogitsReadout, CircuitHooks):
     def __init__(self, runner, sources, keys, family: Family, shape: dict, start_layer: int = 0, call: int = 0,
                  plans: list = ()):
         self.runner = runner
@@ -68,7 +69,10 @@ class Session(SiteHooks, MidstackStart, LogitsReadout):
         # Gemma's decoder multiplies the embedding module's output by sqrt(d_model) (its `normalizer`)
         # after the module: the embed site is the product, as transformers' module returns it
         self.embed_scale = get_module(self.model, family.decoder).normalizer if family.embed_scaled else None
+        self.circuit_layout = None
         try:
+            if any(WirePlan(*p).circuit is not None for p in plans):
+                self._install_circuit(shape["n_heads"], shape["n_kv_heads"])
             self._install(set(keys))
             if start_layer:
                 self._start_at(start_layer)
@@ -85,6 +89,8 @@ class Session(SiteHooks, MidstackStart, LogitsReadout):
     def _begin_step(self, module, args):
         self.step = Step()
         self.step = plan_step(self.runner, self._request, self.sources, self.start_layer, self.widths, self.device)
+        if self.step.circuit_rows:
+            self._circuit_begin_step()
 
     def _request(self, rid: str) -> Request | None:
         r = self.requests.get(rid, False)

@@ -33,6 +33,10 @@ class Step:
         self.read_rows = None
         self.logits = None  # their float32 logits [rows, vocab] once unembedded (rank 0)
         self.done: list[Request] = []  # requests whose last position is in this step
+        # circuit runs: [(request, first row, first position, end position)], and once the circuit
+        # hooks have begun the step, [(rows, edge_ablation.Ablation, source values)] (circuit.CircuitHooks)
+        self.circuit_rows: list[tuple] = []
+        self.circuits: list[tuple] = []
 
     def to(self, device) -> None:
         """One transfer per tensor per step, to where the activations are (without blocking from
@@ -118,6 +122,8 @@ class _Plan:
             sel = (pos >= pos0) & (pos < pos1)
             if sel.any():
                 self.noise.append((torch.from_numpy(pos[sel] - pos0 + row0), vals[torch.from_numpy(sel)]))
+        if r.circuit is not None:
+            self.step.circuit_rows.append((r, row0, pos0, pos1))
         for key, buf in r.captures.items():
             self.caps.setdefault(key, []).append((row0, row1, buf, pos0))
         self._add_reads(r, row0, pos0, pos1)
