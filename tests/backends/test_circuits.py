@@ -1,0 +1,114 @@
+"""Circuit runs (plan.Circuit, backends.edge_ablation): vLLM against the hf backend, the two ends
+of the curve (every edge kept is the clean run, none kept the source run), and one ablated edge
+against the edge intervention written in tests/test_edge_attribution.py from the weights."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from patchgrid.backends.edge_ablation import check_circuits, circuit_keys
+from patchgrid.graph import EdgeGraph
+from patchgrid.plan import Circuit, Patch, PlanError, Request
+from patchgrid.sites import FAMILIES, ModelShape
+from tests.support.engines import TINY, needs_vllm
+from tests.support.pairs import shipped_pairs
+from tests.test_attribution import _metric, _model64
+from tests.test_edge_attribution import _capture, _moved, _sender_delta
+
+
+def _runs(engine, pairs, kept_sets):
+    """Per pair: the clean run, the corrupt run, and the clean prompt's circuit run for each kept set
+    (the source: the corrupt run's senders), all in one call."""
+    keys = tuple(circuit_keys(engine.shape.n_layers))
+    base = engine.run([Request(ids, (p.clean_answer_id, p.corrupt_answer_id), capture=keys)
+                       for p in pairs for ids in (p.clean_ids, p.corrupt_ids)])
+    sources = {f"corrupt{i}": base[2 * i + 1].captures for i in range(len(pairs))}
+    reqs = [Request(p.clean_ids, (p.clean_answer_id, p.corrupt_answer_id), circuit=Circuit(f"corrupt{i}", kept))
+            for i, p in enumerate(pairs) for kept in kept_sets]
+    out = engine.run(reqs, sources)
+    k = len(kept_sets)
+    return [(base[2 * i], base[2 * i + 1], out[i * k:(i + 1) * k]) for i in range(len(pairs))]
+
+
+@needs_vllm
+@pytest.mark.parametrize("model", TINY)
+def test_a_circuit_run_on_vllm_equals_hf_and_its_ends_are_the_clean_and_corrupt_runs(engines, tokenizers, model):
+    hf = engines.get(model, "hf", dtype="float32")
+    vl = engines.get(model, "vllm", dtype="float32")
+    pairs = shipped_pairs(tokenizers(model), 3)
+    n = len(EdgeGraph.of(hf.shape).edges)
+    rng = random.Random(0)
+    kept_sets = [tuple(range(n)), ()] + [tuple(sorted(rng.sample(range(n), int(n * f)))) for f in (0.02, 0.3, 0.9)]
+    got = {name: _runs(e, pairs, kept_sets) for name, e in (("hf", hf), ("vllm", vl))}
+    for name in got:
+        for clean, corrupt, runs in got[name]:
+            # every edge kept: no receiver reads anything but its stream, so the clean run, exactly
+            assert torch.equal(runs[0].answer_logits, clean.answer_logits), name
+            # none kept: every receiver reads the corrupt run's stream, so the corrupt run (to rounding)
+            torch.testing.assert_close(runs[1].answer_logits, corrupt.answer_logits, atol=1e-5, rtol=0)
+            # a circuit in between moves the answer: the test would see a circuit run that did nothing
+            assert not torch.equal(runs[3].answer_logits, clean.answer_logits)
+    for (_, _, h), (_, _, v) in zip(got["hf"], got["vllm"]):
+        for a, b in zip(h, v):
+            torch.testing.assert_close(b.answer_logits, a.answer_logits, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("model", ["tiny-llama", "tiny-gpt2"])
+def test_one_ablated_edge_is_the_receivers_input_moved_by_the_senders_difference(engines, tokenizers, model):
+    """Every edge kept but sender -> receiver, on the corrupt prompt with the clean run as source:
+    the receiver alone reads its stream plus the sender's clean - corrupt output (the intervention
+    tests/test_edge_attribution.py builds from the weights, here on a float64 model)."""
+    hf = engines.get(model, "hf", dtype="float32")
+    pair = shipped_pairs(tokenizers(model), 2)[1]
+    graph = EdgeGraph.of(hf.shape)
+    keys = tuple(circuit_keys(hf.shape.n_layers))
+    answers = (pair.clean_answer_id, pair.corrupt_answer_id)
+    clean = hf.run([Request(pair.clean_ids, answers, capture=keys)])[0]
+    m, shape = _model64(model)
+    c64, k64 = _capture(m, shape, pair.clean_ids), _capture(m, shape, pair.corrupt_ids)
+    L = graph.n_layers
+    for sender, receiver in [("input", "q.1.2"), ("head.0.3", "k.1.1"), ("mlp_out.0", "v.1.0"),
+                             ("head.1.1", "mlp_in.1"), ("head.0.2", "logits"), (f"mlp_out.{L - 1}", "logits")]:
+        s, r = graph.senders.index(sender), graph.receivers.index(receiver)
+        edge = graph.edges.index((s, r))
+        kept = tuple(i for i in range(len(graph.edges)) if i != edge)
+        res = hf.run([Request(pair.corrupt_ids, answers, circuit=Circuit("clean", kept))], {"clean": clean.captures})[0]
+        got = float(res.answer_logits[0] - res.answer_logits[1])
+        hooks = _moved(m, shape, receiver, _sender_delta(m, shape, c64, k64, sender))
+        try:
+            want = _metric(m, pair)
+        finally:
+            for h in hooks:
+                h.remove()
+        assert got == pytest.approx(want, abs=1e-4), (sender, receiver)
+
+
+def _shape(family="llama", layers=2):
+    return ModelShape(FAMILIES[family], layers, 4, 8, 32, 100, 64, 64, 2)
+
+
+def test_circuit_requests_that_cannot_run_are_refused_naming_the_field():
+    shape = _shape()
+    src = {"c": {k: torch.zeros(3, shape.width(k.split(".")[0])) for k in circuit_keys(2)}}
+    ok = Request((1, 2, 3), (4, 5), circuit=Circuit("c", (0, 1)))
+    check_circuits([ok], src, shape)
+    n = len(EdgeGraph.of(shape).edges)
+    bad = [
+        (Request((1, 2, 3), (4,), circuit=Circuit("c", (n,))), "kept edge index out of range"),
+        (Request((1, 2, 3), (4,), circuit=Circuit("x")), "source 'x' is not among"),
+        (Request((1, 2, 3, 4), (4,), circuit=Circuit("c")), r"resid_pre.0 has shape \(3, 32\)"),
+        (Request((1, 2, 3), (4,), circuit=Circuit("c"), patches=(Patch("resid", 0, "c"),)), "no patches"),
+        (Request((1, 2, 3), (4,), circuit=Circuit("c"), continuations=((4, 5),)), "one-token answers"),
+    ]
+    for req, message in bad:
+        with pytest.raises(PlanError, match=message):
+            check_circuits([ok, req], src, shape)
+    src_short = {"c": {k: v for k, v in src["c"].items() if k != "mlp_out.1"}}
+    with pytest.raises(PlanError, match="holds no mlp_out.1"):
+        check_circuits([ok], src_short, shape)
+    with pytest.raises(PlanError, match="gptj block is parallel"):
+        check_circuits([ok], src, _shape("gptj"))
+    with pytest.raises(PlanError, match="gemma2 family normalises"):
+        check_circuits([ok], src, _shape("gemma2"))
