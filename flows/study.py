@@ -131,7 +131,7 @@ def _sweep_and_load(spec: StudySpec, engines: Engines, model_sha: str, noise_std
     from patchgrid.cache import damage
     from patchgrid.pairs import read_pairs
     from patchgrid.shards import split
-    from patchgrid.sweeps import POPULATIONS, by_population, noised
+    from patchgrid.sweeps import POPULATIONS, by_population, noised, spans_data_set
     from patchgrid.sweeps.populations import nothing_to_run
 
     logger = get_run_logger()
@@ -158,7 +158,9 @@ def _sweep_and_load(spec: StudySpec, engines: Engines, model_sha: str, noise_std
         std = noise_std if noised(names) else 0.0
         folder = _produced(cache_activations, spec, members, str(work / "cache"), model_sha, engines, names, std,
                            sound=sound)
-        shards += split(members, spec.shard_size, folder, replace(spec.sweep, sweeps=names), std, run_dir / "effects",
+        # a kind over the pairs at once (circuit: one circuit from every pair's edge scores): one shard
+        size = len(members) if spans_data_set(names) else spec.shard_size
+        shards += split(members, size, folder, replace(spec.sweep, sweeps=names), std, run_dir / "effects",
                         first=len(shards), name=population.shard_name, writes_baselines=population.writes_baselines,
                         attribution=spec.attribution_options())
     if spec.runner == "ray":

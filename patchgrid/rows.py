@@ -37,9 +37,12 @@ REASONS = (
 )
 # The sweep kinds (patchgrid.sweeps.registry registers a kind by each name, in this order)
 SWEEP_NAMES = ("resid", "resid_pre", "resid_mid", "attn_out", "mlp_out", "embed", "heads", "neurons", "qkv", "trace",
-               "atp", "paths", "edges")
+               "atp", "paths", "edges", "circuit")
 DIRECTIONS = ("denoise", "noise")  # clean into corrupt | corrupt into clean
 VERIFY = ("top", "random")  # why an atp row's site was patched exactly
+# What a patch (or an edge outside a circuit) gets: the other run's value, the data set's mean at
+# that site and position role, or zero (sweeps.config's `ablation`)
+ABLATIONS = ("patching", "mean", "zero")
 POSITION_ROLES = ROLES + ("all",)  # `all`: a patch over every position at once
 RUN_STATUSES = ("running", "completed", "failed", "cancelled")  # cancelled: SIGTERM or SIGINT
 
@@ -119,10 +122,19 @@ EFFECT = RowShape("effect", pa.schema([
     ("estimate", pa.float32()),
     ("estimate_graddrop", pa.float32()),
     ("verify", pa.string()),
+    # circuit: the circuit's size in percent of the graph's edges (0: the empty circuit) and its number
+    # of edges; edges: the edge's place in the order the run's circuits take edges in (a circuit of n
+    # edges holds those ranked below n); NULL elsewhere
+    ("circuit_size", pa.float32()),
+    ("circuit_edges", pa.int32()),
+    ("circuit_rank", pa.int32()),
+    # what the patch (an edge outside the circuit) got: patching, mean or zero; NULL: patching, the
+    # other run's value (rows of kinds that take no other, and rows written before it was recorded)
+    ("ablation", pa.string()),
     # every metric of the patched run and the pair's baselines (trace: corrupt is the noised run's)
     *_metric_columns(("patched", "clean", "corrupt")),
 ]), {"sweep": SWEEP_NAMES, "site": SITE_KINDS, "direction": DIRECTIONS,
-     "metric": tuple(METRICS), "position_role": POSITION_ROLES, "verify": VERIFY})
+     "metric": tuple(METRICS), "position_role": POSITION_ROLES, "verify": VERIFY, "ablation": ABLATIONS})
 
 PAIR = RowShape("pair", pa.schema([
     ("pair_id", pa.string()),

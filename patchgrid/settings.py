@@ -74,6 +74,25 @@ def above_zero(v) -> str | None:
     return None if v is None or v > 0 else f"{{name}} {v} must be above 0"
 
 
+def percent_list(value) -> tuple[float, ...]:
+    """`0.1,1,10` or a sequence of numbers, each a percentage in (0, 100], as sorted distinct numbers;
+    anything else is a ValueError (a message template, {name}: the setting)."""
+    items = value.split(",") if isinstance(value, str) else list(value) if isinstance(value, (list, tuple)) else [value]
+    out: set[float] = set()
+    for item in (i for i in items if str(i).strip()):
+        text = str(item).strip().replace("{", "{{").replace("}", "}}")
+        try:
+            x = float(item)
+        except (TypeError, ValueError):
+            raise ValueError(f"{{name}} {text!r} is not a number (a percentage, e.g. 0.1,1,10)") from None
+        if not 0 < x <= 100:
+            raise ValueError(f"{{name}} {text}: a percentage must be in (0, 100]")
+        out.add(x)
+    if not out:
+        raise ValueError("{name}: no percentages given (e.g. 0.1,1,10)")
+    return tuple(sorted(out))
+
+
 def number_list(value) -> tuple[int, ...]:
     """`0,2,5`, with ranges `0-3,7` (both ends included), or a sequence of numbers, as sorted distinct
     numbers; anything else is a ValueError (a message template, {name}: the setting)."""

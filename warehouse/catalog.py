@@ -91,11 +91,13 @@ PAIR_CELL = tuple(c for c in IDENTITY if c != "position")
 # was patched exactly only when its estimate ranked high or it was sampled, so its exact effects are
 # a selected subset. The effect views leave estimated rows out; atp_summary and atp_agreement
 # (views.sql) read them.
-EXACT_ROWS = "estimate IS NULL"
+EXACT_ROWS = "estimate IS NULL AND circuit_size IS NULL"
 # The estimated rows that are attribution patching's sites (an edge's score has a receiver besides:
 # edge_summary reads those).
 ATP_ROWS = "estimate IS NOT NULL AND receiver IS NULL"
 EDGE_ROWS = "estimate IS NOT NULL AND receiver IS NOT NULL"
+# A circuit's run of a pair (the circuit kind's rows: circuit_curve and circuit_score read them).
+CIRCUIT_ROWS = "circuit_size IS NOT NULL"
 
 
 def _measures(name: str, metric) -> dict[str, str]:
@@ -151,13 +153,17 @@ def metric_statements() -> list[str]:
     # The estimated rows with the span clean - corrupt of their own metric (attribution patching's
     # agreement judges a pair's importance threshold by it, as pair_effects_judged does recoveries).
     span = " ".join(f"WHEN {_lit(name)} THEN {ms['span']}" for name, ms in measures.items())
+    value = " ".join(f"WHEN {_lit(name)} THEN {ms['patched']}" for name, ms in measures.items())
+    full = " ".join(f"WHEN {_lit(name)} THEN {ms['clean']}" for name, ms in measures.items())
     return [f"CREATE OR REPLACE VIEW metrics AS SELECT * FROM (VALUES {rows}) t(metric, meaning, better, min_span)",
             f"CREATE OR REPLACE VIEW effect_metrics AS {long}",
             f"CREATE OR REPLACE VIEW pair_effects AS {pair_effects}",
             f"CREATE OR REPLACE VIEW atp_effects AS SELECT *, CASE metric {span} END AS span "
             f"FROM effects WHERE {ATP_ROWS}",
             f"CREATE OR REPLACE VIEW edge_effects AS SELECT *, CASE metric {span} END AS span "
-            f"FROM effects WHERE {EDGE_ROWS}"]
+            f"FROM effects WHERE {EDGE_ROWS}",
+            f"CREATE OR REPLACE VIEW circuit_effects AS SELECT *, CASE metric {value} END AS value, "
+            f"CASE metric {full} END AS full_value FROM effects WHERE {CIRCUIT_ROWS}"]
 
 
 def summary_view_sql() -> str:

@@ -10,10 +10,11 @@ views select rows by what they are:
               also patched exactly: in no effect view, read by atp_summary and atp_agreement
     path      one path from a sender to a receiver per row (`receiver` set): path_summary
     edge      one edge's attribution score per row (`estimate` and `receiver` set): edge_summary
+    circuit   one circuit run of a pair per row (`circuit_size` set): circuit_curve, circuit_score
     noised    causal tracing: the clean prompt with noise on the subject, `corrupt_*` the noised
               run's readings, so a row stands on one fact (the clean prompt): trace_buckets
 
-Estimates, paths and edges say so in their own columns; a noised row does not, so the views take it from
+Estimates, paths, edges and circuits say so in their own columns; a noised row does not, so the views take it from
 the record (`noised_sweeps`). A load written before runs recorded their kinds has none: its
 sweeps on p(answer) as their headline metric are taken as noised, which only causal tracing was.
 """
@@ -23,9 +24,10 @@ import pyarrow as pa
 
 from patchgrid.rows import RowShape
 
-ROW_SHAPES = ("exact", "estimate", "path", "noised", "edge")
+ROW_SHAPES = ("exact", "estimate", "path", "noised", "edge", "circuit")
 # A kind's row shape by how the report draws it; every other drawing's rows are exact.
-DRAWING_SHAPES = {"atp": "estimate", "paths": "path", "trace_buckets": "noised", "edges": "edge"}
+DRAWING_SHAPES = {"atp": "estimate", "paths": "path", "trace_buckets": "noised", "edges": "edge",
+                  "circuit": "circuit"}
 
 SWEEP_KIND = RowShape("sweep_kind", pa.schema([
     ("sweep", pa.string()),

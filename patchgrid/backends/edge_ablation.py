@@ -30,22 +30,8 @@ from __future__ import annotations
 
 import torch
 
-from ..graph import INPUT, EdgeGraph
+from ..graph import EdgeGraph, circuit_keys
 from ..plan import PlanError, tree_len
-from ..sites import site_key
-
-
-def sender_key(sender: str) -> str:
-    """The site key a sender's output is read from in a source: resid_pre.0, head.L (z), mlp_out.L."""
-    if sender == INPUT:
-        return site_key("resid_pre", 0)
-    site, layer = sender.split(".")[:2]
-    return site_key(site, int(layer))
-
-
-def circuit_keys(n_layers: int) -> list[str]:
-    """Every site key a circuit's source must hold."""
-    return [site_key("resid_pre", 0)] + [site_key(s, layer) for layer in range(n_layers) for s in ("head", "mlp_out")]
 
 
 def check_circuits(requests, sources, shape) -> None:

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import torch
 
+from ..graph import circuit_keys
 from ..sites import get_module
-from .edge_ablation import Ablation, Abort, circuit_keys, head_outputs, receiver_qkv
+from .edge_ablation import Ablation, Abort, head_outputs, receiver_qkv
 
 _BATCHED_KWARGS = ("attention_mask", "position_ids", "position_embeddings")
 

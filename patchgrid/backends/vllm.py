@@ -21,6 +21,7 @@ from collections import defaultdict
 from contextlib import contextmanager
 from pathlib import Path
 
+from ..graph import circuit_keys
 from ..plan import (
     LOGPROBS,
     PlanError,
@@ -36,7 +37,7 @@ from ..plan import (
 from ..sites import SITES, parse_key
 from ..stopping import stopped_for_good
 from ..tp import merge_rank_captures
-from .edge_ablation import check_circuits, circuit_keys
+from .edge_ablation import check_circuits
 from .vllm_worker.request import request_id
 
 WORKER_EXTENSION = "patchgrid.backends.vllm_worker.extension.PatchgridWorker"

@@ -17,12 +17,20 @@ from .base import Cell, SweepContext, SweepKind, SweepRun
 from .config import DEFAULT_SWEEPS, HEAD_POSITION_ROLES, SWEEPS, TRACE_NOISE_SCALE, TRACE_SITES, SweepConfig
 from .noise import TraceNoise, subject_noise
 from .populations import POPULATIONS, Population
-from .registry import SWEEP_KINDS, aligning_asks_model, by_population, kind_for_site, noised, settings_of
+from .registry import (
+                       SWEEP_KINDS,
+                       aligning_asks_model,
+                       by_population,
+                       kind_for_site,
+                       noised,
+                       settings_of,
+                       spans_data_set,
+)
 from .run import cache_spec, check_family, count_runs, patched_runs, run_sweeps
 from .trace import trace_noise_std, trace_window
 
 __all__ = ["DEFAULT_SWEEPS", "HEAD_POSITION_ROLES", "POPULATIONS", "SWEEPS", "SWEEP_KINDS", "TRACE_NOISE_SCALE",
            "TRACE_SITES", "Cell", "Population", "SweepConfig", "SweepContext", "SweepKind", "SweepRun", "TraceNoise",
            "aligning_asks_model", "by_population", "cache_spec", "check_family", "count_runs", "kind_for_site",
-           "noised", "patched_runs", "run_sweeps", "settings_of", "subject_noise", "trace_noise_std", "trace_seed",
-           "trace_window"]
+           "noised", "patched_runs", "run_sweeps", "settings_of", "spans_data_set", "subject_noise", "trace_noise_std",
+           "trace_seed", "trace_window"]

@@ -24,6 +24,7 @@ class AtpSweep(SweepKind):
     """Attribution patching over the cells of the screened kinds (config.atp_kinds, denoise only),
     the top `verify_top` per pair, site and scope by the ranking score and `verify_random` sampled from the
     rest patched exactly. Its prepare phase makes the estimates and the choice (`estimates()`)."""
+    ablatable_why = "its estimates are first order in the clean - corrupt difference"
 
     name, drawing = "atp", "atp"
     # Every atp row's metric, whatever the pair's answers: the AtP objective, the log-probability

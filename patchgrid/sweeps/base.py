@@ -45,6 +45,7 @@ class Cell:
     sample: int | None = None  # trace: the noise sample
     neuron: int | None = None
     receiver: str | None = None  # paths: `logits` or a later head's input (sites.unit_name); site etc.: the sender
+    size: float | None = None  # circuit: the circuit's size in percent of the graph's edges (0: empty)
 
     @property
     def source(self) -> str:
@@ -119,6 +120,16 @@ class SweepKind:
     # Its runs add noise to the embeddings, whose std a study measures once over the data set's
     # subjects (sweeps.noise) and hands to every shard (run_sweeps' noise_std)
     noised = False
+    # The kinds it builds on, which must run before it in the same run (config.check_sweep_needs), and why
+    builds_on: tuple[str, ...] = ()
+    builds_on_why = ""
+    # Whether its patches can take the mean or zero instead of the other run's value (config.ablation),
+    # and if not, why
+    ablatable = False
+    ablatable_why = "its patches are defined by the other run's values"
+    # Its work spans the run's pairs at once (circuit: one circuit from every pair's edge scores): a
+    # study runs it in one shard (registry.spans_data_set)
+    spans_data_set = False
 
     def headline(self, pair) -> str:
         """The headline metric for `pair`: a pair whose answers are scored whole has no logit
@@ -170,6 +181,11 @@ class SweepKind:
         """The run whose activations `cell`'s patch writes (a cached run, or one ctx.derived holds)."""
         return cell.source
 
+    def patch_source(self, index: int, cell: Cell, ctx: SweepContext) -> str:
+        """The source `cell`'s request of pair `index` patches from (source_name): its source run's
+        values, or with `config.ablation` their mean or zeros where the kind takes it."""
+        return source_name(index, self.source_run(cell), ctx.config.ablation if self.ablatable else "patching")
+
     def reading_without_run(self, cell: Cell, ctx: SweepContext, pair) -> Reading | None:
         """A reading `cell` already has without a run of its own, from a phase (None: run it)."""
         return None
@@ -206,12 +222,19 @@ def as_run(req: Request, cell: Cell, index: int, ctx: SweepContext, metrics: tup
     reading what `metrics` (SweepKind.metrics_read) need and no more: its KL divergence from the
     clean run's (`{index}:clean`), the answers' ranks, the answers scored whole (kept for answers of
     several tokens, whose first tokens alone are no logit difference: metrics.Reading.of)."""
-    layer = latest_start(req.patches, ctx.n_layers) if ctx.config.start_midstack else 0
+    layer = latest_start(req.patches, ctx.n_layers) if ctx.config.start_midstack and req.circuit is None else 0
     start = Start(layer, f"{index}:{cell.base_run}") if layer > 0 else None
     reads = reads_of(metrics)
     whole = "continuations" in reads or any(len(c) > 1 for c in req.continuations)
     return dataclasses.replace(req, start=start, reference=f"{index}:clean" if "reference" in reads else None,
                                ranks="ranks" in reads, continuations=req.continuations if whole else ())
+
+
+def source_name(index: int, run: str, ablation: str = "patching") -> str:
+    """The name a request gives the values it patches in for pair `index`: the cached run `run`'s
+    (`{index}:{run}`), their mean over the run's pairs at each position role (`{index}:{run}~mean`), or
+    zeros (`{index}:~zero`); sweeps.run._source reads them."""
+    return {"patching": f"{index}:{run}", "mean": f"{index}:{run}~mean", "zero": f"{index}:~zero"}[ablation]
 
 
 def baselines(row: dict) -> tuple[Reading, Reading]:

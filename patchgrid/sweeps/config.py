@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from ..metrics import METRICS
 from ..pairs.known import TRACE_FACTS
 from ..rows import DIRECTIONS
-from ..settings import SpecError, at_least, normalise_and_check, not_negative, number_list, setting
+from ..settings import SpecError, at_least, normalise_and_check, not_negative, number_list, percent_list, setting
 from ..sites import QKV
 from .paths import PATH_MLPS, check_ends
 from .registry import SWEEP_KINDS
@@ -24,6 +24,9 @@ DEFAULT_ATP_KINDS = ("resid", "attn_out", "mlp_out", "heads")
 ATP_CORRECTIONS = ("none", "graddrop")
 EDGE_METHODS = ("eap", "eap-ig")  # patchgrid.edge_attribution.METHODS
 EDGE_POSITIONS = ("summed", "each")  # edges summed over the prompt's positions (MIB's), or one per position
+CIRCUIT_SIZES = (0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0)  # MIB's, in percent of the graph's edges
+CIRCUIT_BUILDS = ("topn", "greedy")  # patchgrid.circuits
+ABLATIONS = ("patching", "mean", "zero")  # rows.ABLATIONS
 
 
 @dataclass(frozen=True)
@@ -99,6 +102,17 @@ class SweepConfig:
     edge_positions: str = setting("summed", "edges: one score per edge summed over the prompt's positions (summed, "
                                   "as MIB's) or one per edge and position (each)", choices=EDGE_POSITIONS,
                                   record="if_used")
+    circuit_sizes: tuple[float, ...] = setting(
+        CIRCUIT_SIZES, "circuit: the circuits' sizes in percent of the graph's edges, each in (0, 100] (MIB's ten by "
+        "default)", parse=percent_list, record="if_used")
+    circuit_build: str = setting("topn", "circuit: the edges of largest |mean score| over the pairs (topn), or MIB's "
+                                 "greedy construction from the logits down (greedy)", choices=CIRCUIT_BUILDS,
+                                 record="if_used")
+    ablation: str = setting(
+        "patching", "what a patch or an edge outside a circuit gets: the other run's value (patching), the data "
+        "set's mean at that site and position role (mean), or zero (zero); circuit and the exact site sweeps "
+        "(resid, resid_pre, resid_mid, attn_out, mlp_out, embed, heads, neurons, qkv)", choices=ABLATIONS,
+        record="if_changed")
     path_senders: tuple[str, ...] = setting(
         ("heads",), "paths: senders, a comma list: heads, attn_out, mlp_out (every one) or head.L.H, attn_out.L, "
         "mlp_out.L", record="if_used")
@@ -113,10 +127,33 @@ class SweepConfig:
 
     def __post_init__(self):
         normalise_and_check(self)
+        check_sweep_needs(self)
         try:
             check_ends(self.path_senders, self.path_receivers, self.path_inputs, self.path_mlps)
         except ValueError as exc:
             raise SpecError(None, str(exc)) from None
+
+
+def check_sweep_needs(config) -> None:
+    """Refuse sweep kinds run without what they build on (or after it), and an ablation none of the
+    run's kinds takes, in one line. Kinds that take no ablation run as they do alongside those that
+    take it (the rows' `ablation` column says which did)."""
+    for name in config.sweeps:
+        kind = SWEEP_KINDS[name]
+        missing = [need for need in kind.builds_on if need not in config.sweeps]
+        if missing:
+            raise SpecError("sweeps", f"{{name}}: {name} {kind.builds_on_why}: add {missing[0]} to the sweeps")
+    takers = [name for name in config.sweeps if SWEEP_KINDS[name].ablatable]
+    if config.ablation != "patching" and not takers:
+        first = config.sweeps[0]
+        raise SpecError("ablation", f"{{name}} {config.ablation}: none of the sweeps {','.join(config.sweeps)} takes it "
+                                    f"({first}: {SWEEP_KINDS[first].ablatable_why}); it applies to circuit and the "
+                                    "exact site sweeps")
+    order = list(config.sweeps)
+    for name in order:
+        for need in SWEEP_KINDS[name].builds_on:
+            if order.index(need) > order.index(name):
+                raise SpecError("sweeps", f"{{name}}: {need} must come before {name}, which builds on it")
 
 
 DEFAULT_PATHS = SweepConfig()  # the paths sweep's defaults (path_*)

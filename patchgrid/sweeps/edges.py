@@ -38,6 +38,7 @@ def sender_columns(sender: str) -> dict:
 
 
 class EdgeSweep(SweepKind):
+    ablatable_why = "its scores are first order in the clean - corrupt difference"
     name, drawing = "edges", "edges"
     # the EAP objective, whatever the pair's answers (as atp's): log p(clean) - log p(corrupt), each summed
     # over its tokens, which for one-token answers is the logit difference
@@ -191,6 +192,7 @@ class EdgeSweep(SweepKind):
         out = []
         got = ctx.prepared_by(self.name)
         senders = [s for s, _ in got["edges"]]  # edge_cells' order: every edge, position by position
+        circuit = ctx.prepared_by("circuit")  # the circuit kind's order of the edges, when it runs
         for k, (cell, score) in enumerate(self.edge_cells(pair, ctx)):
             sender = senders[k % len(senders)]
             if cell in exact:
@@ -201,5 +203,7 @@ class EdgeSweep(SweepKind):
                        "position": cell.position,
                        "position_role": "all" if cell.position is None else pair.roles[cell.position],
                        "sender": sender, "receiver": cell.receiver, "estimate": score}
+            if circuit is not None:
+                row["circuit_rank"] = circuit["rank"][k % len(senders)]
             out.append(row)
         return out

@@ -96,6 +96,7 @@ def _parsed(text, what):
 
 
 class PathSweep(SweepKind):
+    ablatable_why = "a path carries the clean run's value through runs frozen at the corrupt one's"
     name, drawing = "paths", "paths"
     settings = ("path_senders", "path_receivers", "path_inputs", "path_mlps")
 

@@ -21,6 +21,7 @@ def prompt_into(pair, direction: str):
 
 class PositionSweep(SweepKind):
     """One site patched at one (layer, position) per run."""
+    ablatable = True
 
     def __init__(self, site: str, *, layered: bool = True, both_directions: bool = False):
         self.name = self.site = site

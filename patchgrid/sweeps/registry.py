@@ -10,6 +10,7 @@ from __future__ import annotations
 from ..rows import SWEEP_NAMES
 from .atp import AtpSweep
 from .base import SweepKind
+from .circuit import CircuitSweep
 from .edges import EdgeSweep
 from .paths import PathSweep
 from .populations import POPULATIONS, Population
@@ -32,6 +33,7 @@ SWEEP_KINDS.update((kind.name, kind) for kind in (
     AtpSweep(SWEEP_KINDS),  # screens the kinds above, by name
     PathSweep(),
     EdgeSweep(SWEEP_KINDS),  # patches its chosen edges exactly through the paths kind
+    CircuitSweep(),  # builds its circuits from the edges kind's scores
 ))
 
 _unnamed = [name for name in SWEEP_KINDS if name not in SWEEP_NAMES]
@@ -68,3 +70,9 @@ def kind_for_site(site: str) -> SweepKind:
         if site in kind.sites:
             return kind
     raise ValueError(f"no sweep patches site {site!r}")
+
+
+def spans_data_set(names) -> bool:
+    """Whether any of the sweep kinds `names` works over the run's pairs at once (a study then runs
+    their group in one shard)."""
+    return any(SWEEP_KINDS[name].spans_data_set for name in names)

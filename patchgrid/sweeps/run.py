@@ -8,8 +8,10 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 
 from ..cache import CacheError, CacheSpec
+from ..graph import circuit_keys
 from ..metrics import METRICS, Reading
 from ..plan import LOGPROBS, Request
+from .ablated import AblatedSources
 from .base import Cell, SweepContext, SweepKind, SweepRun, as_run, baselines
 from .config import SweepConfig
 from .registry import SWEEP_KINDS
@@ -56,7 +58,7 @@ def patched_runs(pairs, ctx: SweepContext) -> Iterator[tuple[int, SweepKind, Cel
             kind = SWEEP_KINDS[name]
             read = kind.metrics_read(p, ctx.config)
             for cell in kind.cells(p, ctx):
-                yield i, kind, cell, as_run(kind.request(p, cell, ctx, f"{i}:{kind.source_run(cell)}"), cell, i, ctx,
+                yield i, kind, cell, as_run(kind.request(p, cell, ctx, kind.patch_source(i, cell, ctx)), cell, i, ctx,
                                      read)
 
 
@@ -66,6 +68,7 @@ class _Calls:
     def __init__(self, engine, pairs, store, max_requests: int, progress: Progress | None, total: int):
         self.engine, self.pairs, self.store, self.max_requests = engine, pairs, store, max_requests
         self.progress, self.total, self.done = progress, total, 0
+        self.ablated = AblatedSources(engine.shape, pairs, store)
 
     def counted(self, n: int, report: bool = True) -> None:
         self.done += n
@@ -77,11 +80,16 @@ class _Calls:
         not). In engine calls of at most max_requests runs (a shard's requests are small, its
         results are not), cut by start_layer_calls."""
         for buffer in start_layer_calls(runs, self.max_requests):
-            sources = {}
+            sources, wanted = {}, defaultdict(set)  # wanted: the site keys read of each source
             for *_, req in buffer:
-                names = {p.source for p in req.patches} | {req.reference, req.start and req.start.source} - {None}
-                for name in names - set(sources):
-                    sources[name] = _source(self.store, ctx, self.pairs, name)
+                for p in req.patches:
+                    wanted[p.source].add(p.key)
+                if req.circuit is not None:
+                    wanted[req.circuit.source].update(circuit_keys(self.engine.shape.n_layers))
+                for name in {req.reference, req.start and req.start.source} - {None}:
+                    wanted.setdefault(name, set())
+            for name, keys in wanted.items():
+                sources[name] = self.ablated.get(name, keys) or _source(self.store, ctx, self.pairs, name)
             for run, res in zip(buffer, self.engine.run([req for *_, req in buffer], sources)):
                 read(run, res)
             if counted:
@@ -180,7 +188,11 @@ def _rows(pairs, ctx: SweepContext, kinds, readings, store) -> list[dict]:
             if set(ctx.config.metrics) != set(METRICS):  # unchanged cells and phases read every metric
                 read = kind.metrics_read(p, ctx.config)
                 got = [(cell, None if r is None else r.only(read)) for cell, r in got]
-            rows += kind.rows(p, got, store.baselines[p.pair_id], ctx)
+            kind_rows = kind.rows(p, got, store.baselines[p.pair_id], ctx)
+            if kind.ablatable and ctx.config.ablation != "patching":
+                for row in kind_rows:
+                    row["ablation"] = ctx.config.ablation
+            rows += kind_rows
     return rows
 
 

@@ -33,6 +33,7 @@ class TraceSweep(SweepKind):
     """Causal tracing (Meng et al.): the clean prompt with noise on the subject's embeddings; per
     sample, the noised run itself and one run per restored site. Rows average over samples and
     take the noised run as the corrupt baseline."""
+    ablatable_why = "it restores the clean run's states into runs noised from it"
 
     name, metric, drawing = "trace", "p", "trace_buckets"
     population, noised = TRACED_FACTS, True

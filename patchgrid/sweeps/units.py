@@ -19,6 +19,7 @@ class UnitSweep(SweepKind):
     """One unit (an attention head's slice of z or of q, k or v, or one MLP neuron) per run: at every
     position at once and at the positions of chosen roles, or at every (or given) position one by
     one. A kind may patch several sites (qkv: q, k and v), each unit by unit."""
+    ablatable = True
 
     def __init__(self, name: str, *sites: str, drawing: str = "layer_by_head"):
         self.name, self.sites, self.drawing = name, sites, drawing

@@ -8,8 +8,8 @@ import random
 import pytest
 import torch
 
-from patchgrid.backends.edge_ablation import check_circuits, circuit_keys
-from patchgrid.graph import EdgeGraph
+from patchgrid.backends.edge_ablation import check_circuits
+from patchgrid.graph import EdgeGraph, circuit_keys
 from patchgrid.plan import Circuit, Patch, PlanError, Request
 from patchgrid.sites import FAMILIES, ModelShape
 from tests.support.engines import TINY, needs_vllm

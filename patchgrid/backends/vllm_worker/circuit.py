@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import torch
 
-from ...graph import EdgeGraph
+from ...graph import EdgeGraph, circuit_keys
 from ...sites import get_module
-from ..edge_ablation import Ablation, Abort, Layout, circuit_keys, head_outputs, receiver_qkv
+from ..edge_ablation import Ablation, Abort, Layout, head_outputs, receiver_qkv
 from .hooks import ForwardHook
 
 
