@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import heapq
 
-import torch
-
 from .graph import INPUT, EdgeGraph
 
 BUILDS = ("topn", "greedy")
@@ -31,8 +29,8 @@ def circuit_size(size: float, n_edges: int) -> int:
     return int(size / 100 * n_edges)
 
 
-def edge_order(graph: EdgeGraph, scores: torch.Tensor, build: str) -> list[int]:
-    """Every edge index (into graph.edges) in the order circuits take them; `scores` [edges]."""
+def edge_order(graph: EdgeGraph, scores, build: str) -> list[int]:
+    """Every edge index (into graph.edges) in the order circuits take them; `scores` [edges] (a tensor)."""
     if build not in BUILDS:
         raise ValueError(f"unknown circuit build {build!r}; use one of {', '.join(BUILDS)}")
     magnitude = scores.abs().tolist()

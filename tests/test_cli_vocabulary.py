@@ -68,7 +68,8 @@ def test_a_setting_has_its_declared_default_in_every_command():
         for action in sub._actions:
             if action.dest in DECLARED and action.dest not in OWN_DEFAULTS.get(name, ()):
                 declared = DECLARED[action.dest]
-                want = ",".join(declared) if isinstance(declared, tuple) else declared
+                want = ",".join(f"{x:g}" if isinstance(x, float) else x for x in declared) \
+                    if isinstance(declared, tuple) else declared
                 assert action.default == want, f"{name} {action.option_strings[0]}: {action.default!r} != {want!r}"
                 seen.add((name, action.dest))
     assert ("pairs check", "require_known") in seen and ("pairs check", "pairs") in seen

@@ -14,8 +14,9 @@ from tests.support.effect_rows import make_pair
 
 ROLES = ["before_subject", "subject_first", "subject_last", "further", "last"]
 PAIR = make_pair("p", ROLES, subject=(1, 3))
-# atp's grid is what it estimates (below); edges score the whole graph, whatever the layers and positions
-LAYERED = [name for name in SWEEP_KINDS if name not in ("atp", "embed", "edges")]
+# atp's grid is what it estimates (below); edges score the whole graph, and circuits are drawn on it,
+# whatever the layers and positions
+LAYERED = [name for name in SWEEP_KINDS if name not in ("atp", "embed", "edges", "circuit")]
 
 
 def ctx(**settings) -> SweepContext:

@@ -42,6 +42,8 @@ def add_settings(parser, cls, *, only: tuple[str, ...] | None = None, exclude: t
                 kw["help"] += f"; of {', '.join(choices)}"
             parser.add_argument(flag_of(f), metavar="LIST", **kw)
         else:
+            if isinstance(kw.get("default"), tuple):  # numbers with a parse of their own (circuit_sizes)
+                kw["default"] = ",".join(f"{x:g}" for x in kw["default"])
             parser.add_argument(flag_of(f), type=kind, choices=choices, **kw)
 
 

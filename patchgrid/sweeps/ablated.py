@@ -4,9 +4,12 @@ position role (a pair's position takes the mean of its role). The mean is over t
 run_sweeps call: a study sharded over several workers takes each shard's own mean (docs/methods.md)."""
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from ..sites import parse_key
+
+if TYPE_CHECKING:  # torch is imported where it is used: the light commands import the sweeps and need no torch
+    import torch
 
 
 class AblatedSources:
@@ -19,6 +22,8 @@ class AblatedSources:
         index, _, run = name.partition(":")
         if "~" not in run:
             return None
+        import torch
+
         run, _, how = run.partition("~")
         pair = self.pairs[int(index)]
         n = len(pair.clean_ids)

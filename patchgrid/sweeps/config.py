@@ -65,12 +65,12 @@ class SweepConfig:
     positions: tuple[int, ...] | None = setting(
         None, "patch only these prompt positions, each on its own, in every sweep (e.g. 0,2,5 or 0-3,7; a pair's "
         "prompt shorter than a position leaves it out); default: every position, and for heads, neurons, qkv and "
-        "paths every position at once and the roles' positions (edges: every position, whatever this says)",
+        "paths every position at once and the roles' positions (edges and circuit: every position, whatever this says)",
         record="if_changed", parse=number_list)
     layers: tuple[int, ...] | None = setting(
         None, "patch only these layers (e.g. 0,2,5 or 0-3,7; refused past the model's last layer): the layers of "
         "the layer sweeps, trace's restored layers (window centres), the cells atp estimates and verifies, and the "
-        "paths senders and receivers given as every one (heads, attn_out, mlp_out); default: every layer (edges: "
+        "paths senders and receivers given as every one (heads, attn_out, mlp_out); default: every layer (edges, circuit: "
         "every edge of the graph, whatever this says)",
         record="if_changed", parse=number_list)
     start_midstack: bool = setting(
