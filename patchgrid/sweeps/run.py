@@ -169,7 +169,9 @@ def _sorted_cells(pairs, ctx: SweepContext, readings) -> tuple[list, list]:
         i, kind, cell, _ = run
         if (i, kind.name) not in first_change:
             first_change[i, kind.name] = kind.first_change(pairs[i])
-        if ctx.config.start_midstack and kind.unchanged(cell, first_change[i, kind.name]):
+        # a patch before the first change writes what is there, unless it writes an ablation's value
+        ablated = kind.ablatable and ctx.config.ablation != "patching"
+        if ctx.config.start_midstack and not ablated and kind.unchanged(cell, first_change[i, kind.name]):
             unchanged.append(run)
         elif (got := kind.reading_without_run(cell, ctx, pairs[i])) is not None:
             readings[(i, kind.name)].append((cell, got))
