@@ -34,12 +34,14 @@ def _mib_greedy(graph: EdgeGraph, scores: list[float]) -> list[int]:
         if what == "mlp_in":
             return {f"mlp_out.{layer}"}
         u = int(unit[0])
-        return {f"head.{layer}.{u}"} if what == "q" else {f"head.{layer}.{h}" for h in range(u * group, (u + 1) * group)}
+        if what == "q":
+            return {f"head.{layer}.{u}"}
+        return {f"head.{layer}.{h}" for h in range(u * group, (u + 1) * group)}
 
     nodes, taken, order = {"logits"}, set(), []
     while len(order) < len(graph.edges):
         best = None
-        for e, (i, j) in enumerate(graph.edges):
+        for e, (_, j) in enumerate(graph.edges):
             if e not in taken and node(graph.receivers[j]) & nodes:
                 if best is None or abs(scores[e]) > abs(scores[best]):
                     best = e
@@ -192,7 +194,7 @@ def test_a_site_sweep_patches_the_ablation_it_is_given(engines, tokenizers, tmp_
     assert rows and {r["ablation"] for r in rows} == {ablation}
     clean = {p.pair_id: hf.run([Request(p.clean_ids, p.answers, capture=("resid.1",))])[0].captures["resid.1"]
              for p in pairs}
-    for i, p in enumerate(pairs):
+    for p in pairs:
         for r in (r for r in rows if r["pair_id"] == p.pair_id):
             pos = r["position"]
             if ablation == "zero":

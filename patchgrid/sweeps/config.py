@@ -70,8 +70,8 @@ class SweepConfig:
     layers: tuple[int, ...] | None = setting(
         None, "patch only these layers (e.g. 0,2,5 or 0-3,7; refused past the model's last layer): the layers of "
         "the layer sweeps, trace's restored layers (window centres), the cells atp estimates and verifies, and the "
-        "paths senders and receivers given as every one (heads, attn_out, mlp_out); default: every layer (edges, circuit: "
-        "every edge of the graph, whatever this says)",
+        "paths senders and receivers given as every one (heads, attn_out, mlp_out); default: every layer (edges, "
+        "circuit: every edge of the graph, whatever this says)",
         record="if_changed", parse=number_list)
     start_midstack: bool = setting(
         True, "start each patched run at its lowest patched layer from the cached stream below it (plan.Start); "
@@ -146,9 +146,9 @@ def check_sweep_needs(config) -> None:
     takers = [name for name in config.sweeps if SWEEP_KINDS[name].ablatable]
     if config.ablation != "patching" and not takers:
         first = config.sweeps[0]
-        raise SpecError("ablation", f"{{name}} {config.ablation}: none of the sweeps {','.join(config.sweeps)} takes it "
-                                    f"({first}: {SWEEP_KINDS[first].ablatable_why}); it applies to circuit and the "
-                                    "exact site sweeps")
+        raise SpecError("ablation", f"{{name}} {config.ablation}: none of the sweeps {','.join(config.sweeps)} "
+                                    f"takes it ({first}: {SWEEP_KINDS[first].ablatable_why}); it applies to circuit "
+                                    "and the exact site sweeps")
     order = list(config.sweeps)
     for name in order:
         for need in SWEEP_KINDS[name].builds_on:
