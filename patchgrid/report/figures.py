@@ -143,3 +143,61 @@ def scatter_range(points) -> tuple[float, float]:
         lo, hi = lo - 1.0, hi + 1.0
     pad = (hi - lo) * 0.05
     return lo - pad, hi + pad
+
+
+@dataclass
+class Curve:
+    """Faithfulness against circuit size: per series (a method and ablation), its points (share of
+    edges, MIB's faithfulness, and the mean of the pairs' faithfulness with its t interval)."""
+
+    key: str  # file stem of its PNG
+    title: str
+    series: list  # (label, [(share, faithfulness, pair mean, low, high)]) in legend order
+    x_label: str
+    y_label: str
+    caption: str = ""
+    metric: str | None = None  # never switched by the metric buttons (on its own metric)
+
+
+@dataclass
+class CircuitDiagram:
+    """A circuit as a graph: the input at the bottom, a row of nodes per layer (its heads, then its
+    MLP), the logits at the top; its edges (sender, receiver node, mean score) drawn by score."""
+
+    key: str  # file stem of its PNG
+    title: str
+    n_layers: int
+    n_heads: int
+    edges: list  # (sender, receiver, mean score): receiver as graph names (q.L.H, k.L.G, v.L.G, mlp_in.L, logits)
+    n_kv_heads: int = 0
+    caption: str = ""
+    metric: str | None = None
+
+    def node(self, end: str) -> list[tuple[int, int]]:
+        """(row, column) of the node(s) an end names: row 0 the input, 1 + L layer L, n_layers + 1 the
+        logits; columns 0..n_heads-1 the heads, n_heads the MLP. A k or v end is its group's heads."""
+        if end == "input":
+            return [(0, -1)]
+        if end == "logits":
+            return [(self.n_layers + 1, -1)]
+        what, layer, *unit = end.split(".")
+        row = int(layer) + 1
+        if what in ("mlp_out", "mlp_in"):
+            return [(row, self.n_heads)]
+        u = int(unit[0])
+        if what in ("head", "q"):
+            return [(row, u)]
+        group = self.n_heads // (self.n_kv_heads or self.n_heads)
+        return [(row, h) for h in range(u * group, (u + 1) * group)]
+
+
+def curve_range(c: Curve) -> tuple[tuple[float, float], tuple[float, float]]:
+    """The curve's axes: log10 of the shares drawn (a decade's margin kept whole), and the
+    faithfulness shown (0 to 1 at least; intervals and points beyond it, within -1 to 2)."""
+    import math
+
+    shares = [s for _, pts in c.series for s, *_ in pts if s > 0] or [0.001, 1.0]
+    values = [v for _, pts in c.series for _, *vs in pts for v in vs if v is not None]
+    lo, hi = min([0.0] + values), max([1.0] + values)
+    return ((math.floor(math.log10(min(shares))), max(0.0, math.log10(max(shares)))),
+            (max(-1.0, lo - 0.05), min(2.0, hi + 0.05)))

@@ -8,7 +8,7 @@ import textwrap
 from pathlib import Path
 
 from .colours import GROUP_COLOURS, MID, NEG, POS
-from .figures import Heatmap, Scatter, scatter_range
+from .figures import CircuitDiagram, Curve, Heatmap, Scatter, curve_range, scatter_range
 
 FORMATS = ("png", "svg", "pdf")  # every figure is written in each
 DPI = 110
@@ -95,9 +95,63 @@ def scatter_figure(s: Scatter):
     return fig
 
 
-def write_figure(figure: Heatmap | Scatter, folder: Path, formats=FORMATS) -> list[Path]:
+def curve_figure(c: Curve):
+    """Faithfulness against the share of edges (log scale), a line per series, the pairs' intervals as bars."""
+    from .circuit_svg import SERIES_COLOURS
+
+    (x0, x1), (y0, y1) = curve_range(c)
+    fig = _figure(6.4, 4.0)
+    ax = fig.add_subplot()
+    for k, (label, points) in enumerate(c.series):
+        col = SERIES_COLOURS[k % len(SERIES_COLOURS)]
+        pts = [(s, f) for s, f, *_ in points if f is not None]
+        ax.plot([s for s, _ in pts], [f for _, f in pts], marker="o", ms=3, color=col, label=label)
+        for s, _, _, low, high in points:
+            if low is not None and high is not None:
+                ax.plot([s, s], [max(low, y0), min(high, y1)], color=col, alpha=0.45, lw=3)
+    ax.set_xscale("log")
+    ax.set_xlim(10 ** x0, 10 ** x1)
+    ax.set_ylim(y0, y1)
+    ax.axhline(1.0, color="#999", lw=0.8)
+    ax.axhline(0.0, color="#999", lw=0.8)
+    ax.set_xlabel(c.x_label)
+    ax.set_ylabel(c.y_label)
+    ax.set_title(_wrapped(c.title, 6.0, 10), fontsize=10)
+    ax.legend(fontsize=8)
+    return fig
+
+
+def circuit_figure(d: CircuitDiagram):
+    """The circuit's nodes by layer (input at the bottom, logits at the top) and its edges coloured by score."""
+    from .circuit_svg import diagram_layout
+    from .colours import colour
+
+    width, height, at = diagram_layout(d)
+    fig = _figure(max(4.0, width / 80), max(3.0, height / 80))
+    ax = fig.add_subplot()
+    limit = max((abs(s) for *_, s in d.edges), default=1.0) or 1.0
+    for sender, receiver, score in sorted(d.edges, key=lambda e: abs(e[2])):
+        for a in d.node(sender):
+            for b in d.node(receiver):
+                (x1, y1), (x2, y2) = at(*a), at(*b)
+                ax.plot([x1, x2], [y1, y2], color=colour(score, limit), lw=0.4 + 1.6 * abs(score) / limit, alpha=0.8)
+    for row in range(d.n_layers + 2):
+        nodes = [(row, -1)] if row in (0, d.n_layers + 1) else [(row, c) for c in range(d.n_heads + 1)]
+        ax.scatter([at(*n)[0] for n in nodes], [at(*n)[1] for n in nodes], s=6, color="#555", zorder=3)
+    ax.set_yticks([at(r, 0)[1] for r in range(d.n_layers + 2)],
+                  ["input"] + [f"layer {k}" for k in range(d.n_layers)] + ["logits"], fontsize=6)
+    ax.set_xticks([])
+    ax.invert_yaxis()
+    ax.set_title(_wrapped(d.title, max(4.0, width / 80) - 0.5, 10), fontsize=10)
+    return fig
+
+
+FIGURES = {Heatmap: heatmap_figure, Scatter: scatter_figure, Curve: curve_figure, CircuitDiagram: circuit_figure}
+
+
+def write_figure(figure: Heatmap | Scatter | Curve | CircuitDiagram, folder: Path, formats=FORMATS) -> list[Path]:
     """The figure as `<folder>/<key>.<format>` for each of `formats`; their paths."""
-    fig = scatter_figure(figure) if isinstance(figure, Scatter) else heatmap_figure(figure)
+    fig = FIGURES[type(figure)](figure)
     paths = [Path(folder) / f"{figure.key}.{fmt}" for fmt in formats]
     for k, path in enumerate(paths):
         fig.savefig(path, metadata=UNDATED.get(path.suffix))

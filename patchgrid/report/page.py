@@ -9,8 +9,9 @@ import json
 from pathlib import Path
 
 from ..metrics import METRICS
+from .circuit_svg import svg_circuit, svg_curve
 from .estimates import TOP_NEURONS, estimate_note
-from .figures import Heatmap, Scatter
+from .figures import CircuitDiagram, Curve, Heatmap, Scatter
 from .files import FORMATS, write_figure
 from .queries import latest_completed_run, run_params, runs_by_status
 from .sections import DRAWINGS, collect
@@ -52,18 +53,21 @@ class FigureWriter:
     def __init__(self, out: Path, metrics, formats=FORMATS):
         self.out, self.index, self.n, self.formats = out, {m: k for k, m in enumerate(metrics)}, 0, formats
 
-    def __call__(self, h: Heatmap | Scatter) -> str:
+    def __call__(self, h: Heatmap | Scatter | Curve | CircuitDiagram) -> str:
         self.n += 1
-        scatter = isinstance(h, Scatter)
+        plain = not isinstance(h, Heatmap)  # no cell counts in its caption
         files = write_figure(h, self.out, self.formats)
         links = " ".join(f"<a href='{html.escape(p.name, quote=True)}'>{p.suffix[1:].upper()}</a>" for p in files)
         switched = (f" class='by-metric m-{self.index[h.metric]}' data-metric='{h.metric}'"
                     if h.metric in self.index else "")
-        caption = h.caption + ("" if scatter else h.counts_caption())
+        caption = h.caption + ("" if plain else h.counts_caption())
         return (f"<figure id='fig-{self.n}'{switched} data-png='{h.key}.png'>"
-                f"{svg_scatter(h) if scatter else svg_heatmap(h)}"
+                f"{SVG[type(h)](h)}"
                 f"<figcaption><b>{html.escape(h.title)}</b>{html.escape(caption)}"
                 f"<span class='files'>{links}</span></figcaption></figure>")
+
+
+SVG = {Heatmap: svg_heatmap, Scatter: svg_scatter, Curve: svg_curve, CircuitDiagram: svg_circuit}
 
 
 def _neuron_table(neurons) -> list[str]:
@@ -197,7 +201,29 @@ def _edge_agreement_table(agreement) -> list[str]:
 
 
 # drawing -> how its section is written (every other drawing: grid_html)
-SECTION_HTML = {"paths": paths_html, "atp": atp_html, "edges": edges_html}
+def circuit_html(circuit: dict, figure) -> list[str]:
+    """The circuits section: MIB's faithfulness curves, the CPR and CMD table, and one circuit drawn."""
+    parts = [f"<h2>{DRAWINGS['circuit'][0]}</h2>",
+             "<p class='note'>Sweep circuit (circuit_curve, circuit_score): circuits of the graph's edges at each "
+             "size, ranked by the edges' mean score over the pairs, each run on the engine for every pair with the "
+             "edges outside it given the ablation's value; faithfulness (m(C) − m(empty)) / (m(full) − m(empty)) on "
+             f"{html.escape(circuit['metric'])}, MIB's ratio of means (bars: the mean of the pairs' faithfulness "
+             "with its 95% t interval). CPR: the area under the curve over the share of edges; CMD: the area "
+             "between it and 1.</p>",
+             figure(circuit["curve"]),
+             "<table><tr><th>method</th><th>build</th><th>ablation</th><th>sizes</th><th>CPR (higher is better)</th>"
+             "<th>CMD (lower is better)</th></tr>"]
+    for r in circuit["scores"]:
+        parts.append(f"<tr><td>{html.escape(str(r['method']))}</td><td>{html.escape(str(r['build']))}</td>"
+                     f"<td>{html.escape(str(r['ablation']))}</td><td>{r['n_sizes']}</td><td>{_number(r['cpr'])}</td>"
+                     f"<td>{_number(r['cmd'])}</td></tr>")
+    parts.append("</table>")
+    if circuit.get("diagram") is not None:
+        parts.append(figure(circuit["diagram"]))
+    return parts
+
+
+SECTION_HTML = {"paths": paths_html, "atp": atp_html, "edges": edges_html, "circuit": circuit_html}
 
 INTRO = (" Hover a cell for its mean and metric, 95% t interval and pair count. Red marks what matters: "
          "denoising, the patch restores the clean answer; noising, the site carries it; tracing, restoring "

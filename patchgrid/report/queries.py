@@ -102,3 +102,25 @@ def verified_estimates(con, run_id: str, limit: int) -> list[dict]:
             FROM effects WHERE run_id = ? AND verify IS NOT NULL
               AND effect IS NOT NULL AND estimate IS NOT NULL)
         WHERE k <= ? ORDER BY site, metric, verify DESC, k""", [run_id, limit])
+
+
+def circuit_curve(con, run_id: str) -> list[dict]:
+    return rows(con, "SELECT * FROM circuit_curve WHERE run_id = ? ORDER BY ablation, metric, size", [run_id])
+
+
+def circuit_score(con, run_id: str) -> list[dict]:
+    return rows(con, "SELECT * FROM circuit_score WHERE run_id = ? ORDER BY ablation, metric", [run_id])
+
+
+def circuit_edges(con, run_id: str, size: float, limit: int) -> list[dict]:
+    """The first `limit` edges (by rank) of the run's circuit at `size`."""
+    return rows(con, "SELECT * FROM circuit_edges WHERE run_id = ? AND size = ? ORDER BY rank LIMIT ?",
+                [run_id, size, limit])
+
+
+def graph_shape(con, run_id: str) -> dict | None:
+    """The model's layers, heads and key/value heads as the run's edges show them (every head sends)."""
+    got = rows(con, "SELECT max(sender_layer) + 1 AS n_layers, max(sender_head) + 1 AS n_heads, "
+                    "max(receiver_head) FILTER (WHERE receiver_input = 'k') + 1 AS n_kv_heads "
+                    "FROM edge_summary WHERE run_id = ?", [run_id])
+    return got[0] if got and got[0]["n_layers"] is not None else None

@@ -12,6 +12,7 @@ from ..sweeps import SWEEP_KINDS
 from . import estimates, queries
 from .buckets import METRIC as BUCKET_METRIC
 from .buckets import bucket_figures
+from .circuit_figures import circuit_section
 from .edge_matrices import edge_section
 from .estimates import estimate_section
 from .figures import HEADLINE
@@ -58,6 +59,10 @@ def edges(run: Run, kinds: list[str]):
     return section
 
 
+def circuit(run: Run, kinds: list[str]):
+    return circuit_section(run.con, run.run_id, kinds[0])
+
+
 def atp(run: Run, kinds: list[str]):
     summary = queries.atp_summary(run.con, run.run_id)
     if not summary:
@@ -75,6 +80,7 @@ DRAWINGS = {
     "paths": ("Path patching", paths),
     "atp": ("Attribution patching (AtP estimates)", atp),
     "edges": ("Edge attribution (EAP and EAP-IG scores)", edges),
+    "circuit": ("Circuits and their faithfulness (MIB's circuit track)", circuit),
 }
 GRIDS = ("layer_by_role", "layer_by_head", "trace_buckets")  # drawings whose section is a list of heatmaps
 
