@@ -1,6 +1,6 @@
-"""Edges on smollm2-135m and the shipped IOI set (issue 32): every edge scored by EAP and EAP-IG,
-the strongest and a random sample confirmed exactly on vLLM, against exhaustive exact edge patching
-of the same pairs.
+"""Edges and circuits on smollm2-135m and the shipped IOI set (issue 32): every edge scored by EAP
+and EAP-IG, the strongest and a random sample confirmed exactly on vLLM, circuits judged by
+faithfulness at MIB's ten sizes, against exhaustive exact edge patching of the same pairs.
 
 In one process, on the same pairs and the same vLLM engine:
   eap        EAP scores of every edge of every pair (the hf model, float32): edges scored per second
@@ -12,8 +12,11 @@ In one process, on the same pairs and the same vLLM engine:
              --exhaustive-sample edges of one pair, and extrapolated to every edge of every pair
              (stated as such: not run)
 
-Not measured yet: the ten-size faithfulness evaluation of circuits (CPR, CMD), which needs the
-circuit sweep (issue 32's second part); this script says so when it ends.
+  circuits   per method (EAP, EAP-IG), the circuit sweep at MIB's ten sizes (patching ablation): the
+             circuit runs on vLLM (nine per pair: the full circuit is the clean run and the empty one
+             the corrupt run, read from the baselines), in patched runs per second and wall time
+             (the scoring timed above taken out), and MIB's CPR and CMD (circuit_score) with the
+             faithfulness of the 1% and 10% circuits (circuit_curve)
 
     .venv/bin/python benchmarks/circuits.py [--pairs 8] [--ig-steps 30] [--top 20] [--random 20]
 """
@@ -47,24 +50,41 @@ def ioi_pairs(engine, n: int):
     return accepted_pairs(to_table(rows))[:n]
 
 
-def edge_agreement_of(pairs, rows):
-    """The rows loaded as one run of a fresh warehouse, and its edge agreement with intervals."""
+def warehouse_of(pairs, rows, params: dict):
+    """The rows loaded as one run (`bench`) of a fresh warehouse; a read-only connection to it."""
     from patchgrid.effects import write_effects
     from patchgrid.pairs import to_table
     from patchgrid.sweeps import SWEEP_KINDS
-    from patchgrid.warehouse.agreement import edge_agreement
     from patchgrid.warehouse.loader import connect, load_run, start_run
 
     folder = Path(tempfile.mkdtemp())
     wh = folder / "w.duckdb"
     records = [{"pair_id": p.pair_id, "relation": p.relation, "status": "accepted", "roles": list(p.roles),
                 "subject_start": p.subject_start, "subject_end": p.subject_end} for p in pairs]
-    start_run(wh, {"run_id": "bench", "model": "m", "params": {"edge_method": "eap-ig"}})
+    start_run(wh, {"run_id": "bench", "model": "m", "params": params})
     load_run(wh, "bench", to_table(records), [], [write_effects(rows, folder / "rows.parquet")],
              sweep_kinds={name: kind.drawing for name, kind in SWEEP_KINDS.items()})
-    con = connect(wh)
+    return connect(wh)
+
+
+def edge_agreement_of(pairs, rows):
+    """The edge agreement of the rows, with bootstrap intervals."""
+    from patchgrid.warehouse.agreement import edge_agreement
+
+    con = warehouse_of(pairs, rows, {"edge_method": "eap-ig"})
     try:
         return edge_agreement(con, "bench")
+    finally:
+        con.close()
+
+
+def circuits_of(pairs, rows, method: str):
+    """circuit_score's row and circuit_curve's faithfulness by size of the rows."""
+    con = warehouse_of(pairs, rows, {"edge_method": method, "circuit_build": "topn"})
+    try:
+        score = con.execute("SELECT cpr, cmd FROM circuit_score WHERE run_id = 'bench'").fetchone()
+        curve = dict(con.execute("SELECT size, faithfulness FROM circuit_curve WHERE run_id = 'bench'").fetchall())
+        return score, curve
     finally:
         con.close()
 
@@ -130,10 +150,11 @@ def main():
           f"{len(pairs)} pairs ({sum(len(p.corrupt_ids) for p in pairs) / len(pairs):.1f} tokens on average)")
     scorer.scores(pairs[:1])  # warm-up
 
+    scoring = {}
     for method, steps in (("eap", 1), ("eap-ig", args.ig_steps)):
         t0 = time.perf_counter()
         scorer.scores(pairs, method, steps)
-        took = time.perf_counter() - t0
+        took = scoring[method] = time.perf_counter() - t0
         print(f"{method:7s} {took:7.1f} s: {n_edges * len(pairs) / took:,.0f} edges scored per second "
               f"({took / len(pairs):.2f} s per pair)")
 
@@ -158,7 +179,23 @@ def main():
               f"{interval(a, 'pearson_random')}, Spearman (random) {interval(a, 'spearman_random')}, recall of the "
               f"important edges {interval(a, 'recall_important')} ({a['n_pairs']} pairs, {a['n_random_verified']} "
               f"random edges; pooled Pearson {a['pearson_pooled']:.2f})")
-    print("not measured yet: circuits' faithfulness at MIB's ten sizes (CPR, CMD): the circuit sweep is not built")
+    circuit_time = {}
+    for method in ("eap", "eap-ig"):
+        config = SweepConfig(sweeps=("edges", "circuit"), edge_method=method, ig_steps=args.ig_steps, verify_top=0,
+                             verify_random=0)
+        cache, _ = load_or_build(engine, pairs, cache_spec(config, shape.n_layers), Path(tempfile.mkdtemp()),
+                                 log=lambda *_: None)
+        t0 = time.perf_counter()
+        rows = run_sweeps(engine, pairs, cache, config, attributor=attributor)
+        took = circuit_time[method] = max(time.perf_counter() - t0 - scoring[method], 1e-9)
+        sizes = len(config.circuit_sizes)
+        runs = len(pairs) * (sizes - 1)  # the empty and the full circuits are the corrupt and clean runs
+        (cpr, cmd), curve = circuits_of(pairs, rows, method)
+        print(f"circuits from {method:6s}: {runs} circuit runs ({len(pairs)} pairs x {sizes - 1} sizes) in "
+              f"{took:.1f} s, {runs / took:.2f} patched runs per second; CPR {cpr:.3f}, CMD {cmd:.3f}; "
+              f"faithfulness at 1% {curve.get(1.0, float('nan')):.3f}, at 10% {curve.get(10.0, float('nan')):.3f}")
+    print(f"  the ten-size faithfulness evaluation of {len(pairs)} pairs: {circuit_time['eap-ig']:.1f} s on vLLM, "
+          f"against about {hours:.1f} hours for exhaustive exact edge patching of the same pairs (extrapolated)")
     engine.close()
 
 

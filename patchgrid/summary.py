@@ -1,6 +1,7 @@
 """What a study did, read back from the warehouse once its flow has returned (read-only queries,
 through the same sandbox as `patchgrid query`): its records and why any were rejected, its sweeps
-and their patched runs, its time, the strongest averaged cells of each sweep (and edges), and the commands
+and their patched runs, its time, the strongest averaged cells of each sweep (and edges, and circuits' CPR
+and CMD), and the commands
 that query it and draw its report. Plain values: the command line prints them (patchgrid/cli/study.py)
 or writes them as JSON."""
 from __future__ import annotations
@@ -81,6 +82,16 @@ def strongest_edges(warehouse, run_id: str, n: int = STRONGEST_PER_SWEEP) -> lis
                             "ORDER BY mean_abs_score DESC, sender, receiver, position_role LIMIT ?", [run_id, int(n)])
 
 
+def circuit_scores(warehouse, run_id: str) -> list[dict]:
+    """The run's circuits judged (circuit_score: CPR and CMD per ablation), each with the faithfulness
+    of its smallest and its 10% circuits (circuit_curve)."""
+    return _rows(warehouse, "SELECT s.method, s.build, s.ablation, s.metric, s.n_sizes, s.cpr, s.cmd, "
+                            "(SELECT c.faithfulness FROM circuit_curve c WHERE c.run_id = s.run_id AND "
+                            "c.ablation = s.ablation AND c.metric = s.metric AND c.size = 10) AS faithfulness_10, "
+                            "(SELECT max(c.n_pairs) FROM circuit_curve c WHERE c.run_id = s.run_id) AS n_pairs "
+                            "FROM circuit_score s WHERE s.run_id = ? ORDER BY s.ablation, s.metric", [run_id])
+
+
 def cell_name(cell: dict) -> str:
     """A cell in a few words: `resid L3 last`, `head L2.1 subject_last`, `head L1.0 -> logits all`."""
     unit = cell.get("head") if cell.get("head") is not None else cell.get("neuron")
@@ -118,4 +129,5 @@ def study_summary(warehouse: str | Path, run_id: str, per_sweep: int = STRONGEST
             "records": records(warehouse, run_id), "sweeps": sweeps(warehouse, run_id),
             "strongest": [{**c, "cell": cell_name(c)} for c in strongest(warehouse, run_id, per_sweep)],
             "strongest_edges": strongest_edges(warehouse, run_id, per_sweep),
+            "circuits": circuit_scores(warehouse, run_id),
             "commands": commands(warehouse, run_id)}

@@ -135,6 +135,18 @@ def edge_lines(edges: list[dict]) -> list[str]:
                           e["score_ci95_low"], e["score_ci95_high"]) for e in edges])]
 
 
+def circuit_lines(circuits: list[dict]) -> list[str]:
+    """The circuits' figures, where the run judged circuits."""
+    if not circuits:
+        return []
+    first = circuits[0]
+    return [f"\ncircuits (circuit_score, MIB's figures over {first['n_sizes']} sizes, on {first['metric']}, "
+            f"{first['n_pairs']} pairs; CPR higher and CMD lower are better):",
+            format_rows(["method", "build", "ablation", "cpr", "cmd", "faithfulness_10%"],
+                        [(c["method"], c["build"], c["ablation"], c["cpr"], c["cmd"], c["faithfulness_10"])
+                         for c in circuits])]
+
+
 def format_summary(s: dict) -> str:
     """The summary as the terminal shows it; its last line is the run id alone, as --quiet prints it."""
     rec = s["records"]
@@ -153,6 +165,7 @@ def format_summary(s: dict) -> str:
                          [(c["sweep"], c["cell"], c["metric"], c["n_pairs"], c["mean_of"], c["mean"], c["ci95_low"],
                            c["ci95_high"]) for c in s["strongest"]]),
              *edge_lines(s.get("strongest_edges") or []),
+             *circuit_lines(s.get("circuits") or []),
              f"\nquery:  {s['commands']['query']}",
              f"report: {s['commands']['report']}",
              s["run_id"]]
