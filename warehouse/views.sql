@@ -650,7 +650,7 @@ FROM pair_stats p LEFT JOIN random_stats s USING (run_id, metric) LEFT JOIN veri
 -- run), full_value m(full) (its clean run, which the full circuit is), and the pair's faithfulness
 -- (m(C) - m(empty)) / (m(full) - m(empty)), NULL where its two ends are equal.
 CREATE OR REPLACE VIEW circuit_pairs AS
-SELECT c.run_id, c.pair_id, c.metric, c.ablation, c.circuit_size::DOUBLE AS size, c.circuit_edges AS n_edges,
+SELECT c.run_id, c.pair_id, c.metric, c.ablation, round(c.circuit_size::DOUBLE, 6) AS size, c.circuit_edges AS n_edges,
        c.value, e.value AS empty_value, c.full_value,
        CASE WHEN c.full_value <> e.value THEN (c.value - e.value) / (c.full_value - e.value) END AS faithfulness
 FROM circuit_effects c JOIN circuit_effects e
@@ -713,7 +713,7 @@ scored AS (
           FROM edge_pair_scores GROUP BY ALL) GROUP BY ALL
 ),
 sizes AS (
-    SELECT DISTINCT run_id, circuit_size::DOUBLE AS size, circuit_edges AS n_edges FROM circuit_effects
+    SELECT DISTINCT run_id, round(circuit_size::DOUBLE, 6) AS size, circuit_edges AS n_edges FROM circuit_effects
 )
 SELECT z.run_id, z.size, z.n_edges, r.circuit_rank AS rank, r.sender, r.receiver, sc.mean_score
 FROM sizes z JOIN ranked r ON r.run_id = z.run_id AND r.circuit_rank < z.n_edges

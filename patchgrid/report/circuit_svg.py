@@ -79,7 +79,7 @@ def diagram_layout(d: CircuitDiagram) -> tuple[float, float, callable]:
 
 def svg_circuit(d: CircuitDiagram) -> str:
     width, height, at = diagram_layout(d)
-    limit = max((abs(s) for *_, s in d.edges), default=1.0) or 1.0
+    limit = d.limit
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
            f'viewBox="0 0 {width:.0f} {height:.0f}" role="img" aria-label="{html.escape(d.title)}">',
            f'<g font-family="{FONT}" font-size="{SIZE - 1}" fill="#222">']
@@ -91,7 +91,7 @@ def svg_circuit(d: CircuitDiagram) -> str:
                 (x1, y1), (x2, y2) = at(*a), at(*b)
                 tip = f"{sender} → {receiver}: mean score {score:+.3f}"
                 out.append(f'<line x1="{x1:.1f}" y1="{y1:.1f}" x2="{x2:.1f}" y2="{y2:.1f}" '
-                           f'stroke="{colour(score, limit)}" stroke-width="{0.6 + 2.4 * abs(score) / limit:.2f}" '
+                           f'stroke="{colour(score, limit)}" stroke-width="{0.6 + 2.4 * min(abs(score) / limit, 1):.2f}" '
                            f'stroke-opacity="0.8"><title>{html.escape(tip)}</title></line>')
     for row in range(d.n_layers + 2):
         y = at(row, 0)[1]

@@ -173,6 +173,13 @@ class CircuitDiagram:
     caption: str = ""
     metric: str | None = None
 
+    @property
+    def limit(self) -> float:
+        """The |score| the colours and widths saturate at: the 90th percentile of the drawn edges' (one
+        dominant edge, as the input's into the first MLP, would fade every other)."""
+        mags = sorted(abs(s) for *_, s in self.edges)
+        return (mags[int(0.9 * (len(mags) - 1))] if mags else 1.0) or 1.0
+
     def node(self, end: str) -> list[tuple[int, int]]:
         """(row, column) of the node(s) an end names: row 0 the input, 1 + L layer L, n_layers + 1 the
         logits; columns 0..n_heads-1 the heads, n_heads the MLP. A k or v end is its group's heads."""

@@ -113,3 +113,28 @@ def test_circuit_rows_are_in_no_effect_view(study):
     for view in ("pair_effects", "effect_summary", "effect_metrics", "atp_effects"):
         (n,) = _rows(wh, f"SELECT count(*) AS n FROM {view} WHERE sweep = 'circuit'")
         assert n["n"] == 0, view
+
+
+def test_the_report_draws_the_curve_and_a_circuit(study):
+    from patchgrid.report.circuit_figures import circuit_section
+    from patchgrid.report.circuit_svg import svg_circuit, svg_curve
+    from patchgrid.warehouse.loader import connect
+
+    wh, _, order, _ = study
+    con = connect(wh)
+    try:
+        section = circuit_section(con, "r", "circuit")
+    finally:
+        con.close()
+    (label, points), = section["curve"].series
+    assert label.endswith("topn, patching") and [p[0] for p in points] == [s / 100 for s in SIZES]
+    assert svg_curve(section["curve"]).count("<circle") == len(SIZES)
+    d = section["diagram"]
+    graph = EdgeGraph.of(SHAPE)
+    assert (d.n_layers, d.n_heads, d.n_kv_heads) == (SHAPE.n_layers, SHAPE.n_heads, SHAPE.kv_heads)
+    want = [(graph.senders[graph.edges[e][0]], graph.receivers[graph.edges[e][1]]) for e in order]
+    assert [(s, r) for s, r, _ in d.edges] == want[:len(d.edges)]
+    # an edge into a key or value head goes to each head of its group
+    lines = sum(len(d.node(s)) * len(d.node(r)) for s, r, _ in d.edges)
+    assert svg_circuit(d).count("<line") == lines
+    assert [r["ablation"] for r in section["scores"]] == ["patching"]
