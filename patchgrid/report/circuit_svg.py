@@ -90,8 +90,9 @@ def svg_circuit(d: CircuitDiagram) -> str:
                 used.update((a, b))
                 (x1, y1), (x2, y2) = at(*a), at(*b)
                 tip = f"{sender} → {receiver}: mean score {score:+.3f}"
+                width = 0.6 + 2.4 * min(abs(score) / limit, 1)
                 out.append(f'<line x1="{x1:.1f}" y1="{y1:.1f}" x2="{x2:.1f}" y2="{y2:.1f}" '
-                           f'stroke="{colour(score, limit)}" stroke-width="{0.6 + 2.4 * min(abs(score) / limit, 1):.2f}" '
+                           f'stroke="{colour(score, limit)}" stroke-width="{width:.2f}" '
                            f'stroke-opacity="0.8"><title>{html.escape(tip)}</title></line>')
     for row in range(d.n_layers + 2):
         y = at(row, 0)[1]

@@ -134,7 +134,8 @@ def circuit_figure(d: CircuitDiagram):
         for a in d.node(sender):
             for b in d.node(receiver):
                 (x1, y1), (x2, y2) = at(*a), at(*b)
-                ax.plot([x1, x2], [y1, y2], color=colour(score, limit), lw=0.4 + 1.6 * min(abs(score) / limit, 1), alpha=0.8)
+                ax.plot([x1, x2], [y1, y2], color=colour(score, limit), lw=0.4 + 1.6 * min(abs(score) / limit, 1),
+                        alpha=0.8)
     for row in range(d.n_layers + 2):
         nodes = [(row, -1)] if row in (0, d.n_layers + 1) else [(row, c) for c in range(d.n_heads + 1)]
         ax.scatter([at(*n)[0] for n in nodes], [at(*n)[1] for n in nodes], s=6, color="#555", zorder=3)

@@ -24,9 +24,9 @@ from tests.support.pairs import DATA
 from tests.support.task_runs import task_states
 
 STEPS = ("align_pairs", "measure_trace_noise", "cache_activations", "sweep_shard")
-BASE = dict(model="tiny-llama", pairs=str(DATA), sweeps="resid,trace,atp,paths,edges,circuit", limit=2, require_known=False,
-            trace_samples=2, shard_size=1, backend="hf", atp_kinds="resid", verify_top=2, verify_random=1,
-            path_senders="attn_out.1", path_inputs="v", ig_steps=2, circuit_sizes="10,50,100")
+BASE = dict(model="tiny-llama", pairs=str(DATA), sweeps="resid,trace,atp,paths,edges,circuit", limit=2,
+            require_known=False, trace_samples=2, shard_size=1, backend="hf", atp_kinds="resid", verify_top=2,
+            verify_random=1, path_senders="attn_out.1", path_inputs="v", ig_steps=2, circuit_sizes="10,50,100")
 # Settings a local rerun cannot change: they need a Ray cluster (tests/flows/test_ray.py runs one).
 NEEDS_RAY = {"runner", "ray_address", "tensor_parallel_size", "ray_timeout_s", "ray_workers", "gpus_per_engine"}
 # Settings that need a model which knows its facts (the tiny test model knows none): recorded, so a
