@@ -160,20 +160,6 @@ def test_a_family_whose_nodes_cannot_be_split_or_whose_block_is_parallel_is_refu
         check_family(config, FAMILIES["olmo2"])
 
 
-def test_a_pair_with_an_answer_of_several_tokens_is_refused_before_anything_runs():
-    from dataclasses import replace
-    from types import SimpleNamespace
-
-    from patchgrid.sweeps.base import SweepContext
-    from patchgrid.sweeps.circuit import CircuitSweep
-    from tests.support.effect_rows import make_pair
-
-    pair = replace(make_pair("p", ["subject_first", "last"]), clean_answer_ids=(1, 3))
-    ctx = SweepContext(SweepConfig(sweeps=("edges", "circuit")), 2, 2)
-    with pytest.raises(ValueError, match="pair p has an answer of several tokens"):
-        CircuitSweep().prepare(ctx, SimpleNamespace(pairs=[pair], engine=None))
-
-
 @needs_vllm
 @pytest.mark.parametrize("ablation", ["zero", "mean"])
 def test_a_site_sweep_patches_the_ablation_it_is_given(engines, tokenizers, tmp_path, ablation):

@@ -16,6 +16,10 @@ attention kernel receives them and stops there, then runs the real attention wit
 head slice put in (so that the KV cache holds what attention read). An MLP reads its own input
 through its norm; the logits read the final norm of theirs.
 
+A request whose answers are scored whole runs one forward per answer of several tokens
+(plan.forwards): past the prompt, a forward's rows read the source's rows of the same tree (the
+source run scored the same continuations after its own prompt).
+
 With every edge kept the run is the clean run (no receiver changes); with none kept every receiver
 reads the source's stream, so the run is the source run (to rounding).
 
@@ -44,9 +48,6 @@ def check_circuits(requests, sources, shape) -> None:
         graph = graph or _circuit_graph(where, shape)
         if r.patches or r.noise or r.start is not None:
             raise PlanError(f"{where}: a circuit run takes no patches, noise or start of its own")
-        if tree_len(r) != len(r.tokens):
-            raise PlanError(f"{where}: a circuit run scores one-token answers only (its continuations' inputs "
-                            "would need the source's values along them)")
         kept, n_edges = r.circuit.kept, len(graph.edges)
         if kept and (min(kept) < 0 or max(kept) >= n_edges):
             raise PlanError(f"{where}: kept edge index out of range (the graph has {n_edges} edges)")
@@ -73,9 +74,9 @@ def _check_source(where, r, sources, shape) -> None:
         if t is None:
             raise PlanError(f"{where}: source {name!r} holds no {key}, a sender's output")
         width = shape.width(key.split(".")[0])
-        if t.dim() != 2 or t.shape[0] < len(r.tokens) or t.shape[1] != width:
+        if t.dim() != 2 or t.shape[0] < tree_len(r) or t.shape[1] != width:
             raise PlanError(f"{where}: source {name!r} {key} has shape {tuple(t.shape)}, expected "
-                            f"[{len(r.tokens)}, {width}]")
+                            f"[{tree_len(r)}, {width}] (the prompt and its continuations' inputs)")
 
 
 class Layout:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from ..graph import circuit_keys
+from ..plan import tree_rows
 from ..sites import get_module
 from .edge_ablation import Ablation, Abort, head_outputs, receiver_qkv
 
@@ -27,10 +28,12 @@ class BatchCircuit:
         self.fam = shape.family
         n = len(batch[0][1].tokens)
         self.items = []  # (batch row, Ablation, {key: source values [tokens, width]})
-        for b, (r, _) in enumerate(batch):
+        for b, (r, f) in enumerate(batch):
             if r.circuit is None:
                 continue
-            src = {k: sources[r.circuit.source][k][:n].to(device, torch.float32) for k in circuit_keys(shape.n_layers)}
+            rows = torch.tensor(tree_rows(f, len(r.tokens)))  # the source's rows of this forward's positions
+            src = {k: sources[r.circuit.source][k][rows].to(device, torch.float32)
+                   for k in circuit_keys(shape.n_layers)}
             self.items.append((b, Ablation(layout, layout.ablated(r.circuit.kept), n, shape.d_model, device), src))
         self.stream = self.mid = None
         self.capturing = None  # the q, k, v of a capture-and-abort call, once read

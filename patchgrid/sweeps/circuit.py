@@ -13,8 +13,9 @@ exactly, and with patching the empty circuit is the corrupt run, so those are re
 baselines, not run.
 
 A row per pair and circuit: `circuit_size`, `circuit_edges`, `ablation`, the patched run's
-readings, `metric` (logprob_diff: for one-token answers the logit difference, the metric MIB
-takes for IOI), `effect` = m(C) - m(empty) and `recovery` = the pair's faithfulness
+readings, `metric` (logprob_diff, each answer's log-probability summed over its tokens, scored whole
+as every sweep scores them; for one-token answers the logit difference, the metric MIB takes for
+IOI), `effect` = m(C) - m(empty) and `recovery` = the pair's faithfulness
 (m(C) - m(empty)) / (m(full) - m(empty)), NULL where the two ends are equal. The warehouse's
 circuit views average these (circuit_curve, circuit_score). The edges kind's rows carry
 `circuit_rank`, each edge's place in the order, so that circuit_edges lists every circuit's edges.
@@ -55,10 +56,6 @@ class CircuitSweep(SweepKind):
         return CacheSpec(()) if run is None else CacheSpec((), ("clean",), ((run, keys),))
 
     def prepare(self, ctx, run):
-        several = [p.pair_id for p in run.pairs if len(p.clean_answer_ids) > 1 or len(p.corrupt_answer_ids) > 1]
-        if several:
-            raise ValueError(f"sweep circuit: pair {several[0]} has an answer of several tokens; circuit runs read "
-                             "one-token answers (build the pairs with --answer-policy single or first-token)")
         edges = ctx.prepared_by("edges")
         graph = EdgeGraph.of(run.engine.shape)
         rows_i, cols_j = edges["index"]

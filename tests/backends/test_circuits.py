@@ -4,6 +4,7 @@ against the edge intervention written in tests/test_edge_attribution.py from the
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -22,10 +23,10 @@ def _runs(engine, pairs, kept_sets):
     """Per pair: the clean run, the corrupt run, and the clean prompt's circuit run for each kept set
     (the source: the corrupt run's senders), all in one call."""
     keys = tuple(circuit_keys(engine.shape.n_layers))
-    base = engine.run([Request(ids, (p.clean_answer_id, p.corrupt_answer_id), capture=keys)
+    base = engine.run([Request(ids, p.answers, continuations=p.continuations, capture=keys)
                        for p in pairs for ids in (p.clean_ids, p.corrupt_ids)])
     sources = {f"corrupt{i}": base[2 * i + 1].captures for i in range(len(pairs))}
-    reqs = [Request(p.clean_ids, (p.clean_answer_id, p.corrupt_answer_id), circuit=Circuit(f"corrupt{i}", kept))
+    reqs = [Request(p.clean_ids, p.answers, continuations=p.continuations, circuit=Circuit(f"corrupt{i}", kept))
             for i, p in enumerate(pairs) for kept in kept_sets]
     out = engine.run(reqs, sources)
     k = len(kept_sets)
@@ -38,6 +39,10 @@ def test_a_circuit_run_on_vllm_equals_hf_and_its_ends_are_the_clean_and_corrupt_
     hf = engines.get(model, "hf", dtype="float32")
     vl = engines.get(model, "vllm", dtype="float32")
     pairs = shipped_pairs(tokenizers(model), 3)
+    # answers of several tokens, scored whole: a forward per answer, past the prompt reading the
+    # source's rows along the same continuation
+    a, b = pairs[0].clean_answer_id, pairs[0].corrupt_answer_id
+    pairs[0] = replace(pairs[0], clean_answer_ids=(a, 11, 12), corrupt_answer_ids=(b, 13))
     n = len(EdgeGraph.of(hf.shape).edges)
     rng = random.Random(0)
     kept_sets = [tuple(range(n)), ()] + [tuple(sorted(rng.sample(range(n), int(n * f)))) for f in (0.02, 0.3, 0.9)]
@@ -48,11 +53,16 @@ def test_a_circuit_run_on_vllm_equals_hf_and_its_ends_are_the_clean_and_corrupt_
             assert torch.equal(runs[0].answer_logits, clean.answer_logits), name
             # none kept: every receiver reads the corrupt run's stream, so the corrupt run (to rounding)
             torch.testing.assert_close(runs[1].answer_logits, corrupt.answer_logits, atol=1e-5, rtol=0)
+            assert runs[0].continuation_logprobs == clean.continuation_logprobs
+            torch.testing.assert_close(torch.tensor(sum(runs[1].continuation_logprobs, [])),
+                                       torch.tensor(sum(corrupt.continuation_logprobs, [])), atol=1e-5, rtol=0)
             # a circuit in between moves the answer: the test would see a circuit run that did nothing
             assert not torch.equal(runs[3].answer_logits, clean.answer_logits)
     for (_, _, h), (_, _, v) in zip(got["hf"], got["vllm"]):
-        for a, b in zip(h, v):
-            torch.testing.assert_close(b.answer_logits, a.answer_logits, atol=1e-4, rtol=0)
+        for x, y in zip(h, v):
+            torch.testing.assert_close(y.answer_logits, x.answer_logits, atol=1e-4, rtol=0)
+            torch.testing.assert_close(torch.tensor(sum(y.continuation_logprobs, [])),
+                                       torch.tensor(sum(x.continuation_logprobs, [])), atol=1e-4, rtol=0)
 
 
 @pytest.mark.parametrize("model", ["tiny-llama", "tiny-gpt2"])
@@ -100,7 +110,8 @@ def test_circuit_requests_that_cannot_run_are_refused_naming_the_field():
         (Request((1, 2, 3), (4,), circuit=Circuit("x")), "source 'x' is not among"),
         (Request((1, 2, 3, 4), (4,), circuit=Circuit("c")), r"resid_pre.0 has shape \(3, 32\)"),
         (Request((1, 2, 3), (4,), circuit=Circuit("c"), patches=(Patch("resid", 0, "c"),)), "no patches"),
-        (Request((1, 2, 3), (4,), circuit=Circuit("c"), continuations=((4, 5),)), "one-token answers"),
+        (Request((1, 2, 3), (4,), circuit=Circuit("c"), continuations=((4, 5),)),
+         r"expected \[4, 32\] \(the prompt and its continuations' inputs\)"),
     ]
     for req, message in bad:
         with pytest.raises(PlanError, match=message):

@@ -51,9 +51,10 @@ class CircuitHooks:
             src = {}
             for key in circuit_keys(layout.graph.n_layers):
                 first = self.sources.first[(r.circuit[0], key)]
-                src[key] = self.sources.rows[key][first + pos0:first + pos1].to(self.device, torch.float32)
-            rows = torch.arange(row0, row0 + pos1 - pos0, device=self.device)
-            out.append((rows, Ablation(layout, r.ablated, pos1 - pos0, self.widths["d_model"], self.device), src))
+                rows = torch.tensor([first + row for row in r.tree[pos0:pos1]], dtype=torch.long)
+                src[key] = self.sources.rows[key].index_select(0, rows).to(self.device, torch.float32)
+            batch_rows = torch.arange(row0, row0 + pos1 - pos0, device=self.device)
+            out.append((batch_rows, Ablation(layout, r.ablated, pos1 - pos0, self.widths["d_model"], self.device), src))
         self.step.circuits = out
 
     def _stream_of(self, args, index: int) -> torch.Tensor:

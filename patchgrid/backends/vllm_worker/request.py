@@ -98,6 +98,9 @@ class Request:
         self.start = None if w.start is None else Start(*w.start)
         self.circuit = w.circuit  # [source, kept edge indices] (a circuit run), or None
         self.ablated = None  # its edges outside the circuit, once the circuit hooks have made the mask
+        # a circuit's source row of each position of this forward (its tree's rows)
+        self.tree = None if w.circuit is None else tree_rows(Forward((0,) * n_tokens, (), branch, self.first),
+                                                              n_prompt)
         # the stacked sources' rows of the stream entering the start layer, one per position of this
         # forward (the stream source holds the request's tree of rows: this forward's are its own)
         self.start_rows = None
