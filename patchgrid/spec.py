@@ -55,7 +55,7 @@ def _device(value) -> str | None:
 def check_sweep_settings_apply(config: SweepConfig, study=None) -> None:
     """A setting that only some sweep kinds read (their `settings`: the sweeps' own, and the study's
     where `study` is given) and that differs from its default is refused when none of those kinds
-    runs: it would change nothing."""
+    runs: it would change nothing; so is an ablation none of them takes."""
     from .sweeps import SWEEP_KINDS, settings_of
 
     holders = [(f, config) for f in settings_fields(SweepConfig)]
@@ -66,6 +66,13 @@ def check_sweep_settings_apply(config: SweepConfig, study=None) -> None:
             kinds = " and ".join(readers) + (" sweeps" if len(readers) > 1 else " sweep")
             raise SpecError(f.name, f"{{name}} applies only to the {kinds} (--sweeps {','.join(config.sweeps)})",
                             flag_of(f))
+    # an ablation applies to the kinds that take one (SweepKind.ablatable); the others run as they do
+    # beside them, and rows say which took it
+    if config.ablation != "patching" and not any(SWEEP_KINDS[n].ablatable for n in config.sweeps):
+        first = config.sweeps[0]
+        raise SpecError("ablation", f"{{name}} {config.ablation}: none of the sweeps {','.join(config.sweeps)} "
+                                    f"takes it ({first}: {SWEEP_KINDS[first].ablatable_why}); it applies to circuit "
+                                    "and the exact site sweeps")
 
 
 def _label(value) -> str | None:

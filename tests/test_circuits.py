@@ -122,20 +122,26 @@ def test_the_ablations_write_zeros_and_the_mean_at_each_position_role():
     from tests.support.effect_rows import make_pair
 
     shape = ModelShape(FAMILIES["llama"], 2, 2, 4, 8, 50, 32, 16, 1)
+    from dataclasses import replace
+
+    # b's clean answer has two tokens: its runs hold one row past the prompt (the answer's input)
     pairs = [make_pair("a", ["subject_first", "subject_last", "last"]),
-             make_pair("b", ["subject_first", "further", "further", "last"])]
+             replace(make_pair("b", ["subject_first", "further", "further", "last"]), clean_answer_ids=(1, 3))]
     gen = torch.Generator().manual_seed(0)
-    caps = {(p.pair_id, "clean"): {"resid.0": torch.randn(len(p.roles), 8, generator=gen),
-                                   "head.1": torch.randn(len(p.roles), 8, generator=gen)} for p in pairs}
+    rows = {"a": 3, "b": 5}
+    caps = {(p.pair_id, "clean"): {"resid.0": torch.randn(rows[p.pair_id], 8, generator=gen),
+                                   "head.1": torch.randn(rows[p.pair_id], 8, generator=gen)} for p in pairs}
     src = AblatedSources(shape, pairs, _Store(caps))
     assert src.get("1:clean", {"resid.0"}) is None  # the run's own values: not an ablation
     zero = src.get("1:~zero", {"resid.0", "head.1"})
-    assert all(torch.equal(t, torch.zeros(4, 8)) for t in zero.values())
+    assert all(torch.equal(t, torch.zeros(5, 8)) for t in zero.values())  # the prompt and the answer's input
     mean = src.get("1:clean~mean", {"resid.0"})["resid.0"]
     a, b = caps[("a", "clean")]["resid.0"], caps[("b", "clean")]["resid.0"]
-    want = {"subject_first": (a[0] + b[0]) / 2, "further": (b[1] + b[2]) / 2, "last": (a[2] + b[3]) / 2}
-    for pos, role in enumerate(pairs[1].roles):
+    want = {"subject_first": (a[0] + b[0]) / 2, "further": (b[1] + b[2]) / 2, "last": (a[2] + b[3]) / 2,
+            "continuation": b[4]}
+    for pos, role in enumerate(list(pairs[1].roles) + ["continuation"]):
         torch.testing.assert_close(mean[pos], want[role])
+    assert len(src.get("0:clean~mean", {"head.1"})["head.1"]) == 3
 
 
 @pytest.mark.parametrize("settings, flag, message", [
@@ -146,8 +152,10 @@ def test_the_ablations_write_zeros_and_the_mean_at_each_position_role():
     (dict(sweeps="trace", ablation="mean"), "--ablation", "none of the sweeps trace takes it"),
 ])
 def test_circuit_settings_that_cannot_run_are_refused_in_one_line(settings, flag, message):
+    from patchgrid.spec import check_sweep_settings_apply
+
     with pytest.raises(SpecError) as err:
-        SweepConfig(**settings)
+        check_sweep_settings_apply(SweepConfig(**settings))
     assert flag in err.value.flag_message and message in err.value.flag_message
     assert "\n" not in err.value.flag_message
 

@@ -135,20 +135,12 @@ class SweepConfig:
 
 
 def check_sweep_needs(config) -> None:
-    """Refuse sweep kinds run without what they build on (or after it), and an ablation none of the
-    run's kinds takes, in one line. Kinds that take no ablation run as they do alongside those that
-    take it (the rows' `ablation` column says which did)."""
+    """Refuse sweep kinds run without what they build on (or after it), in one line."""
     for name in config.sweeps:
         kind = SWEEP_KINDS[name]
         missing = [need for need in kind.builds_on if need not in config.sweeps]
         if missing:
             raise SpecError("sweeps", f"{{name}}: {name} {kind.builds_on_why}: add {missing[0]} to the sweeps")
-    takers = [name for name in config.sweeps if SWEEP_KINDS[name].ablatable]
-    if config.ablation != "patching" and not takers:
-        first = config.sweeps[0]
-        raise SpecError("ablation", f"{{name}} {config.ablation}: none of the sweeps {','.join(config.sweeps)} "
-                                    f"takes it ({first}: {SWEEP_KINDS[first].ablatable_why}); it applies to circuit "
-                                    "and the exact site sweeps")
     order = list(config.sweeps)
     for name in order:
         for need in SWEEP_KINDS[name].builds_on:

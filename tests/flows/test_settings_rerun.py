@@ -55,7 +55,7 @@ CHANGES = {
     "name": ("a label", set(), set(STEPS)),
     "config": ('limit = 2\nsweeps = "resid,trace,atp,paths,edges,circuit"\ncircuit_sizes = "10,50,100"\n', set(),
                set(STEPS)),
-    "sweeps": ("trace,atp,paths,edges", {"align_pairs", "sweep_shard"}, {"measure_trace_noise"}),
+    "sweeps": ("trace,atp,paths,edges,circuit", {"align_pairs", "sweep_shard"}, {"measure_trace_noise"}),
     "resid_directions": (("denoise",), {"align_pairs", "sweep_shard"}, {"measure_trace_noise"}),
     "head_position_roles": (("last",), {"align_pairs", "sweep_shard"}, {"measure_trace_noise"}),
     "head_positions": ("every", {"align_pairs", "sweep_shard"}, {"measure_trace_noise", "cache_activations"}),
