@@ -15,8 +15,8 @@ In one process, on the same pairs and the same vLLM engine:
   circuits   per method (EAP, EAP-IG), the circuit sweep at MIB's ten sizes (patching ablation): the
              circuit runs on vLLM (nine per pair: the full circuit is the clean run and the empty one
              the corrupt run, read from the baselines), in patched runs per second and wall time
-             (the engine's calls timed alone: no edge is confirmed there), and MIB's CPR and CMD (circuit_score) with the
-             faithfulness of the 1% and 10% circuits (circuit_curve)
+             (the engine's calls timed alone: no edge is confirmed there), and MIB's CPR and CMD
+             (circuit_score) with the faithfulness of the 1% and 10% circuits (circuit_curve)
 
     .venv/bin/python benchmarks/circuits.py [--pairs 8] [--ig-steps 30] [--top 20] [--random 20]
 """
