@@ -66,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="a run id (default: the latest completed run); a run that failed, was cancelled or is "
                           "still running is reported with its status, the reason it ended and what it loaded")
     rep.add_argument("--out", required=True, help="folder for report.html and each figure's PNG, SVG and PDF")
+    rep.add_argument("--circuit-size", type=float, default=None, metavar="PERCENT",
+                     help="the circuit drawn as a diagram, by its size in percent of the edges (default: the "
+                          "smallest whose faithfulness reaches 0.8, else the one nearest 5%%)")
     dash = command("dashboard", dashboard.cmd_dashboard,
                    "a live dashboard of the warehouse in the browser (Streamlit), read-only")
     add_settings(dash, StudySpec, only=("warehouse",))

@@ -36,7 +36,7 @@ def cmd_report(args) -> int:
     from ..report import write_report
 
     with removed_on_failure(args.out):
-        print(write_report(args.warehouse, args.out, args.run))
+        print(write_report(args.warehouse, args.out, args.run, circuit_size=args.circuit_size))
     return 0
 
 

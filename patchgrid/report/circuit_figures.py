@@ -11,7 +11,8 @@ DRAWN_FAITHFULNESS = 0.8
 MAX_DRAWN_EDGES = 150  # a larger circuit is drawn by its first edges in the run's order
 
 
-def circuit_section(con, run_id: str, prefix: str) -> dict | None:
+def circuit_section(con, run_id: str, prefix: str, size: float | None = None) -> dict | None:
+    """The section's figures and table; `size`: the circuit drawn (percent of the edges; None: chosen)."""
     curve = queries.circuit_curve(con, run_id)
     if not curve:
         return None
@@ -30,22 +31,29 @@ def circuit_section(con, run_id: str, prefix: str) -> dict | None:
                    caption=" Points: MIB's faithfulness of the means over pairs; bars: the pairs' mean faithfulness "
                            "with its 95% t interval.")
     return {"metric": metric, "curve": figure, "scores": queries.circuit_score(con, run_id),
-            "diagram": _diagram(con, run_id, curve, prefix)}
+            "diagram": _diagram(con, run_id, curve, prefix, size)}
 
 
-def _diagram(con, run_id: str, curve, prefix: str) -> CircuitDiagram | None:
+def _diagram(con, run_id: str, curve, prefix: str, size: float | None) -> CircuitDiagram | None:
     first = curve[0]["ablation"]
     sizes = sorted((r for r in curve if r["ablation"] == first and r["size"] > 0), key=lambda r: r["size"])
     if not sizes:
         return None
     good = [r for r in sizes if r["faithfulness"] is not None and r["faithfulness"] >= DRAWN_FAITHFULNESS]
     chosen = good[0] if good else min(sizes, key=lambda r: abs(r["size"] - 5.0))
+    if size is not None:
+        asked = [r for r in sizes if abs(r["size"] - size) < 1e-9]
+        if not asked:
+            raise ValueError(f"--circuit-size {size:g}: run {run_id}'s circuits have sizes "
+                             f"{', '.join(format(r['size'], 'g') for r in sizes)} (percent of the edges)")
+        chosen = asked[0]
     shape = queries.graph_shape(con, run_id)
     if shape is None:
         return None
     edges = queries.circuit_edges(con, run_id, chosen["size"], MAX_DRAWN_EDGES)
     cut = chosen["n_edges"] > len(edges)
-    why = (f"the smallest circuit whose faithfulness reaches {DRAWN_FAITHFULNESS:g}" if good else
+    why = ("the size asked for (--circuit-size)" if size is not None else
+           f"the smallest circuit whose faithfulness reaches {DRAWN_FAITHFULNESS:g}" if good else
            f"no circuit reached faithfulness {DRAWN_FAITHFULNESS:g}; the one nearest 5% of the edges")
     f = chosen["faithfulness"]
     title = (f"The circuit at {chosen['size']:g}% of the edges ({chosen['n_edges']} edges, faithfulness "

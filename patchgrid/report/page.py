@@ -319,8 +319,9 @@ def no_completed_run(warehouse, by_status) -> str:
             f"did not complete with the reason it ended")
 
 
-def read_run(warehouse: str | Path, run_id: str | None) -> tuple[str, dict]:
-    """The run (default: the latest completed run) and everything its page shows."""
+def read_run(warehouse: str | Path, run_id: str | None, circuit_size: float | None = None) -> tuple[str, dict]:
+    """The run (default: the latest completed run) and everything its page shows (`circuit_size`: the
+    circuit drawn, in percent of the edges; None: circuit_figures chooses)."""
     from ..warehouse.loader import connect
 
     con = connect(warehouse)
@@ -329,18 +330,19 @@ def read_run(warehouse: str | Path, run_id: str | None) -> tuple[str, dict]:
             run_id = latest_completed_run(con)
             if run_id is None:
                 raise ValueError(no_completed_run(warehouse, runs_by_status(con)))
-        return run_id, collect(con, run_id)
+        return run_id, collect(con, run_id, circuit_size)
     finally:
         con.close()
 
 
-def write_report(warehouse: str | Path, out: str | Path, run_id: str | None = None, formats=FORMATS) -> Path:
+def write_report(warehouse: str | Path, out: str | Path, run_id: str | None = None, formats=FORMATS,
+                 circuit_size: float | None = None) -> Path:
     """The run's page (report.html) and its figures' files (PNG, SVG and PDF; `formats`) in `out`;
     returns the page's path. run_id None: the latest completed run; a run that did not complete is
     reported with its status, the reason it ended and what it loaded."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    run_id, data = read_run(warehouse, run_id)
+    run_id, data = read_run(warehouse, run_id, circuit_size)
     figure = FigureWriter(out, data["metrics"], formats)
     parts = _head(run_id, data["info"], data["metrics"], data["n_effects"]) + _sections(data, figure)
     parts += _tables(data["info"], data["metrics"], data["rejections"])

@@ -33,6 +33,7 @@ class Run:
     summary: list
     metrics: list
     params: dict
+    circuit_size: float | None = None  # the circuit drawn (percent of the edges); None: chosen
 
 
 def layer_by_role(run: Run, kinds: list[str]):
@@ -60,7 +61,7 @@ def edges(run: Run, kinds: list[str]):
 
 
 def circuit(run: Run, kinds: list[str]):
-    return circuit_section(run.con, run.run_id, kinds[0])
+    return circuit_section(run.con, run.run_id, kinds[0], run.circuit_size)
 
 
 def atp(run: Run, kinds: list[str]):
@@ -103,7 +104,7 @@ def page_metrics(summary) -> tuple[list[str], str | None]:
     return ([headline] + [m for m in metrics if m != headline] if headline else []), headline
 
 
-def collect(con, run_id: str) -> dict:
+def collect(con, run_id: str, circuit_size: float | None = None) -> dict:
     """Everything the page shows, read from the views only.
 
     sections: drawing -> its section (a list of heatmaps for GRIDS; a dict, or None without rows,
@@ -114,7 +115,7 @@ def collect(con, run_id: str) -> dict:
         raise ValueError(f"run {run_id!r} is not in the warehouse")
     summary = queries.effect_summary(con, run_id)
     metrics, headline = page_metrics(summary)
-    run = Run(con, run_id, summary, metrics, queries.run_params(info["params"]))
+    run = Run(con, run_id, summary, metrics, queries.run_params(info["params"]), circuit_size)
     kinds = kinds_by_drawing({r["sweep"] for r in summary})
     sections = {drawing: make(run, kinds[drawing]) for drawing, (_, make) in DRAWINGS.items() if kinds[drawing]}
     multiples_sweep = kinds[UNKNOWN_DRAWING][0] if kinds[UNKNOWN_DRAWING] else None

@@ -138,3 +138,18 @@ def test_the_report_draws_the_curve_and_a_circuit(study):
     lines = sum(len(d.node(s)) * len(d.node(r)) for s, r, _ in d.edges)
     assert svg_circuit(d).count("<line") == lines
     assert [r["ablation"] for r in section["scores"]] == ["patching"]
+
+
+def test_the_report_draws_the_circuit_asked_for_and_refuses_a_size_the_run_has_not(study):
+    from patchgrid.report.circuit_figures import circuit_section
+    from patchgrid.warehouse.loader import connect
+
+    wh, _, _, _ = study
+    con = connect(wh)
+    try:
+        d = circuit_section(con, "r", "circuit", 20.0)["diagram"]
+        assert "at 20% of the edges" in d.title and "the size asked for" in d.caption
+        with pytest.raises(ValueError, match=r"--circuit-size 3: run r's circuits have sizes 10, 20, 50, 100"):
+            circuit_section(con, "r", "circuit", 3.0)
+    finally:
+        con.close()
