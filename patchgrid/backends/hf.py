@@ -19,7 +19,7 @@ import torch
 from ..metrics import answer_ranks, kl_divergence
 from ..plan import LOGPROBS, Result, forwards, gaussian_noise, join_forwards, patch_rows, validate
 from ..sites import QKV, SITES, get_module, parse_key, site_module
-from .edge_ablation import Layout, check_circuits
+from .edge_ablation import Layout, check_circuits, cut_by_deltas, delta_bytes
 from .hf_circuit import BatchCircuit
 from .unembed import soft_capped, unembed_float32
 
@@ -137,8 +137,10 @@ class HFEngine:
                 by_len[len(f.tokens)].append((i, k))
         parts: list[list] = [[None] * len(fs) for fs in fwds]
         for items in by_len.values():
-            for k in range(0, len(items), self.batch_size):
-                chunk = items[k:k + self.batch_size]
+            # batch_size forwards at most, and circuit runs' senders' deltas bounded (edge_ablation)
+            for chunk in (c for k in range(0, len(items), self.batch_size)
+                          for c in cut_by_deltas(items[k:k + self.batch_size],
+                                                 lambda ij: delta_bytes(requests[ij[0]], self.shape))):
                 batch = [(requests[i], fwds[i][j]) for i, j in chunk]
                 for (i, j), part in zip(chunk, self._forward(batch, sources)):
                     parts[i][j] = part

@@ -37,7 +37,7 @@ from ..plan import (
 from ..sites import SITES, parse_key
 from ..stopping import stopped_for_good
 from ..tp import merge_rank_captures
-from .edge_ablation import check_circuits
+from .edge_ablation import check_circuits, cut_by_deltas, delta_bytes
 from .vllm_worker.request import request_id
 
 WORKER_EXTENSION = "patchgrid.backends.vllm_worker.extension.PatchgridWorker"
@@ -220,11 +220,12 @@ class VllmEngine:
         for layer, idx in groups.items():
             calls[merged[layer]] += idx
         results: list[Result | None] = [None] * len(requests)
-        for layer, idx in sorted(calls.items()):
-            idx.sort()
-            for i, res in zip(idx, self._generate([_started_at(requests[i], layer) for i in idx], sources, layer,
-                                                  [fwds[i] for i in idx])):
-                results[i] = res
+        for layer, every in sorted(calls.items()):
+            # circuit runs hold their senders' deltas while a step runs them: calls cut to keep those bounded
+            for idx in cut_by_deltas(sorted(every), lambda i: delta_bytes(requests[i], self.shape)):
+                for i, res in zip(idx, self._generate([_started_at(requests[i], layer) for i in idx], sources, layer,
+                                                      [fwds[i] for i in idx])):
+                    results[i] = res
         return results
 
     def _refuse_unreadable(self, requests) -> None:

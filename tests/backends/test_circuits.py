@@ -95,6 +95,38 @@ def test_one_ablated_edge_is_the_receivers_input_moved_by_the_senders_difference
         assert got == pytest.approx(want, abs=1e-4), (sender, receiver)
 
 
+@needs_vllm
+def test_calls_of_circuit_runs_are_cut_to_bound_their_deltas_and_give_the_same_numbers(engines, tokenizers,
+                                                                                      monkeypatch):
+    from patchgrid.backends import edge_ablation
+
+    model = "tiny-llama"
+    pairs = shipped_pairs(tokenizers(model), 2)
+    n = len(EdgeGraph.of(engines.get(model, "hf", dtype="float32").shape).edges)
+    kept_sets = [(), tuple(range(0, n, 3))]
+    for name, method in (("hf", "_forward"), ("vllm", "_generate")):
+        e = engines.get(model, name, dtype="float32")
+        calls = []  # per engine call (hf: batch), how many circuit runs it held
+        inner = getattr(e, method)
+
+        def counted(reqs, *a, inner=inner, calls=calls, **k):
+            calls.append(sum((r[0] if isinstance(r, tuple) else r).circuit is not None for r in reqs))
+            return inner(reqs, *a, **k)
+
+        monkeypatch.setattr(e, method, counted)
+        whole = _runs(e, pairs, kept_sets)
+        assert max(calls) > 1, name  # several circuit runs share a call
+        calls.clear()
+        monkeypatch.setattr(edge_ablation, "CIRCUIT_DELTA_BYTES", 1)  # every circuit run a call of its own
+        cut = _runs(e, pairs, kept_sets)
+        monkeypatch.undo()
+        assert sorted(c for c in calls if c) == [1] * len(pairs) * len(kept_sets), name
+        for (_, _, a), (_, _, b) in zip(whole, cut):
+            for x, y in zip(a, b):
+                torch.testing.assert_close(y.answer_logits, x.answer_logits, atol=1e-6, rtol=0)
+    assert edge_ablation.cut_by_deltas([1, 2, 3, 4], lambda x: x, budget=5) == [[1, 2], [3], [4]]
+
+
 def _shape(family="llama", layers=2):
     return ModelShape(FAMILIES[family], layers, 4, 8, 32, 100, 64, 64, 2)
 
