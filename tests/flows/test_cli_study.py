@@ -66,8 +66,8 @@ def test_study_ends_with_a_summary_and_quiet_and_json_are_for_scripts(tmp_path):
     assert js.returncode == 0, js.stderr[-3000:]
     summary = json.loads(js.stdout)
     assert set(summary) == {"run_id", "name", "warehouse", "model", "status", "seconds", "records", "sweeps",
-                            "strongest", "strongest_edges", "commands"}
-    assert summary["strongest_edges"] == []  # no edges sweep
+                            "strongest", "strongest_edges", "circuits", "commands"}
+    assert summary["strongest_edges"] == [] and summary["circuits"] == []  # no edges or circuit sweep
     assert summary["name"] is None  # no --name given
     assert (summary["run_id"], summary["status"], summary["records"]["read"]) == (run_id, "completed", counts[0])
     assert summary["sweeps"] == [{"sweep": "resid", "pairs": 2, "effect_rows": n_effects, "patched_runs": n_effects}]
@@ -142,30 +142,39 @@ def test_study_with_the_atp_sweep_fills_the_warehouse_and_the_report(tmp_path):
 
 def test_study_with_the_edges_sweep_fills_the_warehouse_the_summary_and_the_report(tmp_path):
     """Every edge of every pair scored, the strongest and a sample patched exactly on vLLM, the
-    strongest edges printed, the agreement and the matrix in the report."""
+    strongest edges printed, the agreement and the matrix in the report; circuits built from the
+    scores, run on vLLM, their CPR and CMD printed, their curve and diagram in the report."""
     from patchgrid.graph import EdgeGraph
     from patchgrid.sites import shape_of
 
     wh = tmp_path / "w.duckdb"
     res = cli("study", "--model", "tiny-llama", "--pairs", str(DATA), "--limit", "2", "--no-require-known",
-              "--sweeps", "edges", "--edge-method", "eap", "--verify-top", "3", "--verify-random", "2",
-              "--warehouse", str(wh), "--workdir", str(tmp_path / "work"), cwd=tmp_path)
+              "--sweeps", "edges,circuit", "--edge-method", "eap", "--verify-top", "3", "--verify-random", "2",
+              "--circuit-sizes", "10,100", "--warehouse", str(wh), "--workdir", str(tmp_path / "work"), cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "strongest edges (eap scores, edge_summary, on logprob_diff" in res.stdout
+    assert "circuits (circuit_score, MIB's figures over 2 sizes, on logprob_diff, 2 pairs" in res.stdout
     from transformers import AutoConfig
 
     from patchgrid.models import prepare
 
     n_edges = len(EdgeGraph.of(shape_of(AutoConfig.from_pretrained(prepare("tiny-llama")))).edges)
-    (rows,) = query(wh, "SELECT count(*), count(DISTINCT pair_id), count(verify), count(effect) FROM effects")[1]
+    (rows,) = query(wh, "SELECT count(*), count(DISTINCT pair_id), count(verify), count(effect) FROM effects "
+                        "WHERE sweep = 'edges'")[1]
     assert rows == (2 * n_edges, 2, 10, 10)
+    curve = query(wh, "SELECT size, n_pairs, faithfulness FROM circuit_curve ORDER BY size")[1]
+    assert [(size, n) for size, n, _ in curve] == [(0, 2), (10, 2), (100, 2)]
+    assert curve[0][2] == 0 and curve[2][2] == pytest.approx(1.0)
     (summary,) = query(wh, "SELECT count(*), min(n_pairs), any_value(method) FROM edge_summary")[1]
     assert summary == (n_edges, 2, "eap")
     (agreement,) = query(wh, "SELECT n_pairs, n_top, n_random, n_verified FROM edge_agreement")[1]
     assert agreement == (2, 6, 4, 10)
     rep = cli("report", "--warehouse", str(wh), "--out", str(tmp_path / "report"))
     assert rep.returncode == 0, rep.stderr[-3000:]
-    assert "Edge attribution (EAP and EAP-IG scores)" in (tmp_path / "report" / "report.html").read_text()
+    page = (tmp_path / "report" / "report.html").read_text()
+    assert "Edge attribution (EAP and EAP-IG scores)" in page and "Circuits and their faithfulness" in page
+    assert (tmp_path / "report" / "circuit-faithfulness.png").exists()
+    assert (tmp_path / "report" / "circuit-diagram.svg").exists()
 
 
 def test_study_with_the_new_sites_and_paths_fills_the_warehouse_and_the_report(tmp_path):
