@@ -67,6 +67,10 @@ def synthetic_run(n_rows: int, seed: int) -> pa.Table:
         "estimate": pa.nulls(n_rows, pa.float32()),  # exact patching only: no atp rows
         "estimate_graddrop": pa.nulls(n_rows, pa.float32()),
         "verify": pa.nulls(n_rows, pa.string()),
+        "circuit_size": pa.nulls(n_rows, pa.float32()),  # no circuit rows
+        "circuit_edges": pa.nulls(n_rows, pa.int32()),
+        "circuit_rank": pa.nulls(n_rows, pa.int32()),
+        "ablation": pa.nulls(n_rows, pa.string()),  # patching
     }
     # every metric of a study's rows: each recovers its own share, around the headline's
     for name in CLEAN:
