@@ -19,8 +19,8 @@ A site is a place in the forward pass whose activation can be read or overwritte
     head       one head's slice of z (o_proj input) [tokens, head_dim] of z [tokens, n_heads*head_dim]
     neuron     one MLP neuron: a column of the down projection's input [tokens, 1] of [tokens, d_mlp]
                (llama: act(gate) * up; gpt2: act(c_fc))
-    pattern    the attention pattern [query tokens, n_heads * key tokens]: read (captured) by the
-               hf backend only; vLLM computes it inside fused attention kernels and never holds it
+    pattern    the attention pattern [query tokens, n_heads * key tokens]: read (captured), not
+               patched; vLLM never holds it, so its worker computes it from the kernel's q and k
 
 `SITES` says, per site kind, which module of a family it lives on, whether it is read at that
 module's input or output, and how wide it is; both backends install their hooks from it. Adding a

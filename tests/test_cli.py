@@ -217,3 +217,36 @@ def test_sweep_loads_its_rows_into_a_warehouse_that_query_and_report_read(tmp_pa
     twice = cli("query", "--warehouse", "results/w.duckdb", "--format", "csv",
                 "SELECT (SELECT count(*) FROM runs), (SELECT count(DISTINCT pair_id) FROM effects)")
     assert twice.stdout.splitlines()[1] == "1,2"
+
+
+@needs_vllm
+def test_attention_json_on_vllm_matches_hf():
+    """Gemma 2's sliding windows and soft-capped scores: the weights vLLM's worker computes from its
+    kernel's q and k against transformers' attention, query rows by key columns."""
+    text = "The capital of France is Paris, and the capital of Germany is Berlin; the capital of Spain is"
+    args = ["attention", "--model", "tiny-gemma2", "--text", text, "--layers", "0,3", "--heads", "1", "--json"]
+    got = {}
+    for backend in ("vllm", "hf"):
+        out = run_cli(*args, "--backend", backend, "--dtype", "float32")
+        assert out.returncode == 0, out.stderr
+        got[backend] = json.loads(out.stdout)
+    v, h = got["vllm"], got["hf"]
+    assert v["tokens"] == h["tokens"] and len(v["tokens"]) > 8  # longer than the 8-token window
+    assert [(p["layer"], p["head"]) for p in v["patterns"]] == [(0, 1), (3, 1)]
+    n = len(v["tokens"])
+    for a, b in zip(v["patterns"], h["patterns"]):
+        assert len(a["weights"]) == n and all(len(row) == n for row in a["weights"])
+        assert max(abs(x - y) for ra, rb in zip(a["weights"], b["weights"]) for x, y in zip(ra, rb)) < 1e-5
+        assert all(abs(sum(row) - 1) < 1e-5 and not any(row[t + 1:]) for t, row in enumerate(a["weights"]))
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--layers", "9"], "--layers 9: the model has 4 layers (0-3)"),
+    (["--heads", "0-99"], "--heads 4: the model has 4 heads (0-3)"),
+    (["--layers", "x"], "--layers or --heads 'x' is not a number"),
+])
+def test_attention_bad_input_is_one_clear_line(args, message):
+    out = run_cli("attention", "--model", "tiny-llama", "--text", "The capital of France is", "--backend", "hf", *args)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert lines[-1].startswith("patchgrid: error:") and message in lines[-1], out.stderr

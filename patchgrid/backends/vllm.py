@@ -242,10 +242,9 @@ class VllmEngine:
                                     "neuron by neuron")
             for key in list(r.capture) + [p.key for p in r.patches]:
                 site = parse_key(key)[0]
-                if SITES[site].width == "pattern":
-                    raise PlanError(f"request {i}: {key}: the attention pattern is computed inside vLLM's fused "
-                                    "attention kernels and is never held where a hook can read it; capture it with "
-                                    "the hf backend")
+                if SITES[site].width == "pattern" and tp > 1:
+                    raise PlanError(f"request {i}: {key}: the attention pattern is read on one rank; under "
+                                    f"tensor_parallel_size {tp} read it with tensor_parallel_size 1")
                 if SITES[site].width == "kv" and tp > 1 and self.shape.kv_heads % tp:
                     raise PlanError(f"request {i}: {key}: the model's {self.shape.kv_heads} key/value heads do not "
                                     f"split over tensor_parallel_size {tp} (vLLM replicates them)")

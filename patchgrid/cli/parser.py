@@ -13,7 +13,7 @@ from ..sites import PATCHABLE
 from ..spec import StudySpec
 from ..sweeps import SweepConfig
 from ..warehouse.compare import MEASURES as COMPARED
-from . import dashboard, data, pair, study, warehouse
+from . import attention, dashboard, data, pair, study, warehouse
 from .options import HelpFormatter, add_settings
 
 DEFAULT_STUDY = StudySpec()
@@ -46,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     _models(sub)
     _patch(command("patch", pair.cmd_patch, "patch one clean/corrupt pair at every layer and position"))
     _paths(command("paths", pair.cmd_paths, "path patching on one clean/corrupt pair: senders to receivers"))
+    _attention(command("attention", attention.cmd_attention, "one text's attention patterns, per layer and head"))
     _pairs(sub)
     _sweep(command("sweep", data.cmd_sweep, "a pairs table -> cache -> sweeps -> effects file and warehouse"))
     _study(command("study", study.cmd_study, "a whole study: data set -> pairs -> cache -> sweeps -> warehouse",
@@ -128,6 +129,19 @@ def _patch(p) -> None:
     p.add_argument("--top", type=int, default=None,
                    help="show only the N rows that move the metric most (default: every row; neurons: 20)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+def _attention(p) -> None:
+    p.add_argument("--text", required=True, help="the text whose attention is read (tokenised as the model's "
+                                                 "tokenizer does, its special tokens added)")
+    add_settings(p, StudySpec, only=ENGINE_SETTINGS)
+    p.add_argument("--dtype", default="auto", choices=DTYPES, help="the engine's dtype (auto: the model's own)")
+    p.add_argument("--layers", default=None, help="layers, e.g. 0,2,5 or 0-3,7 (default: every layer)")
+    p.add_argument("--heads", default=None, help="heads, e.g. 0,2 or 0-3 (default: every head)")
+    p.add_argument("--top", type=int, default=3, help="the table shows the positions the last token reads most")
+    p.add_argument("--json", action="store_true",
+                   help='print {"tokens": [...], "patterns": [{"layer", "head", "weights"}]}, query rows by key '
+                        "columns")
 
 
 def _paths(p) -> None:

@@ -76,6 +76,9 @@ def _check_captures(where, req: Request, shape: ModelShape) -> None:
             raise PlanError(f"{where}: capture {exc}") from None
         _check_layer(where, "capture", layer, shape)
         _check_family(where, site, shape)
+        if site == "pattern" and tree_len(req) != len(req.tokens):
+            raise PlanError(f"{where}: capture {key}: a pattern is read over one forward, and this request's "
+                            "answers of several tokens are scored over several; capture it on a request without them")
 
 
 def _check_noise(where, req: Request) -> None:

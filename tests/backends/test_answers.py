@@ -40,7 +40,7 @@ def scored_requests(shape, tokens, continuations, source="clean"):
 def _sources(engine, continuations):
     answers = tuple(c[0] for c in continuations)
     clean = engine.run([Request(tokens=CLEAN, answers=answers, continuations=continuations,
-                                capture=tuple(all_keys(engine.shape)), logprobs=True)])[0]
+                                capture=tuple(all_keys(engine.shape, pattern=False)), logprobs=True)])[0]
     return {"clean": clean.captures, "ref": {LOGPROBS: clean.logprobs}}
 
 

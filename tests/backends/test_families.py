@@ -12,7 +12,14 @@ from patchgrid.cache import stream_keys
 from patchgrid.engine import load_engine
 from patchgrid.plan import LOGPROBS, Noise, Patch, PlanError, Request
 from patchgrid.sites import shape_of
-from tests.support.backends import all_keys, assert_results_close, effect_spread, every_site_requests, starting
+from tests.support.backends import (
+    all_keys,
+    assert_patterns_close,
+    assert_results_close,
+    effect_spread,
+    every_site_requests,
+    starting,
+)
 from tests.support.engines import needs_vllm
 
 pytestmark = needs_vllm
@@ -39,7 +46,9 @@ def test_every_site_of_the_family_matches_hf(engines, model):
     keys = tuple(all_keys(hf.shape))
     cap = Request(tokens=CLEAN, answers=ANSWERS, capture=keys)
     clean = hf.run([cap])
-    assert_results_close(clean, vl.run([cap]))
+    read = vl.run([cap])
+    assert_results_close(clean, read)
+    assert_patterns_close(clean, read, hf.shape.n_heads)  # windows, soft-caps, grouped heads: the kernel's own
     reqs = every_site_requests(hf.shape, CORRUPT, ANSWERS)
     sources = {"clean": clean[0].captures}
     got = vl.run(reqs, sources)
@@ -64,7 +73,9 @@ def test_every_site_matches_hf_under_chunked_prefill_and_the_multiprocess_execut
     vl = engines.get(model, "vllm", dtype="float32", **CHUNKED_MULTIPROCESS)
     cap = Request(tokens=CLEAN, answers=ANSWERS, capture=tuple(all_keys(hf.shape)))
     clean = hf.run([cap])
-    assert_results_close(clean, vl.run([cap]))  # captures stitched from several steps, across processes
+    read = vl.run([cap])
+    assert_results_close(clean, read)  # captures stitched from several steps, across processes
+    assert_patterns_close(clean, read, hf.shape.n_heads)  # the keys of earlier steps kept by the worker
     # every site kind, at a sliding and a global layer (Gemma 2), the first and the last
     reqs = every_site_requests(hf.shape, CORRUPT, ANSWERS, layers=(0, hf.shape.n_layers - 1))
     sources = {"clean": clean[0].captures}

@@ -19,12 +19,11 @@ def test_engine_refuses_then_still_works(engines, backend):
     assert (engine.run([good])[0].answer_logits == baseline).all()
 
 
-@needs_vllm
-def test_vllm_refuses_the_attention_pattern_with_the_reason(engines):
-    engine = engines.get("tiny-llama", "vllm", dtype="float32")
-    with pytest.raises(PlanError, match="request 0: pattern.1: the attention pattern is computed inside vLLM's fused "
-                                        "attention kernels.*capture it with the hf backend"):
-        engine.run([Request(tokens=(3, 4, 5), capture=("pattern.1",))])
+@pytest.mark.parametrize("backend", [pytest.param("vllm", marks=needs_vllm), "hf"])
+def test_a_pattern_over_several_forwards_is_refused_with_the_reason(engines, backend):
+    engine = engines.get("tiny-llama", backend, dtype="float32")
+    with pytest.raises(PlanError, match="request 0: capture pattern.1: a pattern is read over one forward"):
+        engine.run([Request(tokens=(3, 4, 5), answers=(6,), continuations=((6, 7),), capture=("pattern.1",))])
     assert engine.hook_count() == 0
 
 

@@ -4,7 +4,13 @@ from __future__ import annotations
 import torch
 
 from patchgrid.plan import Patch, Request
-from tests.support.backends import all_keys, assert_results_close, effect_spread, every_site_requests
+from tests.support.backends import (
+    all_keys,
+    assert_patterns_close,
+    assert_results_close,
+    effect_spread,
+    every_site_requests,
+)
 from tests.support.engines import needs_vllm
 
 pytestmark = needs_vllm
@@ -19,6 +25,7 @@ def test_captures_match(pair_of_engines):
     req = Request(tokens=CLEAN, answers=ANSWERS, capture=tuple(all_keys(hf.shape)))
     a, b = hf.run([req]), vl.run([req])
     assert_results_close(a, b)
+    assert_patterns_close(a, b, hf.shape.n_heads)  # read on vLLM from the q and k its kernel receives
     assert b[0].captures["resid.0"].shape == (len(CLEAN), hf.shape.d_model)
     assert b[0].captures["head.0"].shape == (len(CLEAN), hf.shape.n_heads * hf.shape.head_dim)
 

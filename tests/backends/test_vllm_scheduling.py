@@ -63,7 +63,7 @@ def chunked(engines):
 
 def _sources(engine, cleans, corrupts=()):
     """The clean runs' captures, and the corrupt runs' (the streams patched runs start from)."""
-    keys = tuple(all_keys(engine.shape))
+    keys = tuple(all_keys(engine.shape, pattern=False))  # with answers scored over several forwards
     # the corrupt runs score the answers too: their streams cover the answers' positions
     runs = engine.run([Request(tokens=c, answers=ANSWERS, capture=keys, logprobs=True) for c in cleans] +
                       [Request(tokens=c, answers=ANSWERS, capture=keys, continuations=CONTINUATIONS)

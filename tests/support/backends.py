@@ -10,11 +10,13 @@ from patchgrid.sites import site_key
 TOL = 1e-4
 
 
-def all_keys(shape):
-    """Every readable site the family has (Family.missing), at every layer; pattern aside (hf only)."""
-    return ["embed"] + [site_key(s, layer) for s in ("resid_pre", "resid_mid", "resid", "attn_out", "mlp_out", "q", "k",
-                                                     "v", "head", "neuron")
-                        if not shape.family.missing(s) for layer in range(shape.n_layers)]
+def all_keys(shape, pattern: bool = True):
+    """Every readable site the family has (Family.missing), at every layer; the attention pattern too
+    unless `pattern` is false (it is read on one rank only)."""
+    sites = ("resid_pre", "resid_mid", "resid", "attn_out", "mlp_out", "q", "k", "v", "head", "neuron") + (
+        ("pattern",) if pattern else ())
+    return ["embed"] + [site_key(s, layer) for s in sites if not shape.family.missing(s)
+                        for layer in range(shape.n_layers)]
 
 
 def every_site_requests(shape, corrupt, answers, source="clean", layers=None):
@@ -82,6 +84,24 @@ def assert_results_close(a, b, tol=TOL):
         for k in x.captures:
             d = (x.captures[k].float() - y.captures[k].float()).abs().max().item()
             assert d <= tol, f"request {i}: capture {k} differs by {d}"
+
+
+PATTERN_TOL = 1e-5  # attention weights: vLLM's (from the kernel's q and k) against transformers' eager
+
+
+def assert_patterns_close(a, b, n_heads: int) -> None:
+    """Every attention pattern captured in both results equal within PATTERN_TOL; each query row's weights
+    on the keys it may read sum to 1 and the keys after it get exactly 0."""
+    seen = 0
+    for i, (x, y) in enumerate(zip(a, b)):
+        for k in (k for k in x.captures if k.startswith("pattern.")):
+            d = (x.captures[k] - y.captures[k]).abs().max().item()
+            assert d <= PATTERN_TOL, f"request {i}: {k} differs by {d}"
+            n = y.captures[k].shape[0]
+            w = y.captures[k].view(n, n_heads, n).transpose(0, 1)  # [heads, query, key]
+            assert (w.triu(1) == 0).all() and torch.allclose(w.sum(-1), torch.ones(n_heads, n), atol=1e-5), k
+            seen += 1
+    assert seen, "no pattern was captured"
 
 
 def _ranks_agree(x, y, tol) -> bool:

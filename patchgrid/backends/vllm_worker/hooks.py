@@ -5,7 +5,8 @@ of a split family summed, or written whole into one half with the other zeroed),
 (z at o_proj, the neurons at the down projection, resid_pre at the layer, resid_mid at the norm
 before the MLP, or the MLP where none precedes it), and q, k, v where the attention-kernel module
 receives them after the rotary embedding. The attention pattern never exists outside the fused
-kernels and cannot be read here. Families vLLM runs through its Transformers backend
+kernels: it is computed here from the q and k the kernel receives, with the kernel's own scale,
+window and soft-cap (patterns.pattern_rows). Families vLLM runs through its Transformers backend
 (sites.Family.vllm_transformers) hold a batch dim of one, which the hooks never see (`unbatched`).
 
 Every write goes through `put`, which checks that what it writes lives where the activations live.
@@ -16,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from ...sites import QKV, SITES, get_module, parse_key, site_key, site_module
+from ..patterns import pattern_rows
 
 
 def put(t: torch.Tensor, index, values: torch.Tensor, what: str) -> None:
@@ -224,9 +226,11 @@ class SiteHooks:
 
     def _make_attention_hook(self, layer: int):
         """q, k and v as vLLM's attention kernel receives them ([tokens, heads * head_dim], after the
-        rotary embedding): a patch writes one head's columns of a copy."""
+        rotary embedding): a patch writes one head's columns of a copy; the pattern, where captured,
+        is computed from the q and k it receives (patterns.pattern_rows)."""
         keys = [site_key(site, layer) for site in QKV]
         hd = self.widths["unit_width"]["head"]
+        pattern = site_key("pattern", layer)
 
         def hook(module, args):
             out = list(args[:3])
@@ -239,11 +243,31 @@ class SiteHooks:
                     out[i] = out[i].clone()
                     put(out[i].view(out[i].shape[0], -1, hd), (rows, units), vals, key)
                 self._capture(key, lambda a, b, t=out[i]: t[a:b])
+            if pattern in self.step.captures:
+                self._capture_pattern(module, pattern, out[0], out[1], hd)
             if all(a is b for a, b in zip(out, args)):
                 return None
             return tuple(out) + tuple(args[3:])
 
         return hook
+
+    def _capture_pattern(self, kernel, key: str, query, keys, hd: int) -> None:
+        """Each capturing request's rows of the pattern: its queries this step over its keys so far (kept
+        across the steps chunked prefill splits a prompt into), into [tokens, heads * tokens]."""
+        impl = kernel.impl
+        window = impl.sliding_window if impl.sliding_window and impl.sliding_window > 0 else None
+        softcap = impl.logits_soft_cap or None
+        for row0, row1, buf, pos0 in self.step.captures[key]:
+            n = buf.shape[0]
+            held = self.pattern_keys.get(id(buf))
+            if held is None:
+                held = self.pattern_keys[id(buf)] = torch.zeros(n, keys.shape[1], dtype=keys.dtype, device=keys.device)
+            held[pos0:pos0 + row1 - row0] = keys[row0:row1]
+            w = pattern_rows(query[row0:row1].view(row1 - row0, -1, hd), held[:pos0 + row1 - row0].view(
+                pos0 + row1 - row0, -1, hd), pos0, impl.scale, window, softcap)  # [rows, heads, keys so far]
+            rows = torch.zeros(row1 - row0, w.shape[1], n, dtype=torch.float32, device=w.device)
+            rows[:, :, :w.shape[2]] = w
+            buf[pos0:pos0 + row1 - row0] = rows.flatten(1).to(buf.dtype).to(buf.device)
 
     def _make_input_hook(self, key):
         """z (o_proj's input) or the neurons (the down projection's input): a patch writes one

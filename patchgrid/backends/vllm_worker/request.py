@@ -94,7 +94,10 @@ class Request:
         for positions, std, seed in w.noise:
             pos = np.asarray(positions, dtype=np.int64)
             self.noise.append((pos, gaussian_noise(Noise(tuple(pos), std, seed), widths["d_model"]).to(dtype)))
-        self.captures = {key: torch.empty(n_tokens, widths[parse_key(key)[0]], dtype=dtype) for key in w.capture}
+        # a pattern: per query position, every head's weights over this forward's positions
+        self.captures = {key: torch.empty(n_tokens, widths["head"] // widths["unit_width"]["head"] * n_tokens
+                                          if parse_key(key)[0] == "pattern" else widths[parse_key(key)[0]], dtype=dtype)
+                         for key in w.capture}
         self.start = None if w.start is None else Start(*w.start)
         self.circuit = w.circuit  # [source, kept edge indices] (a circuit run), or None
         self.ablated = None  # its edges outside the circuit, once the circuit hooks have made the mask

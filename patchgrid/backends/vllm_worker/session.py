@@ -65,6 +65,7 @@ class Session(SiteHooks, MidstackStart, LogitsReadout, CircuitHooks):
         self.results: dict[str, list] = {}
         self.step = Step()
         self.handles = []
+        self.pattern_keys = {}  # a pattern capture's buffer (id) -> its request's keys so far, per layer
         self.start_layer = start_layer
         # Gemma's decoder multiplies the embedding module's output by sqrt(d_model) (its `normalizer`)
         # after the module: the embed site is the product, as transformers' module returns it
