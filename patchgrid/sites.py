@@ -19,8 +19,10 @@ A site is a place in the forward pass whose activation can be read or overwritte
     head       one head's slice of z (o_proj input) [tokens, head_dim] of z [tokens, n_heads*head_dim]
     neuron     one MLP neuron: a column of the down projection's input [tokens, 1] of [tokens, d_mlp]
                (llama: act(gate) * up; gpt2: act(c_fc))
-    pattern    the attention pattern [query tokens, n_heads * key tokens]: read (captured), not
-               patched; vLLM never holds it, so its worker computes it from the kernel's q and k
+    pattern    the attention pattern [query tokens, n_heads * key tokens]; vLLM never holds it, so its
+               worker computes it from the kernel's q and k. Patched one head at a time: the head's
+               output at the patched positions becomes the source's pattern applied to this run's
+               own values (backends.patterns.attend), everything else as it is
 
 `SITES` says, per site kind, which module of a family it lives on, whether it is read at that
 module's input or output, and how wide it is; both backends install their hooks from it. Adding a
@@ -50,7 +52,7 @@ class Site:
     # A site patched one unit at a time: "head" (head_dim columns each), "kv_head" (a key/value head's
     # head_dim columns) or "neuron" (one column).
     unit: str | None = None
-    patchable: bool = True  # False: read only (pattern)
+    patchable: bool = True  # False: read only
 
     @property
     def unit_field(self) -> str | None:
@@ -70,7 +72,7 @@ SITES = {site.name: site for site in (
     Site("v", "attn", "attention", "kv", "kv_head"),
     Site("head", "o_proj", "input", "z", "head"),
     Site("neuron", "down_proj", "input", "mlp", "neuron"),
-    Site("pattern", "attn", "attention", "pattern", "head", patchable=False),
+    Site("pattern", "attn", "attention", "pattern", "head"),
 )}
 PATCHABLE = tuple(name for name, site in SITES.items() if site.patchable)
 QKV = ("q", "k", "v")  # the sites read where attention is computed (Site.at == "attention")

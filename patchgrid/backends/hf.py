@@ -17,10 +17,11 @@ from pathlib import Path
 import torch
 
 from ..metrics import answer_ranks, kl_divergence
-from ..plan import LOGPROBS, Result, forwards, gaussian_noise, join_forwards, patch_rows, validate
+from ..plan import LOGPROBS, Result, forwards, gaussian_noise, join_forwards, patch_rows, recomputed_heads, validate
 from ..sites import QKV, SITES, get_module, parse_key, site_module
 from .edge_ablation import Layout, check_circuits, cut_by_deltas, delta_bytes
 from .hf_circuit import BatchCircuit
+from .patterns import attend, blocked_keys, pattern_rows
 from .unembed import soft_capped, unembed_float32
 
 ATTENTION = "patchgrid"  # the attention implementation the engine's models run under (sdpa)
@@ -223,9 +224,21 @@ class _BatchHooks:
         self.captures = [dict() for _ in batch]
         # site key -> [(row, positions, unit, value)]; noise: [(row, positions, value)]
         self.writes, self.noise = defaultdict(list), []
+        # layer -> [(row, positions, head, the source's weights of that head [positions, keys])] (pattern
+        # patches), and layer -> [(row, query positions, key positions)] (knockouts): heads' outputs the
+        # attention hook recomputes (patterns.attend) and writes into z (head.L) through self.writes
+        self.patterns, self.knockouts = defaultdict(list), defaultdict(list)
         for b, (r, f) in enumerate(batch):
             n = len(r.tokens)  # patches and noise address the prompt (a whole patch: the forward's every row)
+            if r.knockout is not None:
+                for layer in r.knockout.layers:
+                    self.knockouts[layer].append((b, r.knockout.queries, r.knockout.keys))
             for p in r.patches:
+                if p.site == "pattern":
+                    pos = patch_rows(p, n, len(f.tokens), f.branch)[0]
+                    weights = sources[p.source][p.key][pos].view(len(pos), shape.n_heads, n)[:, p.head]
+                    self.patterns[p.layer].append((b, pos, p.head, weights.to(device, torch.float32)))
+                    continue
                 pos, rows = patch_rows(p, n, len(f.tokens), f.branch)
                 val = sources[p.source][p.key][rows].to(device, dtype)
                 if p.unit is not None:
@@ -239,6 +252,7 @@ class _BatchHooks:
     def install(self, m) -> None:
         fam = self.shape.family
         keys = set(self.writes) | {k for r, _ in self.batch for k in r.capture}
+        keys |= {k for r, _ in self.batch for k in recomputed_heads(r)}
         # the embedding's hook also adds noise, so it is installed whatever the keys
         self.handles.append(get_module(m, fam.embed).register_forward_hook(self.on_embed))
         attention = set()  # the layers whose q, k, v or pattern are read or written
@@ -314,5 +328,20 @@ class _BatchHooks:
             if any(pattern in r.capture for r, _ in self.batch):
                 w = causal_pattern(out[0], out[1], scaling, window, softcap)  # [batch, heads, q, k]
                 self.capture(pattern, w.transpose(1, 2).flatten(2).to(self.dtype))
+            self.recompute(layer, *(t.transpose(1, 2) for t in out), scaling, window, softcap)
             return tuple(out)
         return hook
+
+    def recompute(self, layer, query, key, value, scaling, window, softcap):
+        """The heads' outputs this layer's pattern patches and knockouts change, from q, k and v
+        [batch, tokens, heads, head_dim] as attention reads them, queued as writes into z (head.L)."""
+        z = f"head.{layer}"
+        for b, pos, head, weights in self.patterns.get(layer, ()):
+            kv = head // (self.shape.n_heads // value.shape[2])
+            out = attend(weights[:, None, :], value[b, :, kv:kv + 1])  # [positions, 1, head_dim]
+            self.writes[z].append((b, pos, head, out[:, 0].to(self.dtype)))
+        for b, queries, keys in self.knockouts.get(layer, ()):
+            for q in queries:
+                blocked = blocked_keys((q,), keys, q, 1, q + 1, query.device)
+                w = pattern_rows(query[b, q:q + 1], key[b, :q + 1], q, scaling, window, softcap, blocked)
+                self.writes[z].append((b, [q], None, attend(w, value[b]).flatten(1).to(self.dtype)))

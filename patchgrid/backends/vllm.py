@@ -31,6 +31,7 @@ from ..plan import (
     encode_tensor,
     forwards,
     join_forwards,
+    recomputed_heads,
     to_wire,
     validate,
 )
@@ -232,6 +233,9 @@ class VllmEngine:
         """Sites this engine cannot read or write, named with the reason."""
         tp = self.tensor_parallel_size
         for i, r in enumerate(requests):
+            if r.knockout is not None and tp > 1:
+                raise PlanError(f"request {i}: knockout: the heads' outputs are recomputed on one rank; under "
+                                f"tensor_parallel_size {tp} run it with tensor_parallel_size 1")
             if r.circuit is not None and tp > 1:
                 raise PlanError(f"request {i}: circuit: a circuit run reads every head's output through the output "
                                 f"projection, which tensor_parallel_size {tp} splits over ranks; run it on one rank")
@@ -259,7 +263,8 @@ class VllmEngine:
         call = next(self._calls)
         fwds = fwds if fwds is not None else [forwards(r) for r in requests]
         tags = [[f"{call}:{i}:{k}" for k in range(len(f))] for i, f in enumerate(fwds)]
-        keys = sorted({p.key for r in requests for p in r.patches} | {k for r in requests for k in r.capture})
+        keys = sorted({p.key for r in requests for p in r.patches} | {k for r in requests for k in r.capture}
+                      | {k for r in requests for k in recomputed_heads(r)})
         wire_sources = _wire_sources(requests, sources, self.shape.n_layers)
         shape = {"vocab_size": self.shape.vocab_size, "d_model": self.shape.d_model,
                  "n_heads": self.shape.n_heads, "head_dim": self.shape.head_dim, "d_mlp": self.shape.d_mlp,

@@ -11,6 +11,8 @@ A request is one forward pass over `tokens`. It may
   token by token (one forward per continuation of several tokens; prompt + its tokens but the last),
 - measure the KL divergence at the last prompt position from the log-probabilities a source holds
   (`reference`, its `LOGPROBS` entry), and return its own (`logprobs`),
+- patch one head's attention pattern from a source (a `pattern` patch: the head's output becomes that
+  pattern applied to this run's own values), or block attention edges (`knockout`),
 - run a circuit (`circuit`): every edge outside it (patchgrid.graph) carries its sender's output
   from a source instead of this run's (backends.edge_ablation),
 - say where it may start (`start`): when everything below a layer computes exactly what a cached
@@ -35,6 +37,7 @@ from .forwards import Forward, forwards, join_forwards, patch_rows, resolve_posi
 from .request import (
     LOGPROBS,
     Circuit,
+    Knockout,
     Noise,
     Patch,
     Request,
@@ -42,13 +45,14 @@ from .request import (
     Start,
     gaussian_noise,
     latest_start,
+    recomputed_heads,
     stream_key,
     trace_seed,
 )
 from .wire import WirePlan, decode_tensor, encode_tensor, from_wire, to_wire
 
 __all__ = [
-    "LOGPROBS", "Circuit", "Forward", "Noise", "Patch", "PlanError", "Request", "Result", "Start", "WirePlan",
+    "LOGPROBS", "Circuit", "Forward", "Knockout", "Noise", "Patch", "PlanError", "Request", "Result", "Start", "WirePlan",
     "decode_tensor", "encode_tensor", "forwards", "from_wire", "gaussian_noise", "join_forwards", "latest_start",
-    "patch_rows", "resolve_positions", "stream_key", "to_wire", "trace_seed", "tree_len", "tree_rows", "validate",
+    "patch_rows", "recomputed_heads", "resolve_positions", "stream_key", "to_wire", "trace_seed", "tree_len", "tree_rows", "validate",
 ]

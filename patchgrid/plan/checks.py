@@ -22,6 +22,7 @@ def validate(requests, sources, shape: ModelShape) -> None:
         for p in req.patches:
             _check_patch(where, p, req, sources, shape)
         _check_noise(where, req)
+        _check_knockout(where, req, shape)
         if req.start is not None:
             _check_start(where, req, sources, shape)
 
@@ -88,6 +89,27 @@ def _check_noise(where, req: Request) -> None:
             raise PlanError(f"{where}: noise.std {z.std} must be >= 0")
 
 
+def _check_knockout(where, req: Request, shape: ModelShape) -> None:
+    """Layers the model has; query and key positions in the prompt; every query position left some key
+    to read (a softmax over no key has no value)."""
+    k = req.knockout
+    if k is None:
+        return
+    if not k.layers or not k.queries:
+        raise PlanError(f"{where}: knockout needs at least one layer and one query position")
+    for layer in k.layers:
+        _check_layer(where, "knockout", layer, shape)
+    _check_positions(where, "knockout.queries", k.queries, len(req.tokens))
+    _check_positions(where, "knockout.keys", k.keys, len(req.tokens))
+    blocked = set(k.keys)
+    for q in k.queries:
+        if blocked >= set(range(q + 1)):
+            raise PlanError(f"{where}: knockout blocks every key query position {q} reads (0..{q}): the softmax "
+                            "would have nothing to weigh")
+    if req.circuit is not None:
+        raise PlanError(f"{where}: knockout: a circuit run takes no knockout")
+
+
 def _check_start(where, req: Request, sources, shape: ModelShape):
     s = req.start
     # The last layer must run: the final norm needs a layer's output to read.
@@ -108,6 +130,9 @@ def _check_start(where, req: Request, sources, shape: ModelShape):
     for key in req.capture:
         if not _at_or_above(*parse_key(key), s.layer):
             raise PlanError(f"{where}: capture {key} lies below start layer {s.layer}, which skips it")
+    if req.knockout is not None and min(req.knockout.layers) < s.layer:
+        raise PlanError(f"{where}: knockout layer {min(req.knockout.layers)} lies below start layer {s.layer}, "
+                        "which skips it")
 
 
 def _at_or_above(site: str, layer: int | None, start: int) -> bool:
@@ -187,10 +212,25 @@ def _check_patch_source(where, p: Patch, req: Request, sources, shape: ModelShap
     src = sources[p.source].get(p.key)
     if src is None:
         raise PlanError(f"{where}: patch source {p.source!r} holds no {p.key}")
-    if src.dim() != 2 or src.shape[1] != shape.width(p.site):
+    if p.site != "pattern" and (src.dim() != 2 or src.shape[1] != shape.width(p.site)):
         raise PlanError(f"{where}: patch source {p.source!r} {p.key} has shape {tuple(src.shape)}, "
                         f"expected [tokens, {shape.width(p.site)}]")
+    if p.site == "pattern":
+        _check_pattern_source(where, p, src, n, shape)
+        return
     needed = tree_len(req) if p.whole else n if p.positions is None else max(p.positions) + 1
     if src.shape[0] < needed:
         raise PlanError(f"{where}: patch source {p.source!r} {p.key} has {src.shape[0]} positions, "
                         f"the patch needs {needed}")
+
+
+def _check_pattern_source(where, p: Patch, src, n: int, shape: ModelShape) -> None:
+    """A pattern patch reads a pattern over a prompt as long as this one: [n, n_heads * n] (query rows,
+    each head's weights over the n keys), as a `pattern` capture holds it."""
+    if p.whole:
+        raise PlanError(f"{where}: patch {p.key} is whole: a pattern is patched at prompt positions")
+    want = (n, shape.n_heads * n)
+    if tuple(src.shape) != want:
+        raise PlanError(f"{where}: patch source {p.source!r} {p.key} has shape {tuple(src.shape)}, expected "
+                        f"{list(want)}: the pattern of a {n}-token prompt ({shape.n_heads} heads x {n} keys per "
+                        "query row), as a pattern capture of a prompt as long as this one holds it")

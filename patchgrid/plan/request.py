@@ -66,6 +66,19 @@ class Circuit:
     kept: tuple[int, ...] = ()
 
 
+@dataclass(frozen=True)
+class Knockout:
+    """Attention knockout (Geva et al. 2023): at each of `layers`, every head's attention from the
+    prompt positions `queries` to the prompt positions `keys` is blocked, its scores set to minus
+    infinity before the softmax, so those keys get weight exactly 0 and the rest renormalise. The
+    heads' outputs at the query positions are recomputed from this run's own q, k and v
+    (backends.patterns.attend); keys and values, and so what later positions read, are unchanged."""
+
+    layers: tuple[int, ...]
+    queries: tuple[int, ...]
+    keys: tuple[int, ...]
+
+
 def stream_key(layer: int) -> str:
     """The site key of the whole stream entering `layer` (>= 1): the previous layer's output."""
     return site_key("resid", layer - 1)
@@ -88,6 +101,7 @@ class Request:
     logprobs: bool = False  # return the last prompt position's log-probabilities
     ranks: bool = True  # read the answers' ranks over the vocabulary
     circuit: Circuit | None = None  # an edge-level intervention (a circuit run)
+    knockout: Knockout | None = None  # attention edges blocked (an attention knockout)
 
     @property
     def reads_vocabulary(self) -> bool:
@@ -135,10 +149,18 @@ def trace_seed(seed: int, pair_id: str, sample: int) -> int:
     return zlib.crc32(f"{seed}:{pair_id}:{sample}".encode())
 
 
-def latest_start(patches, n_layers: int) -> int:
-    """The latest layer a forward with these patches can start at (0: it must run them all): the
-    stream entering layer L+1 already holds a patch on layer L's output; other sites at L (the
-    stream entering L among them: it is written after the start) need layer L to run; the last
-    layer always runs."""
+def latest_start(patches, n_layers: int, knockout: Knockout | None = None) -> int:
+    """The latest layer a forward with these patches (and knockout) can start at (0: it must run them
+    all): the stream entering layer L+1 already holds a patch on layer L's output; other sites at L
+    (the stream entering L among them: it is written after the start) need layer L to run, as does a
+    knockout's first layer; the last layer always runs."""
     starts = [0 if p.site == "embed" else p.layer + 1 if p.site == "resid" else p.layer for p in patches]
-    return min(starts + [n_layers - 1])
+    return min(starts + list(knockout.layers if knockout else ()) + [n_layers - 1])
+
+
+def recomputed_heads(req: Request) -> set[str]:
+    """The site keys whose hooks a request's attention interventions need: at each layer where a
+    head's output is recomputed (a pattern patch, a knockout), the attention (`pattern.L`: where q, k
+    and v are read) and the heads' outputs (`head.L`: where the recomputed ones are written)."""
+    layers = {p.layer for p in req.patches if p.site == "pattern"} | set(req.knockout.layers if req.knockout else ())
+    return {f"{site}.{layer}" for layer in layers for site in ("pattern", "head")}

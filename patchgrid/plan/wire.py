@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, NamedTuple
 
 from .forwards import Forward
-from .request import Circuit, Noise, Patch, Request, Start
+from .request import Circuit, Knockout, Noise, Patch, Request, Start
 
 if TYPE_CHECKING:  # imported where it is used: the light commands import the plan and need no torch
     import torch
@@ -32,6 +32,8 @@ def to_wire(req: Request, tag: str, fwd: Forward | None = None) -> list:
         bool(req.logprobs),
         bool(req.ranks),
         None if req.circuit is None else [req.circuit.source, [int(e) for e in req.circuit.kept]],
+        None if req.knockout is None else [[int(x) for x in xs] for xs in (req.knockout.layers, req.knockout.queries,
+                                                                             req.knockout.keys)],
     ]
 
 
@@ -67,6 +69,7 @@ class WirePlan(NamedTuple):
     logprobs: bool
     ranks: bool
     circuit: list | None  # [source, kept edge indices]
+    knockout: list | None  # [layers, queries, keys]
 
     reads_vocabulary = property(Request.reads_vocabulary.fget)  # Request's own definition
 
@@ -91,6 +94,7 @@ def from_wire(plan: list) -> tuple[str, Request, tuple[int, Forward]]:
         logprobs=w.logprobs,
         ranks=w.ranks,
         circuit=None if w.circuit is None else Circuit(w.circuit[0], tuple(w.circuit[1])),
+        knockout=None if w.knockout is None else Knockout(*(tuple(xs) for xs in w.knockout)),
     )
     n_prompt, scores, branch, first = w.forward
     return w.tag, req, (n_prompt, Forward((), tuple(scores), branch, first))

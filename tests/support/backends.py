@@ -4,7 +4,7 @@ import dataclasses
 
 import torch
 
-from patchgrid.plan import Noise, Patch, Request, Start, latest_start
+from patchgrid.plan import Knockout, Noise, Patch, Request, Start, latest_start
 from patchgrid.sites import site_key
 
 TOL = 1e-4
@@ -19,9 +19,10 @@ def all_keys(shape, pattern: bool = True):
                         for layer in range(shape.n_layers)]
 
 
-def every_site_requests(shape, corrupt, answers, source="clean", layers=None):
+def every_site_requests(shape, corrupt, answers, source="clean", layers=None, attention=True):
     """One request per (site, layer[, head]) patch at a couple of positions, plus noise and all-position
-    patches; `layers`: only those layers' (default: every layer)."""
+    patches; `layers`: only those layers' (default: every layer); with `attention`, pattern patches
+    (the source holds the patterns) and knockouts besides (attention_requests)."""
     n = len(corrupt)
     pos = (1, n - 1)
     reqs = [Request(tokens=corrupt, answers=answers, top_k=5)]
@@ -48,8 +49,28 @@ def every_site_requests(shape, corrupt, answers, source="clean", layers=None):
     reqs.append(Request(tokens=corrupt, answers=answers, noise=(Noise((1, 2), 0.7, 11),)))
     reqs.append(Request(tokens=corrupt, answers=answers, noise=(Noise((1, 2), 0.7, 11),),
                         patches=(Patch("resid", shape.n_layers // 2, source, (2,)),)))
+    if attention:
+        reqs += attention_requests(shape, corrupt, answers, source, layers)
     # the sites the family has (Family.missing: no resid_mid in a parallel block, no neuron in a mixture)
     return reading_logprobs([r for r in reqs if not any(shape.family.missing(p.site) for p in r.patches)])
+
+
+def attention_requests(shape, tokens, answers, source="clean", layers=None):
+    """Per layer: one head's pattern patched from `source` at two positions, the last head's at every
+    position; the last position's attention to positions 1-3 knocked out there, and to itself over
+    that layer and the next; and one knockout over every layer of every query past position 3."""
+    n, last = len(tokens), len(tokens) - 1
+    reqs = []
+    for layer in range(shape.n_layers) if layers is None else layers:
+        reqs.append(Request(tokens=tokens, answers=answers, patches=(Patch("pattern", layer, source, (1, last), 0),)))
+        reqs.append(Request(tokens=tokens, answers=answers,
+                            patches=(Patch("pattern", layer, source, None, shape.n_heads - 1),)))
+        reqs.append(Request(tokens=tokens, answers=answers, knockout=Knockout((layer,), (last,), (1, 2, 3))))
+        window = tuple(range(layer, min(layer + 2, shape.n_layers)))
+        reqs.append(Request(tokens=tokens, answers=answers, knockout=Knockout(window, (last,), (last,))))
+    reqs.append(Request(tokens=tokens, answers=answers,
+                        knockout=Knockout(tuple(range(shape.n_layers)), tuple(range(4, n)), (0, 2))))
+    return reqs
 
 
 def reading_logprobs(reqs):
@@ -131,6 +152,6 @@ def starting(reqs, n_layers, stream="corrupt"):
     """Each request started at the latest layer its patches allow, from the cached run `stream`."""
     out = []
     for r in reqs:
-        layer = latest_start(r.patches, n_layers)
+        layer = latest_start(r.patches, n_layers, r.knockout)
         out.append(dataclasses.replace(r, start=Start(layer, stream)) if layer else r)
     return out

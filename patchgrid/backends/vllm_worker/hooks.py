@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from ...sites import QKV, SITES, get_module, parse_key, site_key, site_module
-from ..patterns import pattern_rows
+from ..patterns import attend, blocked_keys, pattern_rows
 
 
 def put(t: torch.Tensor, index, values: torch.Tensor, what: str) -> None:
@@ -245,18 +245,52 @@ class SiteHooks:
                 self._capture(key, lambda a, b, t=out[i]: t[a:b])
             if pattern in self.step.captures:
                 self._capture_pattern(module, pattern, out[0], out[1], hd)
+            if self.step.attention_rows:
+                self._recompute(module, layer, out, hd)
             if all(a is b for a, b in zip(out, args)):
                 return None
             return tuple(out) + tuple(args[3:])
 
         return hook
 
+    def _recompute(self, kernel, layer: int, qkv, hd: int) -> None:
+        """The heads' outputs this layer's pattern patches and knockouts change (patterns.attend), from
+        the q, k and v the kernel receives, each request's keys and values kept across the steps
+        chunked prefill splits its prompt into; queued for the output projection's hook (head.L)."""
+        scale, window, softcap = _kernel_mask(kernel)
+        query, key, value = qkv
+        queued = self.step.recomputed.setdefault(site_key("head", layer), [])
+        for r, row0, pos0, pos1 in self.step.attention_rows:
+            if not r.recomputes(layer):
+                continue
+            held = r.held_kv.get(layer)
+            if held is None:
+                held = r.held_kv[layer] = tuple(torch.zeros(r.n_tokens, t.shape[1], dtype=t.dtype, device=t.device)
+                                                for t in (key, value))
+            held[0][pos0:pos1] = key[row0:row0 + pos1 - pos0]
+            held[1][pos0:pos1] = value[row0:row0 + pos1 - pos0]
+            keys, values = (t.view(r.n_tokens, -1, hd) for t in held)
+            for pos, head, weights in r.pattern_patches.get(layer, ()):
+                sel = [k for k, q in enumerate(pos) if pos0 <= q < pos1]
+                if sel:
+                    kv = head // (query.shape[1] // hd // keys.shape[1])
+                    w = weights[sel].to(value.device)[:, None, :]
+                    z = attend(w, values[:, kv:kv + 1])[:, 0].to(value.dtype)
+                    rows = torch.tensor([row0 + pos[k] - pos0 for k in sel], device=value.device)
+                    queued.append((rows, torch.full_like(rows, head), z))
+            if r.knockout is not None and layer in r.knockout[0]:
+                for q in (q for q in r.knockout[1] if pos0 <= q < pos1):
+                    row = row0 + q - pos0
+                    blocked = blocked_keys((q,), r.knockout[2], q, 1, q + 1, query.device)
+                    w = pattern_rows(query[row:row + 1].view(1, -1, hd), keys[:q + 1], q, scale, window, softcap,
+                                     blocked)
+                    queued.append((torch.tensor([row], device=value.device), None,
+                                   attend(w, values).flatten(1).to(value.dtype)))
+
     def _capture_pattern(self, kernel, key: str, query, keys, hd: int) -> None:
         """Each capturing request's rows of the pattern: its queries this step over its keys so far (kept
         across the steps chunked prefill splits a prompt into), into [tokens, heads * tokens]."""
-        impl = kernel.impl
-        window = impl.sliding_window if impl.sliding_window and impl.sliding_window > 0 else None
-        softcap = impl.logits_soft_cap or None
+        scale, window, softcap = _kernel_mask(kernel)
         for row0, row1, buf, pos0 in self.step.captures[key]:
             n = buf.shape[0]
             held = self.pattern_keys.get(id(buf))
@@ -264,7 +298,7 @@ class SiteHooks:
                 held = self.pattern_keys[id(buf)] = torch.zeros(n, keys.shape[1], dtype=keys.dtype, device=keys.device)
             held[pos0:pos0 + row1 - row0] = keys[row0:row1]
             w = pattern_rows(query[row0:row1].view(row1 - row0, -1, hd), held[:pos0 + row1 - row0].view(
-                pos0 + row1 - row0, -1, hd), pos0, impl.scale, window, softcap)  # [rows, heads, keys so far]
+                pos0 + row1 - row0, -1, hd), pos0, scale, window, softcap)  # [rows, heads, keys so far]
             rows = torch.zeros(row1 - row0, w.shape[1], n, dtype=torch.float32, device=w.device)
             rows[:, :, :w.shape[2]] = w
             buf[pos0:pos0 + row1 - row0] = rows.flatten(1).to(buf.dtype).to(buf.device)
@@ -284,7 +318,20 @@ class SiteHooks:
             if w is not None:
                 rows, units, vals = w
                 put(z.view(z.shape[0], -1, uw), (rows, units), vals, key)
+            for rows, units, vals in self.step.recomputed.get(key, ()):  # heads' outputs recomputed
+                if units is None:
+                    put(z, rows, vals, key)
+                else:
+                    put(z.view(z.shape[0], -1, uw), (rows, units), vals, key)
             self._capture(key, lambda a, b: z[a:b])
             return None
 
         return hook
+
+
+def _kernel_mask(kernel) -> tuple[float, int | None, float | None]:
+    """(scale, sliding window or None, soft-cap or None) of vLLM's attention kernel module, as it
+    computes its weights."""
+    impl = kernel.impl
+    window = impl.sliding_window if impl.sliding_window and impl.sliding_window > 0 else None
+    return impl.scale, window, impl.logits_soft_cap or None

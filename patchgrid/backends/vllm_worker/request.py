@@ -56,11 +56,16 @@ class Sources:
         per_key: dict[str, list] = {}
         held: dict[str, int] = {}  # rows stacked so far per key
         self.first: dict[tuple[str, str], int] = {}
+        # patterns, unstacked (their width is the heads times their own prompt's length), in float32
+        self.patterns: dict[tuple[str, str], torch.Tensor] = {}
         for name, caps in wire.items():
             for key, enc in caps.items():
                 if key == LOGPROBS:
                     continue
                 t = decode_tensor(enc)
+                if parse_key(key)[0] == "pattern":
+                    self.patterns[(name, key)] = t.float()
+                    continue
                 self.first[(name, key)] = held.get(key, 0)
                 held[key] = self.first[(name, key)] + len(t)
                 per_key.setdefault(key, []).append(t)
@@ -90,6 +95,18 @@ class Request:
         self.scored = {j: [None] * len(c) for j, c in self.scores}
         self.readout: dict = {}
         self.patches = self._patches(w.wire_patches(), branch, sources, widths, tp) if w.patches else {}
+        # heads' outputs recomputed (hooks.SiteHooks._recompute): per layer, its pattern patches (query
+        # positions, head, that head's source weights [positions, keys]); the knockout (layers, query
+        # positions, key positions); and the keys and values read so far at those layers, kept across
+        # the steps chunked prefill splits a prompt into
+        self.pattern_patches: dict[int, list] = {}
+        for p in w.wire_patches():
+            if p.site == "pattern":
+                pos = list(range(n_prompt)) if p.positions is None else list(p.positions)
+                weights = sources.patterns[(p.source, p.key)][pos].view(len(pos), -1, n_prompt)[:, p.head]
+                self.pattern_patches.setdefault(p.layer, []).append((pos, p.head, weights))
+        self.knockout = None if w.knockout is None else (set(w.knockout[0]), list(w.knockout[1]), list(w.knockout[2]))
+        self.held_kv: dict[int, tuple] = {}
         self.noise = []
         for positions, std, seed in w.noise:
             pos = np.asarray(positions, dtype=np.int64)
@@ -118,6 +135,8 @@ class Request:
         rank, tp_size = tp
         out: dict[tuple[str, bool], tuple[list, list, list, list]] = {}
         for p in patches:
+            if p.site == "pattern":  # recomputed in the attention hook (self.pattern_patches)
+                continue
             unit = p.unit
             if unit is not None:
                 owner, unit = unit_owner(p.unit, widths["units"][SITES[p.site].unit], tp_size)
@@ -133,6 +152,10 @@ class Request:
                 entry[2].extend([unit] * len(pos))
                 entry[3].extend([p.unit] * len(pos))
         return out
+
+    def recomputes(self, layer: int) -> bool:
+        """Whether some head's output at `layer` is recomputed for this forward."""
+        return layer in self.pattern_patches or (self.knockout is not None and layer in self.knockout[0])
 
     def part(self) -> dict:
         """What this forward gives its request (plan.join_forwards), as plain data."""

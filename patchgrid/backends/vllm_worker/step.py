@@ -37,6 +37,11 @@ class Step:
         # hooks have begun the step, [(rows, edge_ablation.Ablation, source values)] (circuit.CircuitHooks)
         self.circuit_rows: list[tuple] = []
         self.circuits: list[tuple] = []
+        # requests whose heads' outputs some layer recomputes (pattern patches, knockouts):
+        # [(request, first row, first position, end position)]; and per head key (head.L) the rows
+        # recomputed this step, [(rows, units or None, values)], which the output projection's hook writes
+        self.attention_rows: list[tuple] = []
+        self.recomputed: dict[str, list] = {}
 
     def to(self, device) -> None:
         """One transfer per tensor per step, to where the activations are (without blocking from
@@ -124,6 +129,8 @@ class _Plan:
                 self.noise.append((torch.from_numpy(pos[sel] - pos0 + row0), vals[torch.from_numpy(sel)]))
         if r.circuit is not None:
             self.step.circuit_rows.append((r, row0, pos0, pos1))
+        if r.pattern_patches or r.knockout is not None:
+            self.step.attention_rows.append((r, row0, pos0, pos1))
         for key, buf in r.captures.items():
             self.caps.setdefault(key, []).append((row0, row1, buf, pos0))
         self._add_reads(r, row0, pos0, pos1)
