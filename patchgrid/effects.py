@@ -40,7 +40,7 @@ def cell_columns(pair, cell) -> dict:
         "position_role": "all" if cell.position is None else pair.roles[cell.position],
         "head": cell.head, "neuron": cell.neuron, "window": cell.window,
         "sender": None if cell.receiver is None else unit_name(cell.site, cell.layer, cell.head),
-        "receiver": cell.receiver,
+        "receiver": cell.receiver, "blocked": cell.blocked,
     }
 
 

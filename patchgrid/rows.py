@@ -37,12 +37,14 @@ REASONS = (
 )
 # The sweep kinds (patchgrid.sweeps.registry registers a kind by each name, in this order)
 SWEEP_NAMES = ("resid", "resid_pre", "resid_mid", "attn_out", "mlp_out", "embed", "heads", "neurons", "qkv", "trace",
-               "atp", "paths", "edges", "circuit")
+               "atp", "paths", "edges", "circuit", "pattern", "knockout")
 DIRECTIONS = ("denoise", "noise")  # clean into corrupt | corrupt into clean
 VERIFY = ("top", "random")  # why an atp row's site was patched exactly
 # What a patch (or an edge outside a circuit) gets: the other run's value, the data set's mean at
 # that site and position role, or zero (sweeps.config's `ablation`)
 ABLATIONS = ("patching", "mean", "zero")
+# the positions a knockout blocks the last position from reading (sweeps.knockout)
+KNOCKOUT_GROUPS = ("subject", "non_subject", "last")
 POSITION_ROLES = ROLES + ("all",)  # `all`: a patch over every position at once
 RUN_STATUSES = ("running", "completed", "failed", "cancelled")  # cancelled: SIGTERM or SIGINT
 
@@ -113,6 +115,9 @@ EFFECT = RowShape("effect", pa.schema([
     # (`q.5.1`, `k.5.0`, `v.5.0`; k and v by key/value head); NULL for every other sweep
     ("sender", pa.string()),
     ("receiver", pa.string()),
+    # knockout: the group of positions the last position could not read (subject, non_subject, last);
+    # NULL for every other sweep
+    ("blocked", pa.string()),
     ("metric", pa.string()),  # the sweep's headline metric, which `effect` and `recovery` are on
     ("effect", pa.float32()),  # NULL for an atp row whose site was not verified (patched) exactly
     ("recovery", pa.float32()),
@@ -134,7 +139,8 @@ EFFECT = RowShape("effect", pa.schema([
     # every metric of the patched run and the pair's baselines (trace: corrupt is the noised run's)
     *_metric_columns(("patched", "clean", "corrupt")),
 ]), {"sweep": SWEEP_NAMES, "site": SITE_KINDS, "direction": DIRECTIONS,
-     "metric": tuple(METRICS), "position_role": POSITION_ROLES, "verify": VERIFY, "ablation": ABLATIONS})
+     "metric": tuple(METRICS), "position_role": POSITION_ROLES, "verify": VERIFY, "ablation": ABLATIONS,
+     "blocked": KNOCKOUT_GROUPS})
 
 PAIR = RowShape("pair", pa.schema([
     ("pair_id", pa.string()),

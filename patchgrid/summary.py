@@ -1,6 +1,7 @@
 """What a study did, read back from the warehouse once its flow has returned (read-only queries,
 through the same sandbox as `patchgrid query`): its records and why any were rejected, its sweeps
-and their patched runs, its time, the strongest averaged cells of each sweep (and edges, and circuits' CPR
+and their patched runs, its time, the strongest averaged cells of each sweep (and edges, knockouts' lowest
+layers, and circuits' CPR
 and CMD), and the commands
 that query it and draw its report. Plain values: the command line prints them (patchgrid/cli/study.py)
 or writes them as JSON."""
@@ -92,6 +93,16 @@ def circuit_scores(warehouse, run_id: str) -> list[dict]:
                             "FROM circuit_score s WHERE s.run_id = ? ORDER BY s.ablation, s.metric", [run_id])
 
 
+def knockout_lows(warehouse, run_id: str) -> list[dict]:
+    """Per group the last position was blocked from, the layer where blocking it lowered p(answer) most
+    (knockout_curve: the mean relative change in percent over facts, its 95% t interval, n_pairs)."""
+    return _rows(warehouse, "SELECT blocked, layer, window, n_relative AS n_pairs, mean_relative_change_pct, "
+                            "relative_change_ci95_low, relative_change_ci95_high FROM knockout_curve "
+                            "WHERE run_id = ? AND metric = 'p' AND mean_relative_change_pct IS NOT NULL "
+                            "QUALIFY row_number() OVER (PARTITION BY blocked ORDER BY mean_relative_change_pct, "
+                            "layer) = 1 ORDER BY mean_relative_change_pct", [run_id])
+
+
 def cell_name(cell: dict) -> str:
     """A cell in a few words: `resid L3 last`, `head L2.1 subject_last`, `head L1.0 -> logits all`."""
     unit = cell.get("head") if cell.get("head") is not None else cell.get("neuron")
@@ -130,4 +141,5 @@ def study_summary(warehouse: str | Path, run_id: str, per_sweep: int = STRONGEST
             "strongest": [{**c, "cell": cell_name(c)} for c in strongest(warehouse, run_id, per_sweep)],
             "strongest_edges": strongest_edges(warehouse, run_id, per_sweep),
             "circuits": circuit_scores(warehouse, run_id),
+            "knockouts": knockout_lows(warehouse, run_id),
             "commands": commands(warehouse, run_id)}

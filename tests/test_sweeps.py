@@ -268,3 +268,35 @@ def test_each_kind_counts_its_cells(head_positions):
         if name not in ("atp", "edges"):  # their cells are chosen by their estimates (tests/test_attribution.py,
             # tests/test_edge_attribution.py count them)
             assert kind.count(pair, ctx) == len(kind.cells(pair, ctx)), name
+
+
+@needs_vllm
+def test_pattern_and_knockout_sweeps_equal_the_hf_backend(tmp_path, engines, tokenizers):
+    """Both kinds on vLLM against hf, started mid-stack and not, answers of several tokens among the
+    pairs; knockout rows stand on the clean run, one per group and layer, their window cut at the ends."""
+    vl = engines.get("tiny-llama", "vllm", dtype="float32")
+    hf = engines.get("tiny-llama", "hf", dtype="float32")
+    pairs = _long_answers(shipped_pairs(tokenizers("tiny-llama"), 3))
+    cfg = SweepConfig(sweeps=("pattern", "knockout"), knockout_window=3, trace_facts="first-token")
+    cache, _ = load_or_build(vl, pairs, cache_spec(cfg, vl.shape.n_layers), tmp_path, log=lambda *_: None)
+    a, b = _by_key(run_sweeps(vl, pairs, cache, cfg)), _by_key(run_sweeps(hf, pairs, cache, cfg))
+    full = replace(cfg, start_midstack=False)
+    c = _by_key(run_sweeps(vl, pairs, cache, full))
+    assert a.keys() == b.keys() == c.keys()
+    for k in a:
+        for other in (b, c):
+            for m in METRICS:
+                assert a[k][f"patched_{m}"] == pytest.approx(other[k][f"patched_{m}"], abs=1e-4), (k, m)
+    knock = [r for r in a.values() if r["sweep"] == "knockout"]
+    n = vl.shape.n_layers
+    assert len(knock) == sum(n * (3 if p.subject_start > 0 or p.subject_end < len(p.clean_ids) - 1 else 2)
+                             for p in pairs)
+    for r in knock:
+        assert r["metric"] == "p" and r["direction"] == "noise" and r["site"] == "pattern"
+        assert r["effect"] == pytest.approx(r["patched_p"] - r["clean_p"], abs=1e-6)
+        assert r["window"] == len(trace_window(r["layer"], 3, n)) and r["position_role"] == "last"
+    assert {r["blocked"] for r in knock} == {"subject", "non_subject", "last"}
+    assert max(abs(r["effect"]) for r in knock) > 1e-3
+    patterns = [r for r in a.values() if r["sweep"] == "pattern"]
+    assert {r["position_role"] for r in patterns} == {"all", "subject_last", "last"}
+    assert len({r["head"] for r in patterns}) == vl.shape.n_heads and all(r["blocked"] is None for r in patterns)

@@ -91,13 +91,16 @@ PAIR_CELL = tuple(c for c in IDENTITY if c != "position")
 # was patched exactly only when its estimate ranked high or it was sampled, so its exact effects are
 # a selected subset. The effect views leave estimated rows out; atp_summary and atp_agreement
 # (views.sql) read them.
-EXACT_ROWS = "estimate IS NULL AND circuit_size IS NULL"
+EXACT_ROWS = "estimate IS NULL AND circuit_size IS NULL AND blocked IS NULL"
 # The estimated rows that are attribution patching's sites (an edge's score has a receiver besides:
 # edge_summary reads those).
 ATP_ROWS = "estimate IS NOT NULL AND receiver IS NULL"
 EDGE_ROWS = "estimate IS NOT NULL AND receiver IS NOT NULL"
 # A circuit's run of a pair (the circuit kind's rows: circuit_curve and circuit_score read them).
 CIRCUIT_ROWS = "circuit_size IS NOT NULL"
+# A knockout's run of a pair (the knockout kind's rows, one per group, layer and pair: knockout_curve
+# reads them; their own shape, since effect views would average the groups together).
+KNOCKOUT_ROWS = "blocked IS NOT NULL"
 
 
 def _measures(name: str, metric) -> dict[str, str]:
@@ -155,6 +158,11 @@ def metric_statements() -> list[str]:
     span = " ".join(f"WHEN {_lit(name)} THEN {ms['span']}" for name, ms in measures.items())
     value = " ".join(f"WHEN {_lit(name)} THEN {ms['patched']}" for name, ms in measures.items())
     full = " ".join(f"WHEN {_lit(name)} THEN {ms['clean']}" for name, ms in measures.items())
+    # The knockout rows in long form, one row per metric: the knocked-out run's reading and the clean run's.
+    knockouts = " UNION ALL ".join(
+        f"SELECT run_id, pair_id, relation, blocked, layer, \"window\", {_lit(name)} AS metric, metric = {_lit(name)} "
+        f"AS headline, {ms['patched']} AS value, {ms['clean']} AS clean_value FROM effects "
+        f"WHERE {KNOCKOUT_ROWS} AND patched_{name} IS NOT NULL" for name, ms in measures.items())
     return [f"CREATE OR REPLACE VIEW metrics AS SELECT * FROM (VALUES {rows}) t(metric, meaning, better, min_span)",
             f"CREATE OR REPLACE VIEW effect_metrics AS {long}",
             f"CREATE OR REPLACE VIEW pair_effects AS {pair_effects}",
@@ -163,7 +171,8 @@ def metric_statements() -> list[str]:
             f"CREATE OR REPLACE VIEW edge_effects AS SELECT *, CASE metric {span} END AS span "
             f"FROM effects WHERE {EDGE_ROWS}",
             f"CREATE OR REPLACE VIEW circuit_effects AS SELECT *, CASE metric {value} END AS value, "
-            f"CASE metric {full} END AS full_value FROM effects WHERE {CIRCUIT_ROWS}"]
+            f"CASE metric {full} END AS full_value FROM effects WHERE {CIRCUIT_ROWS}",
+            f"CREATE OR REPLACE VIEW knockout_effects AS {knockouts}"]
 
 
 def summary_view_sql() -> str:

@@ -11,12 +11,14 @@ views select rows by what they are:
     path      one path from a sender to a receiver per row (`receiver` set): path_summary
     edge      one edge's attribution score per row (`estimate` and `receiver` set): edge_summary
     circuit   one circuit run of a pair per row (`circuit_size` set): circuit_curve, circuit_score
+    knockout  one attention knockout of a fact per row (`blocked` set): knockout_curve
     noised    causal tracing: the clean prompt with noise on the subject, `corrupt_*` the noised
               run's readings, so a row stands on one fact (the clean prompt): trace_buckets
 
-Estimates, paths, edges and circuits say so in their own columns; a noised row does not, so the views take it from
-the record (`noised_sweeps`). A load written before runs recorded their kinds has none: its
-sweeps on p(answer) as their headline metric are taken as noised, which only causal tracing was.
+Estimates, paths, edges, circuits and knockouts say so in their own columns; a noised row does
+not, so the views take it from the record (`noised_sweeps`). A load written before runs recorded
+their kinds has none: its sweeps on p(answer) as their headline metric are taken as noised, which
+only causal tracing was.
 """
 from __future__ import annotations
 
@@ -24,10 +26,10 @@ import pyarrow as pa
 
 from patchgrid.rows import RowShape
 
-ROW_SHAPES = ("exact", "estimate", "path", "noised", "edge", "circuit")
+ROW_SHAPES = ("exact", "estimate", "path", "noised", "edge", "circuit", "knockout")
 # A kind's row shape by how the report draws it; every other drawing's rows are exact.
 DRAWING_SHAPES = {"atp": "estimate", "paths": "path", "trace_buckets": "noised", "edges": "edge",
-                  "circuit": "circuit"}
+                  "circuit": "circuit", "knockout": "knockout"}
 
 SWEEP_KIND = RowShape("sweep_kind", pa.schema([
     ("sweep", pa.string()),

@@ -147,6 +147,18 @@ def circuit_lines(circuits: list[dict]) -> list[str]:
                          for c in circuits])]
 
 
+def knockout_lines(knockouts: list[dict]) -> list[str]:
+    """Where blocking the last position's attention lowered p(answer) most, per group, where the run knocked out."""
+    if not knockouts:
+        return []
+    return ["\nattention knockout (knockout_curve: the last position blocked from each group over a window of "
+            "layers; relative change of p(answer) in %, mean over facts, 95% t interval; the layer where it falls "
+            "most):",
+            format_rows(["blocked", "layer", "window", "n_pairs", "change_pct", "ci95_low", "ci95_high"],
+                        [(k["blocked"], k["layer"], k["window"], k["n_pairs"], k["mean_relative_change_pct"],
+                          k["relative_change_ci95_low"], k["relative_change_ci95_high"]) for k in knockouts])]
+
+
 def format_summary(s: dict) -> str:
     """The summary as the terminal shows it; its last line is the run id alone, as --quiet prints it."""
     rec = s["records"]
@@ -166,6 +178,7 @@ def format_summary(s: dict) -> str:
                            c["ci95_high"]) for c in s["strongest"]]),
              *edge_lines(s.get("strongest_edges") or []),
              *circuit_lines(s.get("circuits") or []),
+             *knockout_lines(s.get("knockouts") or []),
              f"\nquery:  {s['commands']['query']}",
              f"report: {s['commands']['report']}",
              s["run_id"]]

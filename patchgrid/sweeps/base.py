@@ -46,6 +46,7 @@ class Cell:
     neuron: int | None = None
     receiver: str | None = None  # paths: `logits` or a later head's input (sites.unit_name); site etc.: the sender
     size: float | None = None  # circuit: the circuit's size in percent of the graph's edges (0: empty)
+    blocked: str | None = None  # knockout: the group of positions the last position may not read
 
     @property
     def source(self) -> str:
@@ -222,7 +223,8 @@ def as_run(req: Request, cell: Cell, index: int, ctx: SweepContext, metrics: tup
     reading what `metrics` (SweepKind.metrics_read) need and no more: its KL divergence from the
     clean run's (`{index}:clean`), the answers' ranks, the answers scored whole (kept for answers of
     several tokens, whose first tokens alone are no logit difference: metrics.Reading.of)."""
-    layer = latest_start(req.patches, ctx.n_layers) if ctx.config.start_midstack and req.circuit is None else 0
+    layer = (latest_start(req.patches, ctx.n_layers, req.knockout) if ctx.config.start_midstack and req.circuit is None
+             else 0)
     start = Start(layer, f"{index}:{cell.base_run}") if layer > 0 else None
     reads = reads_of(metrics)
     whole = "continuations" in reads or any(len(c) > 1 for c in req.continuations)

@@ -113,6 +113,9 @@ class SweepConfig:
         "set's mean at that site and position role (mean), or zero (zero); circuit and the exact site sweeps "
         "(resid, resid_pre, resid_mid, attn_out, mlp_out, embed, heads, neurons, qkv)", choices=ABLATIONS,
         record="if_changed")
+    knockout_window: int = setting(9, "knockout: the layers blocked around each layer, a window centred on it and cut "
+                                   "at the model's ends (Geva et al.'s k; 9 is theirs for GPT-2 as we read the paper)",
+                                   check=at_least(1), record="if_used")
     path_senders: tuple[str, ...] = setting(
         ("heads",), "paths: senders, a comma list: heads, attn_out, mlp_out (every one) or head.L.H, attn_out.L, "
         "mlp_out.L", record="if_used")

@@ -12,7 +12,9 @@ from .atp import AtpSweep
 from .base import SweepKind
 from .circuit import CircuitSweep
 from .edges import EdgeSweep
+from .knockout import KnockoutSweep
 from .paths import PathSweep
+from .pattern import PatternSweep
 from .populations import POPULATIONS, Population
 from .position import PositionSweep
 from .trace import TraceSweep
@@ -29,11 +31,13 @@ SWEEP_KINDS.update((kind.name, kind) for kind in (
     UnitSweep("heads", "head"),
     UnitSweep("neurons", "neuron", drawing="none"),
     UnitSweep("qkv", "q", "k", "v"),
+    PatternSweep(),  # one head's attention pattern at a time
     TraceSweep(),
     AtpSweep(SWEEP_KINDS),  # screens the kinds above, by name
     PathSweep(),
     EdgeSweep(SWEEP_KINDS),  # patches its chosen edges exactly through the paths kind
     CircuitSweep(),  # builds its circuits from the edges kind's scores
+    KnockoutSweep(),  # attention edges from the last position blocked
 ))
 
 _unnamed = [name for name in SWEEP_KINDS if name not in SWEEP_NAMES]

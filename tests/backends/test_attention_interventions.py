@@ -1,7 +1,8 @@
 """Pattern patching and attention knockout, each against an implementation written here from its
-definition on a plain transformers model; vLLM against the hf backend on the suite's three models
-(every other family: test_families, whose requests include these, chunked prefill and the
-multiprocess executor among them).
+definition on a plain transformers model. vLLM is held to the hf backend on every family by the
+requests tests.support.backends.attention_requests adds to every site's (test_vllm_matches_hf on the
+suite's three models; test_families on the others, chunked prefill and the multiprocess executor
+among them).
 
 - A pattern patch (TransformerLens's get_act_patch_attn_head_pattern_*) replaces one head's weights
   by the other run's and keeps this run's values: its output is the source's pattern times this
@@ -18,8 +19,7 @@ import torch
 from patchgrid.backends.patterns import attend, blocked_keys, pattern_rows
 from patchgrid.plan import Knockout, Patch, PlanError, Request
 from patchgrid.sites import get_module, site_module
-from tests.support.backends import assert_results_close, attention_requests, reading_logprobs
-from tests.support.engines import TINY, needs_vllm
+from tests.support.backends import assert_results_close, reading_logprobs
 
 CLEAN = tuple(range(21, 45))
 CORRUPT = CLEAN[:6] + (250,) + CLEAN[7:]
@@ -138,13 +138,3 @@ def test_a_knockout_equals_transformers_eager_attention_with_those_edges_masked(
     plain = hf.run([Request(tokens=CLEAN, answers=ANSWERS)])[0]
     assert (got.answer_logits - plain.answer_logits).abs().max() > 1e-3  # the knockout changed the answer
 
-
-@needs_vllm
-@pytest.mark.parametrize("model", TINY)
-def test_pattern_patches_and_knockouts_on_vllm_equal_hf(engines, model):
-    hf = engines.get(model, "hf", dtype="float32")
-    vl = engines.get(model, "vllm", dtype="float32")
-    keys = tuple(f"pattern.{layer}" for layer in range(hf.shape.n_layers))
-    sources = {"clean": hf.run([Request(tokens=CLEAN, answers=ANSWERS, capture=keys)])[0].captures}
-    reqs = reading_logprobs(attention_requests(hf.shape, CORRUPT, ANSWERS))
-    assert_results_close(hf.run(reqs, sources), vl.run(reqs, sources), TOL)

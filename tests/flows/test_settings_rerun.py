@@ -24,7 +24,7 @@ from tests.support.pairs import DATA
 from tests.support.task_runs import task_states
 
 STEPS = ("align_pairs", "measure_trace_noise", "cache_activations", "sweep_shard")
-BASE = dict(model="tiny-llama", pairs=str(DATA), sweeps="resid,trace,atp,paths,edges,circuit", limit=2,
+BASE = dict(model="tiny-llama", pairs=str(DATA), sweeps="resid,trace,atp,paths,edges,circuit,knockout", limit=2,
             require_known=False, trace_samples=2, shard_size=1, backend="hf", atp_kinds="resid", verify_top=2,
             verify_random=1, path_senders="attn_out.1", path_inputs="v", ig_steps=2, circuit_sizes="10,50,100")
 # Settings a local rerun cannot change: they need a Ray cluster (tests/flows/test_ray.py runs one).
@@ -53,9 +53,10 @@ CHANGES = {
     "atp_device": ("cpu", {"sweep_shard"}, {"align_pairs", "measure_trace_noise", "cache_activations"}),
     "atp_dtype": ("bfloat16", {"align_pairs", "sweep_shard"}, {"measure_trace_noise", "cache_activations"}),
     "name": ("a label", set(), set(STEPS)),
-    "config": ('limit = 2\nsweeps = "resid,trace,atp,paths,edges,circuit"\ncircuit_sizes = "10,50,100"\n', set(),
+    "config": ('limit = 2\nsweeps = "resid,trace,atp,paths,edges,circuit,knockout"\n'
+               'circuit_sizes = "10,50,100"\n', set(),
                set(STEPS)),
-    "sweeps": ("trace,atp,paths,edges,circuit", {"align_pairs", "sweep_shard"}, {"measure_trace_noise"}),
+    "sweeps": ("trace,atp,paths,edges,circuit,knockout", {"align_pairs", "sweep_shard"}, {"measure_trace_noise"}),
     "resid_directions": (("denoise",), {"align_pairs", "sweep_shard"}, {"measure_trace_noise"}),
     "head_position_roles": (("last",), {"align_pairs", "sweep_shard"}, {"measure_trace_noise"}),
     "head_positions": ("every", {"align_pairs", "sweep_shard"}, {"measure_trace_noise", "cache_activations"}),
@@ -84,6 +85,7 @@ CHANGES = {
     "edge_positions": ("each", {"align_pairs", "sweep_shard"}, {"measure_trace_noise", "cache_activations"}),
     "circuit_sizes": ("1,100", {"align_pairs", "sweep_shard"}, {"measure_trace_noise", "cache_activations"}),
     "circuit_build": ("greedy", {"align_pairs", "sweep_shard"}, {"measure_trace_noise", "cache_activations"}),
+    "knockout_window": (3, {"align_pairs", "sweep_shard"}, {"measure_trace_noise", "cache_activations"}),
     # mean: the circuit's outside edges read the clean runs' senders, not the corrupt runs'
     "ablation": ("mean", {"align_pairs", "sweep_shard"}, {"measure_trace_noise"}),
 }
