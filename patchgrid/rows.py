@@ -36,8 +36,8 @@ REASONS = (
     "not_known_alone", "not_whole_answer",
 )
 # The sweep kinds (patchgrid.sweeps.registry registers a kind by each name, in this order)
-SWEEP_NAMES = ("resid", "resid_pre", "resid_mid", "attn_out", "mlp_out", "embed", "heads", "neurons", "qkv", "trace",
-               "atp", "paths", "edges", "circuit", "pattern", "knockout")
+SWEEP_NAMES = ("resid", "resid_pre", "resid_mid", "attn_out", "mlp_out", "embed", "heads", "neurons", "qkv",
+               "pattern", "trace", "atp", "paths", "edges", "circuit", "knockout")
 DIRECTIONS = ("denoise", "noise")  # clean into corrupt | corrupt into clean
 VERIFY = ("top", "random")  # why an atp row's site was patched exactly
 # What a patch (or an edge outside a circuit) gets: the other run's value, the data set's mean at

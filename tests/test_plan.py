@@ -4,7 +4,21 @@ from __future__ import annotations
 import pytest
 import torch
 
-from patchgrid.plan import Noise, Patch, PlanError, Request, Start, decode_tensor, encode_tensor, latest_start, validate
+from patchgrid.plan import (
+    Knockout,
+    Noise,
+    Patch,
+    PlanError,
+    Request,
+    Start,
+    decode_tensor,
+    encode_tensor,
+    from_wire,
+    latest_start,
+    recomputed_heads,
+    to_wire,
+    validate,
+)
 from patchgrid.sites import LLAMA, ModelShape
 
 SHAPE = ModelShape(LLAMA, n_layers=4, n_heads=4, head_dim=32, d_model=128, vocab_size=500, max_len=64, d_mlp=256)
@@ -117,11 +131,16 @@ def test_new_sites_validate_by_their_own_units():
                       capture=("pattern.2", "v.0"))], sources, shape)
     for patch, match in [(Patch("k", 1, "clean", (0,), 2), "head 2 is out of range \\(model has 2 key/value heads"),
                          (Patch("q", 1, "clean", (0,)), "head None is out of range"),
-                         (Patch("pattern", 1, "clean", (0,), 0), "site pattern can be captured, not patched"),
+                         (Patch("pattern", 1, "clean", (0,), 4), "head 4 is out of range"),
                          (Patch("k", 1, "clean", None, 0, whole=True), "whole .* takes no positions and no unit"),
                          (Patch("resid_pre", 0, "clean", (1,), whole=True), "whole .* takes no positions")]:
         with pytest.raises(PlanError, match=match):
             validate([Request(tokens=TOKENS, patches=(patch,))], sources, shape)
+    # a pattern patch reads the pattern of a prompt as long as its own: 4 heads x 5 keys
+    validate([Request(tokens=TOKENS, patches=(Patch("pattern", 1, "clean", (0, 4), 3),))], sources, shape)
+    with pytest.raises(PlanError, match="pattern.1 has shape \\(5, 16\\), expected \\[5, 20\\]"):
+        validate([Request(tokens=TOKENS, patches=(Patch("pattern", 1, "narrow", (0,), 0),))],
+                 {"narrow": {"pattern.1": torch.zeros(5, 16)}}, shape)
     # k of a model with 2 key/value heads is 64 wide, not 128
     with pytest.raises(PlanError, match="k.1 has shape \\(5, 128\\), expected \\[tokens, 64\\]"):
         validate([Request(tokens=TOKENS, patches=(Patch("k", 1, "wide", (0,), 0),))],
@@ -150,3 +169,21 @@ def test_a_layers_neurons_may_be_patched_whole_and_its_heads_may_not():
     validate([whole], {"clean": {"neuron.1": torch.zeros(len(TOKENS), SHAPE.d_mlp)}}, SHAPE)
     with pytest.raises(PlanError, match="head None is out of range"):
         validate([Request(tokens=TOKENS, patches=(Patch("head", 2, "clean", (0,)),))], SOURCES, SHAPE)
+
+
+def test_a_knockout_travels_and_is_checked():
+    shape = ModelShape(LLAMA, n_layers=4, n_heads=4, head_dim=32, d_model=128, vocab_size=500, max_len=64)
+    req = Request(tokens=TOKENS, knockout=Knockout((1, 2), (4,), (1, 2)))
+    assert from_wire(to_wire(req, "t"))[1].knockout == req.knockout
+    assert recomputed_heads(req) == {"pattern.1", "head.1", "pattern.2", "head.2"}
+    assert latest_start((), 4, req.knockout) == 1
+    validate([req], {}, shape)
+    for knockout, match in [(Knockout((4,), (4,), (1,)), "knockout layer 4 is out of range"),
+                            (Knockout((0,), (5,), (1,)), "knockout.queries position 5 is out of range"),
+                            (Knockout((0,), (1,), (0, 1)), "blocks every key query position 1 reads"),
+                            (Knockout((), (1,), (0,)), "at least one layer")]:
+        with pytest.raises(PlanError, match=match):
+            validate([Request(tokens=TOKENS, knockout=knockout)], {}, shape)
+    with pytest.raises(PlanError, match="knockout layer 1 lies below start layer 2"):
+        validate([Request(tokens=TOKENS, knockout=Knockout((1,), (4,), (0,)), start=Start(2, "s"))],
+                 {"s": {"resid.1": torch.zeros(5, 128)}}, shape)

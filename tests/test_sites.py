@@ -115,8 +115,8 @@ def test_the_embedding_has_one_key_whatever_the_layer():
 def test_units_and_what_is_patchable():
     assert SITES["k"].unit_field == "head" and SITES["v"].unit == "kv_head"
     assert SITES["neuron"].unit_field == "neuron" and SITES["resid"].unit_field is None
-    assert "pattern" in SITES and "pattern" not in PATCHABLE
-    assert set(PATCHABLE) == set(SITES) - {"pattern"}
+    assert SITES["pattern"].unit == "head"  # patched one head at a time (backends.patterns.attend)
+    assert set(PATCHABLE) == set(SITES)
 
 
 def _llama_config(**change):

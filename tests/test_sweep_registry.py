@@ -91,7 +91,7 @@ def test_the_registry_lists_every_kind_the_rows_name():
     for name, kind in SWEEP_KINDS.items():
         assert kind.name == name and kind.population in POPULATIONS
         assert kind.drawing in ("layer_by_role", "layer_by_head", "none", "trace_buckets", "paths", "atp", "edges",
-                                "circuit")
+                                "circuit", "knockout")
         assert set(kind.settings) <= set(SweepConfig.__dataclass_fields__) | set(StudySpec.__dataclass_fields__), name
 
 

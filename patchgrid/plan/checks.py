@@ -227,8 +227,6 @@ def _check_patch_source(where, p: Patch, req: Request, sources, shape: ModelShap
 def _check_pattern_source(where, p: Patch, src, n: int, shape: ModelShape) -> None:
     """A pattern patch reads a pattern over a prompt as long as this one: [n, n_heads * n] (query rows,
     each head's weights over the n keys), as a `pattern` capture holds it."""
-    if p.whole:
-        raise PlanError(f"{where}: patch {p.key} is whole: a pattern is patched at prompt positions")
     want = (n, shape.n_heads * n)
     if tuple(src.shape) != want:
         raise PlanError(f"{where}: patch source {p.source!r} {p.key} has shape {tuple(src.shape)}, expected "

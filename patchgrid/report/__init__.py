@@ -23,6 +23,8 @@ and the page has one section per drawing (sections.py), a drawing's kinds in reg
                    exactly, the top neurons per layer, and the agreement numbers (atp_agreement)
     edges          per position role, a sender x receiver matrix of the strongest edges' mean
                    EAP or EAP-IG score (edge_summary), on the score's own metric
+    knockout       attention knockout as Geva et al. draw it: per group the last position was blocked
+                   from, the relative change in p(answer) by layer with its t interval (knockout_curve)
     none           not drawn (a cell per neuron)
 
 A run without a drawing's rows has no such section. The patching and head heatmaps and the path
@@ -38,6 +40,7 @@ first kind drawn layer_by_role, on the headline metric.
     path_matrices.py  path patching's sender x receiver matrices
     edge_matrices.py  edge attribution's sender x receiver matrices
     estimates.py      attribution patching's heatmaps, scatter plots and neuron table
+    knockout_figures.py  attention knockout's curve by layer and its table
     figures.py        the figures as data (Heatmap, Scatter) and the grid helpers
     colours.py        the diverging colour scale
     svg.py            drawing a figure inline (its labels placed from their measured extents)

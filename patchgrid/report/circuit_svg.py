@@ -1,14 +1,13 @@
-"""A circuit's faithfulness curve and its diagram as inline SVG (svg.py draws the heatmaps and scatters)."""
+"""Curves (a circuit's faithfulness by size, a value by layer) and a circuit's diagram as inline SVG (svg.py
+draws the heatmaps and scatters)."""
 from __future__ import annotations
 
 import html
 import math
 
-from .colours import colour
-from .figures import CircuitDiagram, Curve, curve_range
-from .svg import FONT, SIZE
-
-SERIES_COLOURS = ("#b2182b", "#2166ac", "#1b7837", "#762a83", "#e08214", "#35978f")
+from .colours import SERIES_COLOURS, colour
+from .figures import CircuitDiagram, Curve, LayerCurve, axis_ticks, curve_range, layer_curve_range
+from .svg import FONT, SIZE, text_width
 
 
 def svg_curve(c: Curve) -> str:
@@ -51,6 +50,77 @@ def svg_curve(c: Curve) -> str:
                     tip += f"; mean of pairs {mean:.3f}" + (f" ({low:.3f} to {high:.3f})" if low is not None else "")
                 out.append(f'<circle cx="{px(share):.1f}" cy="{py(f):.1f}" r="3" fill="{col}">'
                            f'<title>{html.escape(tip)}</title></circle>')
+        out.append(f'<line x1="{left + w + 14}" y1="{top + 12 + 18 * k}" x2="{left + w + 30}" y2="{top + 12 + 18 * k}" '
+                   f'stroke="{col}" stroke-width="2"/><text x="{left + w + 36}" y="{top + 16 + 18 * k}">'
+                   f'{html.escape(label)}</text>')
+    out.append(f'<text x="{left + w / 2}" y="{height - 6}" text-anchor="middle" font-weight="600">'
+               f'{html.escape(c.x_label)}</text>')
+    out.append(f'<text x="12" y="{top + h / 2}" text-anchor="middle" font-weight="600" '
+               f'transform="rotate(-90 12 {top + h / 2})">{html.escape(c.y_label)}</text>')
+    out.append("</g></svg>")
+    return "".join(out)
+
+
+def _stretches(points, index: int) -> list[list]:
+    """The points in runs of consecutive ones whose item `index` is set (a line or band breaks at a gap)."""
+    out, run = [], []
+    for p in points:
+        if p[index] is not None:
+            run.append(p)
+        elif run:
+            out.append(run)
+            run = []
+    return out + ([run] if run else [])
+
+
+def _layer_series(label: str, points, col: str, px, py) -> list[str]:
+    """One series of a LayerCurve: its interval as a translucent band, its means as a line with markers."""
+    out = []
+    for run in _stretches(points, 2):
+        band = [(px(x), py(lo)) for x, _, lo, _ in run] + [(px(x), py(hi)) for x, _, _, hi in reversed(run)]
+        out.append(f'<polygon fill="{col}" fill-opacity="0.15" stroke="none" points="'
+                   + " ".join(f"{x:.1f},{y:.1f}" for x, y in band) + '"/>')
+    for run in _stretches(points, 1):
+        out.append(f'<polyline fill="none" stroke="{col}" stroke-width="1.6" points="'
+                   + " ".join(f"{px(x):.1f},{py(m):.1f}" for x, m, *_ in run) + '"/>')
+    for x, mean, low, high in points:
+        if mean is not None:
+            tip = f"{label}: layer {x}, {mean:+.3g}" + ("" if low is None else f" (95% t interval {low:+.3g} to "
+                                                                           f"{high:+.3g})")
+            out.append(f'<circle cx="{px(x):.1f}" cy="{py(mean):.1f}" r="2.6" fill="{col}">'
+                       f'<title>{html.escape(tip)}</title></circle>')
+    return out
+
+
+def svg_layer_curve(c: LayerCurve) -> str:
+    """A value by layer: a line per series with its interval as a band, a dashed line at zero, a legend."""
+    legend_w = 40 + max([text_width(label) for label, _ in c.series] + [40])
+    w, h, left, top, bottom = 420, 260, 56, 10, 46
+    width, height = round(left + w + legend_w), top + h + bottom
+    (x0, x1), (y0, y1) = layer_curve_range(c)
+
+    def px(layer):
+        return left + (layer - x0) / (x1 - x0) * w
+
+    def py(v):
+        return top + h - (min(max(v, y0), y1) - y0) / (y1 - y0) * h
+
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+           f'viewBox="0 0 {width} {height}" role="img" aria-label="{html.escape(c.title)}">',
+           f'<g font-family="{FONT}" font-size="{SIZE}" fill="#222">',
+           f'<rect x="{left}" y="{top}" width="{w}" height="{h}" fill="#fff" stroke="#999"/>']
+    first, last = math.ceil(x0), math.floor(x1)
+    for layer in range(first, last + 1, max(1, math.ceil((last - first + 1) / 16))):
+        out.append(f'<line x1="{px(layer):.1f}" y1="{top + h}" x2="{px(layer):.1f}" y2="{top + h + 4}" stroke="#999"/>'
+                   f'<text x="{px(layer):.1f}" y="{top + h + 17}" text-anchor="middle">{layer}</text>')
+    for v in axis_ticks(y0, y1):
+        out.append(f'<line x1="{left - 4}" y1="{py(v):.1f}" x2="{left + w}" y2="{py(v):.1f}" stroke="#e3e3e3"/>'
+                   f'<text x="{left - 6}" y="{py(v) + 4:.1f}" text-anchor="end">{v:g}</text>')
+    out.append(f'<line x1="{left}" y1="{py(0):.1f}" x2="{left + w}" y2="{py(0):.1f}" stroke="#555" '
+               f'stroke-dasharray="4 3"/>')
+    for k, (label, points) in enumerate(c.series):
+        col = SERIES_COLOURS[k % len(SERIES_COLOURS)]
+        out += _layer_series(label, points, col, px, py)
         out.append(f'<line x1="{left + w + 14}" y1="{top + 12 + 18 * k}" x2="{left + w + 30}" y2="{top + 12 + 18 * k}" '
                    f'stroke="{col}" stroke-width="2"/><text x="{left + w + 36}" y="{top + 16 + 18 * k}">'
                    f'{html.escape(label)}</text>')

@@ -15,3 +15,5 @@ def colour(value, limit) -> str:
 
 
 GROUP_COLOURS = {"top": colour(1.0, 1.0), "random": colour(-1.0, 1.0)}  # red, blue: the scale's ends
+# The lines of a figure with several series (curves), in legend order: red, blue, green, purple, orange, teal
+SERIES_COLOURS = ("#b2182b", "#2166ac", "#1b7837", "#762a83", "#e08214", "#35978f")

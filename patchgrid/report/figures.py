@@ -1,5 +1,6 @@
-"""The report's figures as data: a heatmap or a scatter plot with its labels, hover texts and
-caption, and the helpers that lay rows of a view out as a grid. Drawn by svg.py and png.py."""
+"""The report's figures as data: a heatmap, a scatter plot, a curve or a circuit with its labels, hover
+texts and caption, and the helpers that lay rows of a view out as a grid or an axis. Drawn by svg.py
+and circuit_svg.py on the page, by files.py as files."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -208,3 +209,39 @@ def curve_range(c: Curve) -> tuple[tuple[float, float], tuple[float, float]]:
     lo, hi = min([0.0] + values), max([1.0] + values)
     return ((math.floor(math.log10(min(shares))), max(0.0, math.log10(max(shares)))),
             (max(-1.0, lo - 0.05), min(2.0, hi + 0.05)))
+
+
+@dataclass
+class LayerCurve:
+    """A value against the layer (a linear axis), per series (a line): its points (layer, mean, and
+    the mean's 95% interval, None where there is none)."""
+
+    key: str  # file stem of its PNG
+    title: str
+    series: list  # (label, [(layer, mean, low, high)]) in legend order
+    x_label: str
+    y_label: str
+    caption: str = ""
+    metric: str | None = None  # never switched by the metric buttons (on its own metric)
+
+
+def layer_curve_range(c: LayerCurve) -> tuple[tuple[float, float], tuple[float, float]]:
+    """The curve's axes: its layers with half a layer's margin, and its means and intervals with zero,
+    padded by 5%."""
+    layers = [x for _, pts in c.series for x, *_ in pts] or [0]
+    values = [v for _, pts in c.series for _, *vs in pts for v in vs if v is not None]
+    lo, hi = min([0.0] + values), max([0.0] + values)
+    if hi - lo < 1e-9:
+        lo, hi = lo - 1.0, hi + 1.0
+    pad = (hi - lo) * 0.05
+    return (min(layers) - 0.5, max(layers) + 0.5), (lo - pad, hi + pad)
+
+
+def axis_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
+    """About `n` round values from lo to hi: multiples of 1, 2 or 5 times a power of ten."""
+    import math
+
+    raw = max(hi - lo, 1e-12) / n
+    power = 10 ** math.floor(math.log10(raw))
+    step = next(power * m for m in (1, 2, 5, 10) if power * m >= raw)
+    return [k * step for k in range(math.ceil(lo / step), math.floor(hi / step) + 1)]

@@ -7,8 +7,17 @@ import math
 import textwrap
 from pathlib import Path
 
-from .colours import GROUP_COLOURS, MID, NEG, POS
-from .figures import CircuitDiagram, Curve, Heatmap, Scatter, curve_range, scatter_range
+from .colours import GROUP_COLOURS, MID, NEG, POS, SERIES_COLOURS
+from .figures import (
+    CircuitDiagram,
+    Curve,
+    Heatmap,
+    LayerCurve,
+    Scatter,
+    curve_range,
+    layer_curve_range,
+    scatter_range,
+)
 
 FORMATS = ("png", "svg", "pdf")  # every figure is written in each
 DPI = 110
@@ -97,8 +106,6 @@ def scatter_figure(s: Scatter):
 
 def curve_figure(c: Curve):
     """Faithfulness against the share of edges (log scale), a line per series, the pairs' intervals as bars."""
-    from .circuit_svg import SERIES_COLOURS
-
     (x0, x1), (y0, y1) = curve_range(c)
     fig = _figure(6.4, 4.0)
     ax = fig.add_subplot()
@@ -114,6 +121,31 @@ def curve_figure(c: Curve):
     ax.set_ylim(y0, y1)
     ax.axhline(1.0, color="#999", lw=0.8)
     ax.axhline(0.0, color="#999", lw=0.8)
+    ax.set_xlabel(c.x_label)
+    ax.set_ylabel(c.y_label)
+    ax.set_title(_wrapped(c.title, 6.0, 10), fontsize=10)
+    ax.legend(fontsize=8)
+    return fig
+
+
+def layer_curve_figure(c: LayerCurve):
+    """A value by layer: a line per series with its interval as a translucent band, a dashed line at zero."""
+    from matplotlib.ticker import MaxNLocator
+
+    (x0, x1), (y0, y1) = layer_curve_range(c)
+    fig = _figure(6.4, 4.0)
+    ax = fig.add_subplot()
+    nan = float("nan")
+    for k, (label, points) in enumerate(c.series):
+        col = SERIES_COLOURS[k % len(SERIES_COLOURS)]
+        xs = [x for x, *_ in points]
+        ax.fill_between(xs, [nan if lo is None else lo for _, _, lo, _ in points],
+                        [nan if hi is None else hi for *_, hi in points], color=col, alpha=0.15, lw=0)
+        ax.plot(xs, [nan if m is None else m for _, m, *_ in points], marker="o", ms=3, color=col, label=label)
+    ax.axhline(0.0, color="#555", lw=0.8, ls="--")
+    ax.set_xlim(x0, x1)
+    ax.set_ylim(y0, y1)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel(c.x_label)
     ax.set_ylabel(c.y_label)
     ax.set_title(_wrapped(c.title, 6.0, 10), fontsize=10)
@@ -147,10 +179,12 @@ def circuit_figure(d: CircuitDiagram):
     return fig
 
 
-FIGURES = {Heatmap: heatmap_figure, Scatter: scatter_figure, Curve: curve_figure, CircuitDiagram: circuit_figure}
+FIGURES = {Heatmap: heatmap_figure, Scatter: scatter_figure, Curve: curve_figure, CircuitDiagram: circuit_figure,
+           LayerCurve: layer_curve_figure}
 
 
-def write_figure(figure: Heatmap | Scatter | Curve | CircuitDiagram, folder: Path, formats=FORMATS) -> list[Path]:
+def write_figure(figure: Heatmap | Scatter | Curve | CircuitDiagram | LayerCurve, folder: Path,
+                 formats=FORMATS) -> list[Path]:
     """The figure as `<folder>/<key>.<format>` for each of `formats`; their paths."""
     fig = FIGURES[type(figure)](figure)
     paths = [Path(folder) / f"{figure.key}.{fmt}" for fmt in formats]

@@ -9,9 +9,9 @@ import json
 from pathlib import Path
 
 from ..metrics import METRICS
-from .circuit_svg import svg_circuit, svg_curve
+from .circuit_svg import svg_circuit, svg_curve, svg_layer_curve
 from .estimates import TOP_NEURONS, estimate_note
-from .figures import CircuitDiagram, Curve, Heatmap, Scatter
+from .figures import CircuitDiagram, Curve, Heatmap, LayerCurve, Scatter
 from .files import FORMATS, write_figure
 from .queries import latest_completed_run, run_params, runs_by_status
 from .sections import DRAWINGS, collect
@@ -53,7 +53,7 @@ class FigureWriter:
     def __init__(self, out: Path, metrics, formats=FORMATS):
         self.out, self.index, self.n, self.formats = out, {m: k for k, m in enumerate(metrics)}, 0, formats
 
-    def __call__(self, h: Heatmap | Scatter | Curve | CircuitDiagram) -> str:
+    def __call__(self, h: Heatmap | Scatter | Curve | CircuitDiagram | LayerCurve) -> str:
         self.n += 1
         plain = not isinstance(h, Heatmap)  # no cell counts in its caption
         files = write_figure(h, self.out, self.formats)
@@ -67,7 +67,8 @@ class FigureWriter:
                 f"<span class='files'>{links}</span></figcaption></figure>")
 
 
-SVG = {Heatmap: svg_heatmap, Scatter: svg_scatter, Curve: svg_curve, CircuitDiagram: svg_circuit}
+SVG = {Heatmap: svg_heatmap, Scatter: svg_scatter, Curve: svg_curve, CircuitDiagram: svg_circuit,
+       LayerCurve: svg_layer_curve}
 
 
 def _neuron_table(neurons) -> list[str]:
@@ -223,7 +224,31 @@ def circuit_html(circuit: dict, figure) -> list[str]:
     return parts
 
 
-SECTION_HTML = {"paths": paths_html, "atp": atp_html, "edges": edges_html, "circuit": circuit_html}
+def knockout_html(knockout: dict, figure) -> list[str]:
+    """The attention knockout section: the relative change in p by layer per group blocked, and per group
+    the layer where blocking it lowers p the most."""
+    parts = [f"<h2>{DRAWINGS['knockout'][0]}</h2>",
+             "<p class='note'>Sweep knockout (knockout_curve): on each fact's clean prompt, the last position's "
+             "attention to one group of positions (the subject's tokens; every other token but the last; the last "
+             "token itself) is set to minus infinity before the softmax, in every head, over a window of "
+             f"{knockout['window']} layers centred on each layer. Per fact, the relative change "
+             "100 (p_knocked − p_clean) / p_clean of p(answer); averaged over the facts whose clean p is above 0 "
+             f"({knockout['n_facts']}) with a 95% t interval, facts taken as independent.</p>",
+             figure(knockout["curve"]),
+             "<p class='note'>Per group, the layer where blocking it lowers p the most:</p>"
+             "<table class='knockout-deepest'><tr><th>blocked</th><th>layer of the largest drop</th>"
+             "<th>mean relative change (%)</th><th>95% t interval (%)</th><th>facts</th></tr>"]
+    for label, r in knockout["deepest"]:
+        low, high = r["relative_change_ci95_low"], r["relative_change_ci95_high"]
+        interval = "—" if low is None else f"{low:+.1f} to {high:+.1f}"
+        parts.append(f"<tr><td>{html.escape(label)}</td><td>{r['layer']}</td>"
+                     f"<td>{r['mean_relative_change_pct']:+.1f}</td><td>{interval}</td><td>{r['n_relative']}</td></tr>")
+    parts.append("</table>")
+    return parts
+
+
+SECTION_HTML = {"paths": paths_html, "atp": atp_html, "edges": edges_html, "circuit": circuit_html,
+                "knockout": knockout_html}
 
 INTRO = (" Hover a cell for its mean and metric, 95% t interval and pair count. Red marks what matters: "
          "denoising, the patch restores the clean answer; noising, the site carries it; tracing, restoring "

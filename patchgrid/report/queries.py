@@ -112,6 +112,10 @@ def circuit_score(con, run_id: str) -> list[dict]:
     return rows(con, "SELECT * FROM circuit_score WHERE run_id = ? ORDER BY ablation, metric", [run_id])
 
 
+def knockout_curve(con, run_id: str) -> list[dict]:
+    return rows(con, "SELECT * FROM knockout_curve WHERE run_id = ? ORDER BY metric, blocked, layer", [run_id])
+
+
 def circuit_edges(con, run_id: str, size: float, limit: int) -> list[dict]:
     """The first `limit` edges (by rank) of the run's circuit at `size`."""
     return rows(con, "SELECT * FROM circuit_edges WHERE run_id = ? AND size = ? ORDER BY rank LIMIT ?",

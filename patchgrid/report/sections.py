@@ -16,6 +16,7 @@ from .circuit_figures import circuit_section
 from .edge_matrices import edge_section
 from .estimates import estimate_section
 from .figures import HEADLINE
+from .knockout_figures import knockout_section
 from .patching import head_figures, position_figures, relation_multiples
 from .path_matrices import path_section
 
@@ -64,6 +65,10 @@ def circuit(run: Run, kinds: list[str]):
     return circuit_section(run.con, run.run_id, kinds[0], run.circuit_size)
 
 
+def knockout(run: Run, kinds: list[str]):
+    return knockout_section(run.con, run.run_id, kinds[0])
+
+
 def atp(run: Run, kinds: list[str]):
     summary = queries.atp_summary(run.con, run.run_id)
     if not summary:
@@ -82,6 +87,7 @@ DRAWINGS = {
     "atp": ("Attribution patching (AtP estimates)", atp),
     "edges": ("Edge attribution (EAP and EAP-IG scores)", edges),
     "circuit": ("Circuits and their faithfulness (MIB's circuit track)", circuit),
+    "knockout": ("Attention knockout (Geva et al. 2023)", knockout),
 }
 GRIDS = ("layer_by_role", "layer_by_head", "trace_buckets")  # drawings whose section is a list of heatmaps
 
@@ -108,7 +114,7 @@ def collect(con, run_id: str, circuit_size: float | None = None) -> dict:
     """Everything the page shows, read from the views only.
 
     sections: drawing -> its section (a list of heatmaps for GRIDS; a dict, or None without rows,
-    for paths and atp), in DRAWINGS order; figures: every grid section's heatmaps in that order;
+    for the others), in DRAWINGS order; figures: every grid section's heatmaps in that order;
     multiples: the by-relation panels of the first kind drawn layer_by_role (multiples_sweep)."""
     info = queries.run_overview(con, run_id)
     if info is None:
