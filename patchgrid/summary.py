@@ -96,7 +96,7 @@ def circuit_scores(warehouse, run_id: str) -> list[dict]:
 def knockout_lows(warehouse, run_id: str) -> list[dict]:
     """Per group the last position was blocked from, the layer where blocking it lowered p(answer) most
     (knockout_curve: the mean relative change in percent over facts, its 95% t interval, n_pairs)."""
-    return _rows(warehouse, "SELECT blocked, layer, window, n_relative AS n_pairs, mean_relative_change_pct, "
+    return _rows(warehouse, "SELECT blocked, layer, \"window\", n_relative AS n_pairs, mean_relative_change_pct, "
                             "relative_change_ci95_low, relative_change_ci95_high FROM knockout_curve "
                             "WHERE run_id = ? AND metric = 'p' AND mean_relative_change_pct IS NOT NULL "
                             "QUALIFY row_number() OVER (PARTITION BY blocked ORDER BY mean_relative_change_pct, "
