@@ -182,3 +182,22 @@ def test_the_page_has_the_section_its_figure_and_its_files(study, page):
     _, mean, low, high = hand(stored, "subject", 2)
     cells = re.search(r"<tr><td>subject</td>(.*?)</tr>", section).group(1)
     assert cells == f"<td>2</td><td>{mean:+.1f}</td><td>{low:+.1f} to {high:+.1f}</td><td>{N_FACTS - 1}</td>"
+
+
+def test_the_study_summary_names_each_groups_deepest_layer(study):
+    """summary.knockout_lows (what the study prints): per group, the layer of the most negative mean
+    relative change over the facts, as knockout_curve has it; none for a run without knockouts."""
+    from patchgrid.cli.study import knockout_lines
+    from patchgrid.summary import knockout_lows
+
+    wh, _ = study
+    lows = knockout_lows(wh, "k")
+    curve = query(wh, "SELECT blocked, layer, mean_relative_change_pct FROM knockout_curve "
+                      "WHERE run_id = 'k' AND metric = 'p'", arrow=True).to_pylist()
+    for low in lows:
+        mine = [r for r in curve if r["blocked"] == low["blocked"]]
+        assert low["mean_relative_change_pct"] == min(r["mean_relative_change_pct"] for r in mine)
+    assert [(r["blocked"], r["layer"]) for r in lows] == [("subject", 2), ("non_subject", 1), ("last", 4)]
+    assert lows[0]["window"] == WINDOW and lows[0]["n_pairs"] == N_FACTS - 1
+    assert "attention knockout" in "\n".join(knockout_lines(lows))
+    assert knockout_lows(wh, "plain") == [] and knockout_lines([]) == []
