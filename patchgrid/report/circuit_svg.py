@@ -21,10 +21,7 @@ def svg_curve(c: Curve) -> str:
     def py(v):
         return top + h - (min(max(v, y0), y1) - y0) / (y1 - y0) * h
 
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-           f'viewBox="0 0 {width} {height}" role="img" aria-label="{html.escape(c.title)}">',
-           f'<g font-family="{FONT}" font-size="{SIZE}" fill="#222">',
-           f'<rect x="{left}" y="{top}" width="{w}" height="{h}" fill="#fff" stroke="#999"/>']
+    out = _frame(c.title, width, height, left, top, w, h)
     for e in range(math.ceil(x0), math.floor(x1) + 1):
         x = px(10 ** e)
         out.append(f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{top + h + 4}" stroke="#e3e3e3"/>'
@@ -50,15 +47,30 @@ def svg_curve(c: Curve) -> str:
                     tip += f"; mean of pairs {mean:.3f}" + (f" ({low:.3f} to {high:.3f})" if low is not None else "")
                 out.append(f'<circle cx="{px(share):.1f}" cy="{py(f):.1f}" r="3" fill="{col}">'
                            f'<title>{html.escape(tip)}</title></circle>')
-        out.append(f'<line x1="{left + w + 14}" y1="{top + 12 + 18 * k}" x2="{left + w + 30}" y2="{top + 12 + 18 * k}" '
-                   f'stroke="{col}" stroke-width="2"/><text x="{left + w + 36}" y="{top + 16 + 18 * k}">'
-                   f'{html.escape(label)}</text>')
-    out.append(f'<text x="{left + w / 2}" y="{height - 6}" text-anchor="middle" font-weight="600">'
-               f'{html.escape(c.x_label)}</text>')
-    out.append(f'<text x="12" y="{top + h / 2}" text-anchor="middle" font-weight="600" '
-               f'transform="rotate(-90 12 {top + h / 2})">{html.escape(c.y_label)}</text>')
-    out.append("</g></svg>")
-    return "".join(out)
+        out.append(_legend_entry(k, label, col, left + w, top))
+    return "".join(out + _axis_labels(c, left, w, top, h, height))
+
+
+def _frame(title: str, width: float, height: float, left: float, top: float, w: float, h: float) -> list[str]:
+    """A plot's opening: the SVG element, its font group, the plot area's frame."""
+    return [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+            f'viewBox="0 0 {width} {height}" role="img" aria-label="{html.escape(title)}">',
+            f'<g font-family="{FONT}" font-size="{SIZE}" fill="#222">',
+            f'<rect x="{left}" y="{top}" width="{w}" height="{h}" fill="#fff" stroke="#999"/>']
+
+
+def _legend_entry(k: int, label: str, col: str, x: float, top: float) -> str:
+    """Series k's line and label in a legend right of the plot, whose right edge is at x."""
+    return (f'<line x1="{x + 14}" y1="{top + 12 + 18 * k}" x2="{x + 30}" y2="{top + 12 + 18 * k}" '
+            f'stroke="{col}" stroke-width="2"/><text x="{x + 36}" y="{top + 16 + 18 * k}">{html.escape(label)}</text>')
+
+
+def _axis_labels(c, left: float, w: float, top: float, h: float, height: float) -> list[str]:
+    """A curve's x and y axis labels, and the figure's end."""
+    return [f'<text x="{left + w / 2}" y="{height - 6}" text-anchor="middle" font-weight="600">'
+            f'{html.escape(c.x_label)}</text>',
+            f'<text x="12" y="{top + h / 2}" text-anchor="middle" font-weight="600" '
+            f'transform="rotate(-90 12 {top + h / 2})">{html.escape(c.y_label)}</text>', "</g></svg>"]
 
 
 def _stretches(points, index: int) -> list[list]:
@@ -105,10 +117,7 @@ def svg_layer_curve(c: LayerCurve) -> str:
     def py(v):
         return top + h - (min(max(v, y0), y1) - y0) / (y1 - y0) * h
 
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-           f'viewBox="0 0 {width} {height}" role="img" aria-label="{html.escape(c.title)}">',
-           f'<g font-family="{FONT}" font-size="{SIZE}" fill="#222">',
-           f'<rect x="{left}" y="{top}" width="{w}" height="{h}" fill="#fff" stroke="#999"/>']
+    out = _frame(c.title, width, height, left, top, w, h)
     first, last = math.ceil(x0), math.floor(x1)
     for layer in range(first, last + 1, max(1, math.ceil((last - first + 1) / 16))):
         out.append(f'<line x1="{px(layer):.1f}" y1="{top + h}" x2="{px(layer):.1f}" y2="{top + h + 4}" stroke="#999"/>'
@@ -121,15 +130,8 @@ def svg_layer_curve(c: LayerCurve) -> str:
     for k, (label, points) in enumerate(c.series):
         col = SERIES_COLOURS[k % len(SERIES_COLOURS)]
         out += _layer_series(label, points, col, px, py)
-        out.append(f'<line x1="{left + w + 14}" y1="{top + 12 + 18 * k}" x2="{left + w + 30}" y2="{top + 12 + 18 * k}" '
-                   f'stroke="{col}" stroke-width="2"/><text x="{left + w + 36}" y="{top + 16 + 18 * k}">'
-                   f'{html.escape(label)}</text>')
-    out.append(f'<text x="{left + w / 2}" y="{height - 6}" text-anchor="middle" font-weight="600">'
-               f'{html.escape(c.x_label)}</text>')
-    out.append(f'<text x="12" y="{top + h / 2}" text-anchor="middle" font-weight="600" '
-               f'transform="rotate(-90 12 {top + h / 2})">{html.escape(c.y_label)}</text>')
-    out.append("</g></svg>")
-    return "".join(out)
+        out.append(_legend_entry(k, label, col, left + w, top))
+    return "".join(out + _axis_labels(c, left, w, top, h, height))
 
 
 def diagram_layout(d: CircuitDiagram) -> tuple[float, float, callable]:
