@@ -7,7 +7,10 @@ the metric is the logit difference logit(" Paris") - logit(" Berlin") at the las
 
   patchgrid        the vLLM backend, float32 (the grid from `patchgrid patch`'s own code,
                    sweep_pair; the timing from one engine call holding all the patched runs, each
-                   reading the two answers' logits, as the peers do, every layer computed)
+                   reading the two answers' logits, as the peers do, every layer computed); and
+                   timed again as a study runs the same grid (run_sweeps, --metrics logit_diff):
+                   each run started at its patched layer from the cached corrupt stream, and the
+                   cells before the prompts' first difference read from the corrupt run, not run
   TransformerLens  TransformerBridge + patching.get_act_patch_resid_pre, one forward per patch
   nnsight          one trace, one tracer.invoke per patch, batched into one forward
 
@@ -223,6 +226,7 @@ def patchgrid_grid(model: str, repeats: int) -> tuple[dict, dict]:
 
         rate, times = median_rate(len(reqs), sweep, repeats)
         timed = [float(r.answer_logits[0] - r.answer_logits[1]) for r in held["results"]]
+        study_rate, study_times, study_grid = as_a_study_runs_it(engine, pair, len(reqs), repeats)
         dtype = str(engine.dtype).removeprefix("torch.")
     finally:
         engine.close()
@@ -231,8 +235,34 @@ def patchgrid_grid(model: str, repeats: int) -> tuple[dict, dict]:
     spec = {"folder": str(folder), "clean": list(pair.clean), "corrupt": list(pair.corrupt),
             "answers": [pair.clean_answer, pair.corrupt_answer], "clean_text": PAIR["clean"],
             "strs": list(pair.clean_strs)}
+    study_gap = max(abs(study_grid[layer][pos] - grid[layer][pos]) for layer in range(n_layers) for pos in range(n))
     return spec, {"grid": grid, "rate": rate, "times": times, "baseline": out["baseline"], "dtype": dtype,
-                  "timed_gap": timed_gap}
+                  "timed_gap": timed_gap, "study": {"rate": study_rate, "times": study_times, "gap": study_gap}}
+
+
+def as_a_study_runs_it(engine, pair, n_runs: int, repeats: int) -> tuple[float, list[float], list[list[float]]]:
+    """The same grid as a study (and `patchgrid patch`) computes it: run_sweeps over the resid kind,
+    reading the logit difference alone (--metrics logit_diff), each patched run started at its layer
+    from the cached corrupt stream and the cells before the prompts' first difference read from the
+    corrupt run (they equal it: attention is causal). Patched runs per second of the whole grid
+    (n_runs cells), the timed sweeps' seconds, and its grid."""
+    from patchgrid.cache import MemoryStore
+    from patchgrid.patching import as_pair
+    from patchgrid.sweeps import SweepConfig, cache_spec, run_sweeps
+
+    p = as_pair(pair)
+    config = SweepConfig(sweeps=("resid",), resid_directions=("denoise",), positions=tuple(range(len(pair.clean))),
+                         metrics=("logit_diff",))
+    store = MemoryStore(engine, [p], cache_spec(config, engine.shape.n_layers))  # outside the timing, as theirs
+    held = {}
+
+    def sweep():
+        held["rows"] = run_sweeps(engine, [p], store, config)
+
+    rate, times = median_rate(n_runs, sweep, repeats)
+    by = {(r["layer"], r["position"]): r["patched_logit_diff"] for r in held["rows"]}
+    n_layers = engine.shape.n_layers
+    return rate, times, [[by[layer, pos] for pos in range(len(pair.clean))] for layer in range(n_layers)]
 
 
 def main() -> int:
@@ -315,6 +345,11 @@ def main() -> int:
               f"{('' if name == 'patchgrid' else f'{gap:.1e}'):>24} {r['rate']:>15.1f} "
               f"{('' if name == 'patchgrid' else f'{ratio:.2f}x'):>17}  "
               + " ".join(f"{t:.2f}" for t in r["times"]))
+    st = ref["study"]
+    print(f"{'patchgrid, as a study runs it':<30} {st['rate']:>15.1f} runs/s (started mid-stack, cells before the "
+          f"first difference read from the corrupt run; grid within {st['gap']:.1e} of the above): "
+          + ", ".join(f"{st['rate'] / results[k]['rate']:.2f}x {LABELS[k]}" for k in peers)
+          + "  sweep seconds " + " ".join(f"{t:.2f}" for t in st["times"]))
     worst = max((max(abs(results[k]["grid"][layer][pos] - ref["grid"][layer][pos])
                      for layer in range(n_layers) for pos in range(n)) for k in peers), default=0.0)
     print()
