@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from patchgrid.plan import Patch, PlanError, Request
 from tests.support.engines import needs_vllm
@@ -28,10 +29,10 @@ def test_a_pattern_over_several_forwards_is_refused_with_the_reason(engines, bac
 
 
 @pytest.mark.parametrize("backend", [pytest.param("vllm", marks=needs_vllm), "hf"])
-def test_the_pattern_and_bad_units_of_q_k_v_are_refused_as_patches(engines, backend):
+def test_a_pattern_of_another_length_and_bad_units_of_q_k_v_are_refused_as_patches(engines, backend):
     engine = engines.get("tiny-llama", backend, dtype="float32")
-    src = {"clean": {"pattern.0": None}}
-    with pytest.raises(PlanError, match="site pattern can be captured, not patched"):
+    src = {"clean": {"pattern.0": torch.zeros(4, 16)}}  # a 4-token prompt's pattern (4 heads x 4 keys)
+    with pytest.raises(PlanError, match="pattern.0 has shape \\(4, 16\\), expected \\[3, 12\\]"):
         engine.run([Request(tokens=(3, 4, 5), patches=(Patch("pattern", 0, "clean", (0,), 0),))], src)
     # tiny-llama: 4 query heads, 2 key/value heads
     with pytest.raises(PlanError, match="patch head 2 is out of range \\(model has 2 key/value heads per layer\\)"):
