@@ -61,6 +61,7 @@ def synthetic_run(n_rows: int, seed: int) -> pa.Table:
         "window": pa.nulls(n_rows, pa.int32()),
         "sender": pa.nulls(n_rows, pa.string()),  # no path-patching rows
         "receiver": pa.nulls(n_rows, pa.string()),
+        "blocked": pa.nulls(n_rows, pa.string()),  # no knockout rows
         "metric": pa.array(np.full(n_rows, "logit_diff")),
         "effect": pa.array(recovery * np.float32(CLEAN["logit_diff"] - CORRUPT["logit_diff"])),
         "recovery": pa.array(recovery),

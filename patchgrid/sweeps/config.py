@@ -65,7 +65,8 @@ class SweepConfig:
     positions: tuple[int, ...] | None = setting(
         None, "patch only these prompt positions, each on its own, in every sweep (e.g. 0,2,5 or 0-3,7; a pair's "
         "prompt shorter than a position leaves it out); default: every position, and for heads, neurons, qkv and "
-        "paths every position at once and the roles' positions (edges and circuit: every position, whatever this says)",
+        "paths every position at once and the roles' positions (edges and circuit: every position, knockout: the "
+        "last, whatever this says)",
         record="if_changed", parse=number_list)
     layers: tuple[int, ...] | None = setting(
         None, "patch only these layers (e.g. 0,2,5 or 0-3,7; refused past the model's last layer): the layers of "

@@ -66,8 +66,9 @@ def test_study_ends_with_a_summary_and_quiet_and_json_are_for_scripts(tmp_path):
     assert js.returncode == 0, js.stderr[-3000:]
     summary = json.loads(js.stdout)
     assert set(summary) == {"run_id", "name", "warehouse", "model", "status", "seconds", "records", "sweeps",
-                            "strongest", "strongest_edges", "circuits", "commands"}
+                            "strongest", "strongest_edges", "circuits", "knockouts", "commands"}
     assert summary["strongest_edges"] == [] and summary["circuits"] == []  # no edges or circuit sweep
+    assert summary["knockouts"] == []  # no knockout sweep
     assert summary["name"] is None  # no --name given
     assert (summary["run_id"], summary["status"], summary["records"]["read"]) == (run_id, "completed", counts[0])
     assert summary["sweeps"] == [{"sweep": "resid", "pairs": 2, "effect_rows": n_effects, "patched_runs": n_effects}]
