@@ -21,7 +21,7 @@ from ..plan import LOGPROBS, Result, forwards, gaussian_noise, join_forwards, pa
 from ..sites import QKV, SITES, get_module, parse_key, site_module
 from .edge_ablation import Layout, check_circuits, cut_by_deltas, delta_bytes
 from .hf_circuit import BatchCircuit
-from .patterns import attend, blocked_keys, pattern_rows
+from .patterns import knocked_out, patched_head
 from .unembed import soft_capped, unembed_float32
 
 ATTENTION = "patchgrid"  # the attention implementation the engine's models run under (sdpa)
@@ -337,11 +337,9 @@ class _BatchHooks:
         [batch, tokens, heads, head_dim] as attention reads them, queued as writes into z (head.L)."""
         z = f"head.{layer}"
         for b, pos, head, weights in self.patterns.get(layer, ()):
-            kv = head // (self.shape.n_heads // value.shape[2])
-            out = attend(weights[:, None, :], value[b, :, kv:kv + 1])  # [positions, 1, head_dim]
-            self.writes[z].append((b, pos, head, out[:, 0].to(self.dtype)))
+            out = patched_head(weights, value[b], head, self.shape.n_heads)
+            self.writes[z].append((b, pos, head, out.to(self.dtype)))
         for b, queries, keys in self.knockouts.get(layer, ()):
             for q in queries:
-                blocked = blocked_keys((q,), keys, q, 1, q + 1, query.device)
-                w = pattern_rows(query[b, q:q + 1], key[b, :q + 1], q, scaling, window, softcap, blocked)
-                self.writes[z].append((b, [q], None, attend(w, value[b]).flatten(1).to(self.dtype)))
+                out = knocked_out(query[b, q], key[b], value[b], q, keys, scaling, window, softcap)
+                self.writes[z].append((b, [q], None, out.to(self.dtype)))

@@ -50,3 +50,20 @@ def blocked_keys(queries, keys, rows_first: int, n_rows: int, n_keys: int, devic
     if rows and cols:
         out[torch.tensor(rows, device=device)[:, None], torch.tensor(cols, device=device)[None, :]] = True
     return out
+
+
+def patched_head(weights: torch.Tensor, value: torch.Tensor, head: int, n_heads: int) -> torch.Tensor:
+    """One head's outputs [rows, head_dim] in float32 under a pattern patch: that head's weights [rows,
+    keys] (another run's) applied to this run's values [keys, kv_heads, head_dim]."""
+    kv = head // (n_heads // value.shape[1])
+    return attend(weights[:, None, :], value[:, kv:kv + 1])[:, 0]
+
+
+def knocked_out(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, q: int, blocked, scale: float,
+                window: int | None, softcap: float | None) -> torch.Tensor:
+    """Every head's output [1, heads * head_dim] in float32 at query position q (its query [heads,
+    head_dim]) with the keys `blocked` knocked out, over this run's keys and values [keys, kv_heads,
+    head_dim] at positions 0.. (those past q are not read)."""
+    mask = blocked_keys((q,), blocked, q, 1, q + 1, query.device)
+    w = pattern_rows(query[None], key[:q + 1], q, scale, window, softcap, mask)
+    return attend(w, value).flatten(1)

@@ -212,12 +212,12 @@ def _check_patch_source(where, p: Patch, req: Request, sources, shape: ModelShap
     src = sources[p.source].get(p.key)
     if src is None:
         raise PlanError(f"{where}: patch source {p.source!r} holds no {p.key}")
-    if p.site != "pattern" and (src.dim() != 2 or src.shape[1] != shape.width(p.site)):
-        raise PlanError(f"{where}: patch source {p.source!r} {p.key} has shape {tuple(src.shape)}, "
-                        f"expected [tokens, {shape.width(p.site)}]")
     if p.site == "pattern":
         _check_pattern_source(where, p, src, n, shape)
         return
+    if src.dim() != 2 or src.shape[1] != shape.width(p.site):
+        raise PlanError(f"{where}: patch source {p.source!r} {p.key} has shape {tuple(src.shape)}, "
+                        f"expected [tokens, {shape.width(p.site)}]")
     needed = tree_len(req) if p.whole else n if p.positions is None else max(p.positions) + 1
     if src.shape[0] < needed:
         raise PlanError(f"{where}: patch source {p.source!r} {p.key} has {src.shape[0]} positions, "

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from ...sites import QKV, SITES, get_module, parse_key, site_key, site_module
-from ..patterns import attend, blocked_keys, pattern_rows
+from ..patterns import knocked_out, patched_head, pattern_rows
 
 
 def put(t: torch.Tensor, index, values: torch.Tensor, what: str) -> None:
@@ -273,19 +273,14 @@ class SiteHooks:
             for pos, head, weights in r.pattern_patches.get(layer, ()):
                 sel = [k for k, q in enumerate(pos) if pos0 <= q < pos1]
                 if sel:
-                    kv = head // (query.shape[1] // hd // keys.shape[1])
-                    w = weights[sel].to(value.device)[:, None, :]
-                    z = attend(w, values[:, kv:kv + 1])[:, 0].to(value.dtype)
+                    z = patched_head(weights[sel].to(value.device), values, head, query.shape[1] // hd)
                     rows = torch.tensor([row0 + pos[k] - pos0 for k in sel], device=value.device)
-                    queued.append((rows, torch.full_like(rows, head), z))
+                    queued.append((rows, torch.full_like(rows, head), z.to(value.dtype)))
             if r.knockout is not None and layer in r.knockout[0]:
                 for q in (q for q in r.knockout[1] if pos0 <= q < pos1):
                     row = row0 + q - pos0
-                    blocked = blocked_keys((q,), r.knockout[2], q, 1, q + 1, query.device)
-                    w = pattern_rows(query[row:row + 1].view(1, -1, hd), keys[:q + 1], q, scale, window, softcap,
-                                     blocked)
-                    queued.append((torch.tensor([row], device=value.device), None,
-                                   attend(w, values).flatten(1).to(value.dtype)))
+                    z = knocked_out(query[row].view(-1, hd), keys, values, q, r.knockout[2], scale, window, softcap)
+                    queued.append((torch.tensor([row], device=value.device), None, z.to(value.dtype)))
 
     def _capture_pattern(self, kernel, key: str, query, keys, hd: int) -> None:
         """Each capturing request's rows of the pattern: its queries this step over its keys so far (kept
