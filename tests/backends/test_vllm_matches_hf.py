@@ -69,6 +69,14 @@ def test_hooks_removed_and_unpatched_run_is_bitwise_baseline(pair_of_engines):
     after = vl.run([plain])[0]
     assert torch.equal(before.answer_logits, after.answer_logits)
     assert torch.equal(before.captures["resid.1"], after.captures["resid.1"])
+    # during a call vLLM's sampler is handed a zero column (readout.LogitsReadout._idle_sampler); after
+    # it, vLLM's own generation samples from the model's logits again: greedy = the reference's argmax
+    from vllm import SamplingParams, TokensPrompt
+
+    out = vl.llm.generate([TokensPrompt(prompt_token_ids=list(CLEAN))], SamplingParams(max_tokens=1, temperature=0.0),
+                          use_tqdm=False)
+    top = hf.run([Request(tokens=CLEAN, answers=ANSWERS, top_k=1)])[0].top_ids
+    assert list(out[0].outputs[0].token_ids) == list(top)
 
 
 def test_a_neuron_patch_writes_one_column_of_the_down_projection_input(pair_of_engines):

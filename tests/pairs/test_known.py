@@ -10,7 +10,7 @@ import pytest
 
 from patchgrid.pairs import build_pairs, read_source
 from patchgrid.plan import Request
-from tests.support.engines import needs_vllm
+from tests.support.engines import PRETRAINED_SLOW_DTYPE, needs_vllm
 from tests.support.pairs import write_jsonl
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "pairs" / "facts.jsonl"
@@ -139,7 +139,7 @@ def test_shipped_fact_set_shape():
 @pytest.mark.slow
 @needs_vllm
 def test_shipped_pairs_known_to_smollm2(engines, tokenizers):
-    engine = CountingEngine(engines.get("smollm2-135m", "vllm"))
+    engine = CountingEngine(engines.get("smollm2-135m", "vllm", dtype=PRETRAINED_SLOW_DTYPE))
     fmt, recs = read_source(str(DATA))
     rows = build_pairs(recs, tokenizers("smollm2-135m"), max_len=engine.shape.max_len, engine=engine,
                        require_known=True)

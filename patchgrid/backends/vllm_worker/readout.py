@@ -5,7 +5,10 @@ whatever the model's dtype, through the model's own `compute_logits`: vLLM's log
 the family's head and bias, gathers a vocabulary-sharded head from the tensor-parallel ranks onto
 rank 0, drops the vocabulary's padding and applies the family's soft-cap and scale; only the head's
 product is replaced, for this call, by the float32 one (`float32_head`). vLLM's own logits (each
-request's last row, in the model's dtype) are left to its sampler. There the worker reads the
+request's last row, in the model's dtype) are not computed during a call: every request samples one
+token nobody reads (max_tokens 1), so the model's `compute_logits` hands vLLM's sampler one zero
+column per request instead of a product over the vocabulary (`LogitsReadout._idle_sampler`). There
+the worker reads the
 answers' logits and ranks, the continuations' log-probabilities, and the KL divergence from the
 reference log-probabilities the call's sources hold. Batched over the step's rows.
 """
@@ -71,9 +74,34 @@ def float32_head(logits_processor, columns: torch.Tensor | None = None):
         del logits_processor._apply_head
 
 
+def _zero_column(hidden: torch.Tensor) -> torch.Tensor:
+    """What vLLM's sampler gets during a call: one float32 zero per row (it samples token 0 and the
+    request, at max_tokens 1, ends; nobody reads that token)."""
+    return torch.zeros(hidden.shape[0], 1, dtype=torch.float32, device=hidden.device)
+
+
 class LogitsReadout:
     """The logits hook of a call (mixed into session.Session, whose state it reads: `model`,
     `vocab`, `results`, and `step`, the current step's Step)."""
+
+    def _idle_sampler(self) -> None:
+        """For the call, the model's `compute_logits`, which vLLM's runner calls on each request's
+        last row to sample from, returns a zero column per row: the product over the vocabulary (on
+        every tensor-parallel rank alike, so no rank waits in a gather) and the sampler's pass over
+        it are not done for tokens nobody reads. The readout calls the model's own
+        (`_model_logits`). Undone by `_restore_sampler`."""
+        self._own_logits = self.model.__dict__.get("compute_logits")  # an instance's own (a stand-in's)
+        self._model_logits = self.model.compute_logits
+        self.model.compute_logits = _zero_column
+
+    def _restore_sampler(self) -> None:
+        if getattr(self, "_model_logits", None) is None:
+            return
+        if self._own_logits is None:
+            del self.model.compute_logits
+        else:
+            self.model.compute_logits = self._own_logits
+        self._model_logits = None
 
     def _on_final(self, module, args, out):
         """Unembed the step's read rows in float32 and read them (rank 0: vLLM gathers the logits
@@ -84,7 +112,7 @@ class LogitsReadout:
             columns = answer_columns(step, hidden.device)
             with float32_head(self.model.logits_processor, columns):
                 # every rank joins the gather
-                logits = self.model.compute_logits(hidden.index_select(0, step.read_rows))
+                logits = self._model_logits(hidden.index_select(0, step.read_rows))
             if logits is not None:  # None on tensor-parallel ranks but the first
                 step.logits = logits[:, : self.vocab].float()
                 read(step, step.logits, vocabulary=columns is None)

@@ -75,6 +75,7 @@ class Session(SiteHooks, MidstackStart, LogitsReadout, CircuitHooks):
             if any(WirePlan(*p).circuit is not None for p in plans):
                 self._install_circuit(shape["n_heads"], shape["n_kv_heads"])
             self._install(set(keys))
+            self._idle_sampler()
             if start_layer:
                 self._start_at(start_layer)
         except BaseException:
@@ -83,6 +84,7 @@ class Session(SiteHooks, MidstackStart, LogitsReadout, CircuitHooks):
 
     def remove(self):
         self._restore_start()
+        self._restore_sampler()
         for h in self.handles:
             h.remove()
         self.handles = []

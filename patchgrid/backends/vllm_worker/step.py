@@ -28,7 +28,7 @@ class Step:
         self.captures: dict[str, list] = {}  # key -> [(row0, row1, buffer, pos0)]
         # the rows whose logits are read, in order: [(request, first position, number of rows)], and
         # `read_rows`, their rows in the batch's hidden states, which the final norm's hook unembeds in
-        # float32 (readout.LogitsReadout; vLLM's own logits, in the model's dtype, are left to its sampler)
+        # float32 (readout.LogitsReadout; vLLM's sampler gets a zero column per request during a call)
         self.reads: list[tuple[Request, int, int]] = []
         self.read_rows = None
         self.logits = None  # their float32 logits [rows, vocab] once unembedded (rank 0)
