@@ -88,7 +88,7 @@ def plain_prefill(engine, tokens, max_requests: int) -> None:
     outputs only, the engine's add_request / step loop) with Python's cyclic garbage collector paused
     as for an engine call: the engine's own floor, not a slower way to call it. Outside a call
     (pg_begin / pg_end) no hook is installed, so these forwards are plain."""
-    from patchgrid.backends.vllm import cyclic_gc_paused
+    from patchgrid.collector import cyclic_gc_paused
 
     for k in range(0, len(tokens), max_requests):
         with cyclic_gc_paused():

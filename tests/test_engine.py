@@ -134,7 +134,7 @@ def test_the_checkpoint_dtype_is_read_from_the_config(config, dtype):
 def test_the_cyclic_collector_is_paused_for_a_vllm_call_and_resumes_however_it_ends():
     import gc
 
-    from patchgrid.backends.vllm import cyclic_gc_paused
+    from patchgrid.collector import cyclic_gc_paused
 
     assert gc.isenabled()
     with cyclic_gc_paused():

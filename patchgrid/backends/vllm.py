@@ -21,6 +21,7 @@ from collections import defaultdict
 from contextlib import contextmanager
 from pathlib import Path
 
+from ..collector import cyclic_gc_paused
 from ..graph import circuit_keys
 from ..plan import (
     LOGPROBS,
@@ -372,22 +373,6 @@ class VllmEngine:
             client.shutdown()
         del llm, engine, client
         gc.collect()
-
-
-@contextmanager
-def cyclic_gc_paused():
-    """Python's cyclic garbage collector paused for one engine call. A call's thousands of requests
-    allocate enough objects (plans, vLLM's request state, results) to set off collections whose
-    oldest generation scans every live object: about a tenth of a call's time on a small model.
-    Reference counting still frees everything the call drops; only reference cycles wait for the
-    collector, which resumes when the call returns (or fails)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _wire_sources(requests, sources, n_layers: int) -> dict:

@@ -8,6 +8,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 
 from ..cache import CacheError, CacheSpec
+from ..collector import cyclic_gc_paused
 from ..graph import circuit_keys
 from ..metrics import METRICS, Reading
 from ..plan import LOGPROBS, Request
@@ -151,13 +152,14 @@ def run_sweeps(engine, pairs, store, config: SweepConfig, progress: Progress | N
     for kind in kinds:
         ctx = kind.prepare(ctx, phase)
     readings: dict[tuple[int, str], list] = defaultdict(list)
-    runs, unchanged = _sorted_cells(pairs, ctx, readings)
-    calls.counted(sum(len(got) for got in readings.values()), report=False)  # read by a phase
-    calls.run(runs, lambda run, res: readings[(run[0], run[1].name)].append((run[2], Reading.of(res))), ctx)
-    if unchanged:
-        _fill_unchanged(unchanged, readings, pairs, store)
-        calls.counted(len(unchanged))
-    return _rows(pairs, ctx, kinds, readings, store)
+    with cyclic_gc_paused():  # the grid's requests, results, readings and rows make no reference cycles
+        runs, unchanged = _sorted_cells(pairs, ctx, readings)
+        calls.counted(sum(len(got) for got in readings.values()), report=False)  # read by a phase
+        calls.run(runs, lambda run, res: readings[(run[0], run[1].name)].append((run[2], Reading.of(res))), ctx)
+        if unchanged:
+            _fill_unchanged(unchanged, readings, pairs, store)
+            calls.counted(len(unchanged))
+        return _rows(pairs, ctx, kinds, readings, store)
 
 
 def _sorted_cells(pairs, ctx: SweepContext, readings) -> tuple[list, list]:
