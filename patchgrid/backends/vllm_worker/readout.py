@@ -90,8 +90,11 @@ class LogitsReadout:
         every tensor-parallel rank alike, so no rank waits in a gather) and the sampler's pass over
         it are not done for tokens nobody reads. The readout calls the model's own
         (`_model_logits`). Undone by `_restore_sampler`."""
+        model_logits = getattr(self.model, "compute_logits", None)
+        if model_logits is None:  # no vLLM model's (a test's stand-in with no sampler): nothing to idle
+            return
         self._own_logits = self.model.__dict__.get("compute_logits")  # an instance's own (a stand-in's)
-        self._model_logits = self.model.compute_logits
+        self._model_logits = model_logits
         self.model.compute_logits = _zero_column
 
     def _restore_sampler(self) -> None:

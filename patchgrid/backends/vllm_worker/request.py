@@ -94,13 +94,14 @@ class Request:
         self.scores = [(j, w.continuations[j]) for j in scores]
         self.scored = {j: [None] * len(c) for j, c in self.scores}
         self.readout: dict = {}
-        self.patches = self._patches(w.wire_patches(), branch, sources, widths, tp) if w.patches else {}
+        patches = w.wire_patches()
+        self.patches = self._patches(patches, branch, sources, widths, tp) if patches else {}
         # heads' outputs recomputed (hooks.SiteHooks._recompute): per layer, its pattern patches (query
         # positions, head, that head's source weights [positions, keys]); the knockout (layers, query
         # positions, key positions); and the keys and values read so far at those layers, kept across
         # the steps chunked prefill splits a prompt into
         self.pattern_patches: dict[int, list] = {}
-        for p in w.wire_patches():
+        for p in patches:
             if p.site == "pattern":
                 pos = list(range(n_prompt)) if p.positions is None else list(p.positions)
                 weights = sources.patterns[(p.source, p.key)][pos].view(len(pos), -1, n_prompt)[:, p.head]
