@@ -98,7 +98,7 @@ class LogitsReadout:
         self.model.compute_logits = _zero_column
 
     def _restore_sampler(self) -> None:
-        if getattr(self, "_model_logits", None) is None:
+        if self._model_logits is None:
             return
         if self._own_logits is None:
             del self.model.compute_logits

@@ -71,6 +71,7 @@ class Session(SiteHooks, MidstackStart, LogitsReadout, CircuitHooks):
         # after the module: the embed site is the product, as transformers' module returns it
         self.embed_scale = get_module(self.model, family.decoder).normalizer if family.embed_scaled else None
         self.circuit_layout = None
+        self._model_logits = self._own_logits = None  # the model's compute_logits while the sampler idles
         try:
             if any(WirePlan(*p).circuit is not None for p in plans):
                 self._install_circuit(shape["n_heads"], shape["n_kv_heads"])
