@@ -24,7 +24,7 @@ def reading_columns(prefix: str, reading: Reading | None) -> dict:
     columns = _COLUMNS.get(prefix) or tuple(f"{prefix}_{name}" for name in READING_FIELDS)
     if reading is None:
         return dict.fromkeys(columns)
-    return dict(zip(columns, (getattr(reading, name) for name in READING_FIELDS)))
+    return dict(zip(columns, vars(reading).values()))  # a Reading's fields, in READING_FIELDS' order
 
 
 def reading_from(row: dict, prefix: str) -> Reading:

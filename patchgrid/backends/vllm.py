@@ -392,13 +392,15 @@ def _wire_sources(requests, sources, n_layers: int) -> dict:
 
 def _part(per_rank: list[dict], tag: str) -> dict:
     """Forward `tag`'s part of its request's Result (plan.join_forwards) from each rank's results."""
-    part = dict(per_rank[0][tag])
-    caps = {k: decode_tensor(v) for k, v in part["captures"].items()}
-    if len(per_rank) > 1 and caps:  # tensor parallel: each rank read its own slice of z
-        caps = merge_rank_captures([caps] + [{k: decode_tensor(v) for k, v in rank[tag]["captures"].items()}
-                                             for rank in per_rank[1:]])
-    part["captures"] = caps
-    part["scores"] = {int(j): v for j, v in part["scores"].items()}
+    part = per_rank[0][tag]  # the call's own results (pg_end's): read once, so decoded in place
+    if part["captures"]:
+        caps = {k: decode_tensor(v) for k, v in part["captures"].items()}
+        if len(per_rank) > 1:  # tensor parallel: each rank read its own slice of z
+            caps = merge_rank_captures([caps] + [{k: decode_tensor(v) for k, v in rank[tag]["captures"].items()}
+                                                 for rank in per_rank[1:]])
+        part["captures"] = caps
+    if not all(type(j) is int for j in part["scores"]):  # keys that crossed a process boundary as text
+        part["scores"] = {int(j): v for j, v in part["scores"].items()}
     if part.get("logprobs") is not None:
         part["logprobs"] = decode_tensor(part["logprobs"])
     return part

@@ -46,6 +46,7 @@ from .request import (
     gaussian_noise,
     latest_start,
     recomputed_heads,
+    replaced,
     stream_key,
     trace_seed,
 )
@@ -54,6 +55,6 @@ from .wire import WirePlan, decode_tensor, encode_tensor, from_wire, to_wire
 __all__ = [
     "LOGPROBS", "Circuit", "Forward", "Knockout", "Noise", "Patch", "PlanError", "Request", "Result", "Start",
     "WirePlan", "decode_tensor", "encode_tensor", "forwards", "from_wire", "gaussian_noise", "join_forwards",
-    "latest_start", "patch_rows", "recomputed_heads", "resolve_positions", "stream_key", "to_wire", "trace_seed",
+    "latest_start", "patch_rows", "recomputed_heads", "replaced", "resolve_positions", "stream_key", "to_wire", "trace_seed",
     "tree_len", "tree_rows", "validate",
 ]

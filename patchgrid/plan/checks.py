@@ -12,15 +12,24 @@ class PlanError(ValueError):
 
 
 def validate(requests, sources, shape: ModelShape) -> None:
-    """Refuse any out-of-range plan before anything runs."""
+    """Refuse any out-of-range plan before anything runs. A grid's requests share their tokens,
+    answers, references and patches' shapes (a pair's every cell): what passed once in this call is
+    not checked again (`passed`, keyed by the values checked, so a request that fails is always
+    named: its first failing check is the one made)."""
+    passed: set = set()
     for i, req in enumerate(requests):
         where = f"request {i}"
-        _check_tokens(where, req, shape)
-        _check_continuations(where, req, shape)
-        _check_reference(where, req, sources, shape)
+        scored = (req.tokens, req.answers, req.continuations, req.top_k)
+        if scored not in passed:
+            _check_tokens(where, req, shape)
+            _check_continuations(where, req, shape)
+            passed.add(scored)
+        if ("reference", req.reference) not in passed:
+            _check_reference(where, req, sources, shape)
+            passed.add(("reference", req.reference))
         _check_captures(where, req, shape)
         for p in req.patches:
-            _check_patch(where, p, req, sources, shape)
+            _check_patch(where, p, req, sources, shape, passed)
         _check_noise(where, req)
         _check_knockout(where, req, shape)
         if req.start is not None:
@@ -162,15 +171,25 @@ def _check_positions(where, field_name, positions, n):
             raise PlanError(f"{where}: {field_name} position {pos} is out of range (prompt has {n} tokens)")
 
 
-def _check_patch(where, p: Patch, req: Request, sources, shape: ModelShape):
-    site = _check_patch_site(where, p, shape)
-    _check_patch_unit(where, p, site, shape)
-    if p.whole and (p.positions is not None or site.unit is not None):
-        raise PlanError(f"{where}: patch {p.key} is whole (every row of the request): it takes no positions and "
-                        "no unit")
+def _check_patch(where, p: Patch, req: Request, sources, shape: ModelShape, passed: set):
+    """`passed`: the checks this call's earlier patches passed (the site, unit and source's shape)."""
+    unit = ("unit", p.site, p.layer, p.head, p.neuron, p.whole, p.positions is None)
+    if unit not in passed:
+        site = _check_patch_site(where, p, shape)
+        _check_patch_unit(where, p, site, shape)
+        if p.whole and (p.positions is not None or site.unit is not None):
+            raise PlanError(f"{where}: patch {p.key} is whole (every row of the request): it takes no positions and "
+                            "no unit")
+        passed.add(unit)
+    n = len(req.tokens)
     if p.positions is not None:
-        _check_positions(where, "patch.positions", p.positions, len(req.tokens))
-    _check_patch_source(where, p, req, sources, shape)
+        _check_positions(where, "patch.positions", p.positions, n)
+    # what the source's check reads: its prompt's length and the rows the patch needs
+    source = ("source", p.source, p.key, n, tree_len(req) if p.whole else n if p.positions is None
+              else max(p.positions, default=-1) + 1)
+    if source not in passed:
+        _check_patch_source(where, p, req, sources, shape)
+        passed.add(source)
 
 
 def _check_patch_site(where, p: Patch, shape: ModelShape):

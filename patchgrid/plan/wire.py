@@ -48,7 +48,7 @@ class WirePatch(NamedTuple):
     neuron: int | None
     whole: bool
 
-    key = property(Patch.key.fget)  # Patch's own definitions, on the same fields
+    key = property(Patch.key.func)  # Patch's own definitions, on the same fields
     unit = property(Patch.unit.fget)
 
 

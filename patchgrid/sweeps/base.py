@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from ..cache import NOISED, CacheSpec
 from ..effects import baseline_columns, effect_row, reading_from
 from ..metrics import METRICS, Reading, reads_of
-from ..plan import Request, Start, latest_start
+from ..plan import Request, Start, latest_start, replaced
 from ..settings import SpecError
 from .populations import ACCEPTED_PAIRS, Population
 
@@ -228,15 +228,21 @@ def as_run(req: Request, cell: Cell, index: int, ctx: SweepContext, metrics: tup
     start = Start(layer, f"{index}:{cell.base_run}") if layer > 0 else None
     reads = reads_of(metrics)
     whole = "continuations" in reads or any(len(c) > 1 for c in req.continuations)
-    return dataclasses.replace(req, start=start, reference=f"{index}:clean" if "reference" in reads else None,
-                               ranks="ranks" in reads, continuations=req.continuations if whole else ())
+    return replaced(req, start=start, reference=f"{index}:clean" if "reference" in reads else None,
+                    ranks="ranks" in reads, continuations=req.continuations if whole else ())
 
 
 def source_name(index: int, run: str, ablation: str = "patching") -> str:
     """The name a request gives the values it patches in for pair `index`: the cached run `run`'s
     (`{index}:{run}`), their mean over the run's pairs at each position role (`{index}:{run}~mean`), or
     zeros (`{index}:~zero`); sweeps.run._source reads them."""
-    return {"patching": f"{index}:{run}", "mean": f"{index}:{run}~mean", "zero": f"{index}:~zero"}[ablation]
+    if ablation == "patching":
+        return f"{index}:{run}"
+    if ablation == "mean":
+        return f"{index}:{run}~mean"
+    if ablation == "zero":
+        return f"{index}:~zero"
+    raise KeyError(ablation)
 
 
 def baselines(row: dict) -> tuple[Reading, Reading]:

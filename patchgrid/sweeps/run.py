@@ -153,22 +153,24 @@ def run_sweeps(engine, pairs, store, config: SweepConfig, progress: Progress | N
         ctx = kind.prepare(ctx, phase)
     readings: dict[tuple[int, str], list] = defaultdict(list)
     with cyclic_gc_paused():  # the grid's requests, results, readings and rows make no reference cycles
-        runs, unchanged = _sorted_cells(pairs, ctx, readings)
+        runs, unchanged, order = _sorted_cells(pairs, ctx, readings)
         calls.counted(sum(len(got) for got in readings.values()), report=False)  # read by a phase
         calls.run(runs, lambda run, res: readings[(run[0], run[1].name)].append((run[2], Reading.of(res))), ctx)
         if unchanged:
             _fill_unchanged(unchanged, readings, pairs, store)
             calls.counted(len(unchanged))
-        return _rows(pairs, ctx, kinds, readings, store)
+        return _rows(pairs, ctx, kinds, readings, store, order)
 
 
-def _sorted_cells(pairs, ctx: SweepContext, readings) -> tuple[list, list]:
+def _sorted_cells(pairs, ctx: SweepContext, readings) -> tuple[list, list, dict]:
     """The grid's runs: those to run, and those that change nothing (config.start_midstack); the
-    readings a phase already has go into `readings`."""
-    runs, unchanged = [], []
+    readings a phase already has go into `readings`; and each cell's place in its pair's grid of
+    its kind, by the cell object's id (the cells live as long as the runs: _rows reads it)."""
+    runs, unchanged, order = [], [], {}
     first_change = {}  # (pair index, kind) -> the pair's first position where the kind's runs differ
     for run in patched_runs(pairs, ctx):
         i, kind, cell, _ = run
+        order[id(cell)] = len(order)  # patched_runs yields each pair's grid of each kind in order
         if (i, kind.name) not in first_change:
             first_change[i, kind.name] = kind.first_change(pairs[i])
         # a patch before the first change writes what is there, unless it writes an ablation's value
@@ -179,16 +181,15 @@ def _sorted_cells(pairs, ctx: SweepContext, readings) -> tuple[list, list]:
             readings[(i, kind.name)].append((cell, got))
         else:
             runs.append(run)
-    return runs, unchanged
+    return runs, unchanged, order
 
 
-def _rows(pairs, ctx: SweepContext, kinds, readings, store) -> list[dict]:
+def _rows(pairs, ctx: SweepContext, kinds, readings, store, order: dict) -> list[dict]:
     rows: list[dict] = []
     for i, p in enumerate(pairs):
         for kind in kinds:
             # cells arrive grouped by start layer: back in grid order, so that averages add up alike
-            order = {cell: k for k, cell in enumerate(kind.cells(p, ctx))}
-            got = sorted(readings[(i, kind.name)], key=lambda cr, order=order: order[cr[0]])
+            got = sorted(readings[(i, kind.name)], key=lambda cr: order[id(cr[0])])
             if set(ctx.config.metrics) != set(METRICS):  # unchanged cells and phases read every metric
                 read = kind.metrics_read(p, ctx.config)
                 got = [(cell, None if r is None else r.only(read)) for cell, r in got]

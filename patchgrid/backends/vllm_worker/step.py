@@ -11,6 +11,8 @@ on a GPU the values are gathered into pinned memory and copied without blocking 
 """
 from __future__ import annotations
 
+from itertools import chain
+
 import numpy as np
 import torch
 
@@ -79,15 +81,15 @@ def plan_step(runner, request_of, sources: Sources, start_layer: int, widths: di
     n = batch.num_reqs
     if n == 0:  # profiling and dummy runs
         return Step()
-    qsl = runner.query_start_loc.np
+    qsl = runner.query_start_loc.np[:n + 1].tolist()  # plain ints: numpy's scalars cost more per read
+    computed = batch.num_computed_tokens_cpu[:n].tolist()
     plan = _Plan(start_layer)
-    for i in range(n):
-        r = request_of(batch.req_ids[i])
+    for i, rid in enumerate(batch.req_ids[:n]):
+        r = request_of(rid)
         if r is None:
             continue
-        row0, row1 = int(qsl[i]), int(qsl[i + 1])
-        pos0 = int(batch.num_computed_tokens_cpu[i])
-        plan.add(r, row0, pos0, pos0 + (row1 - row0))
+        row0, pos0 = qsl[i], computed[i]
+        plan.add(r, row0, pos0, pos0 + (qsl[i + 1] - row0))
     step = plan.finish(sources, widths, staged(device))
     step.to(device)
     return step
@@ -100,9 +102,9 @@ class _Plan:
     def __init__(self, start_layer: int):
         self.start_layer = start_layer
         self.step = Step()
-        # (key, by unit) -> [positions, stacked source rows, units on this rank, units in the model,
-        # and per position its request's first position this step, its end, and its row minus position]
-        self.patches: dict[tuple[str, bool], tuple[list, ...]] = {}
+        # (key, by unit) -> [(a request's patches of that key (Request.patches), its first position this
+        # step, its end, its row minus position)], flattened once per step in `finish`
+        self.patches: dict[tuple[str, bool], list[tuple]] = {}
         self.noise, self.caps, self.read_rows = [], {}, []
         self.start_rows, self.start_src = [], []
 
@@ -111,18 +113,11 @@ class _Plan:
         if self.start_layer:
             self.start_rows.extend(range(row0, row1))
             self.start_src.extend(r.start_rows[pos0:pos1])
-        for k, (pos, src, units, model_units) in r.patches.items():
-            lists = self.patches.get(k)
-            if lists is None:
-                lists = self.patches[k] = ([], [], [], [], [], [], [])
-            n = len(pos)
-            lists[0].extend(pos)
-            lists[1].extend(src)
-            lists[2].extend(units)
-            lists[3].extend(model_units)
-            lists[4].extend([pos0] * n)
-            lists[5].extend([pos1] * n)
-            lists[6].extend([row0 - pos0] * n)
+        for k, entry in r.patches.items():
+            got = self.patches.get(k)
+            if got is None:
+                got = self.patches[k] = []
+            got.append((entry, pos0, pos1, row0 - pos0))
         for pos, vals in r.noise:
             sel = (pos >= pos0) & (pos < pos1)
             if sel.any():
@@ -148,8 +143,13 @@ class _Plan:
 
     def finish(self, sources: Sources, widths: dict, pin: bool = False) -> Step:
         step = self.step
-        for (key, by_unit), lists in self.patches.items():
-            pos, src, units, model_units, lo, hi, shift = (np.asarray(x, dtype=np.int64) for x in lists)
+        for (key, by_unit), entries in self.patches.items():
+            pos, src, units, model_units = (np.fromiter(chain.from_iterable(e[0][k] for e in entries), dtype=np.int64)
+                                            for k in range(4))
+            # each request's first position this step, its end and its row minus position, per patched position
+            counts = [len(e[0][0]) for e in entries]
+            lo, hi, shift = (np.repeat(np.fromiter((e[k] for e in entries), dtype=np.int64, count=len(entries)), counts)
+                             for k in (1, 2, 3))
             sel = (pos >= lo) & (pos < hi)  # the positions this step computes
             if not sel.any():
                 continue
