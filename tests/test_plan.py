@@ -71,6 +71,25 @@ def test_source_shorter_than_patch_positions():
     refused(Request(tokens=TOKENS, patches=(Patch("resid", 1, "clean", (4,)),)), "has 3 positions", short)
 
 
+def test_a_request_sharing_what_an_earlier_one_passed_is_still_checked_for_its_own_fields():
+    """validate checks a call's shared tokens, units and sources once: what differs is still refused,
+    naming the request that has it."""
+    good = Request(tokens=TOKENS, answers=(1, 2), patches=(Patch("resid", 1, "clean", (0,)),))
+    cases = [
+        (Request(tokens=TOKENS, answers=(1, 2), patches=(Patch("resid", 1, "clean", (5,)),)),
+         "request 2: patch.positions position 5 is out of range"),
+        (Request(tokens=TOKENS + (6, 7), answers=(1, 2), patches=(Patch("resid", 1, "clean", (6,)),)),
+         "request 2: patch source 'clean' resid.1 has 5 positions, the patch needs 7"),
+        (Request(tokens=TOKENS, answers=(1, 999), patches=(Patch("resid", 1, "clean", (0,)),)),
+         "request 2: answer id 999 is outside the vocabulary"),
+        (Request(tokens=TOKENS, answers=(1, 2), patches=(Patch("head", 1, "clean", (0,), 9),)),
+         "request 2: patch head 9 is out of range"),
+    ]
+    for bad, match in cases:
+        with pytest.raises(PlanError, match=match):
+            validate([good, good, bad], SOURCES, SHAPE)
+
+
 def test_tensor_codec_round_trips_every_dtype():
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         t = torch.randn(3, 5).to(dtype)

@@ -55,6 +55,6 @@ from .wire import WirePlan, decode_tensor, encode_tensor, from_wire, to_wire
 __all__ = [
     "LOGPROBS", "Circuit", "Forward", "Knockout", "Noise", "Patch", "PlanError", "Request", "Result", "Start",
     "WirePlan", "decode_tensor", "encode_tensor", "forwards", "from_wire", "gaussian_noise", "join_forwards",
-    "latest_start", "patch_rows", "recomputed_heads", "replaced", "resolve_positions", "stream_key", "to_wire", "trace_seed",
-    "tree_len", "tree_rows", "validate",
+    "latest_start", "patch_rows", "recomputed_heads", "replaced", "resolve_positions", "stream_key", "to_wire",
+    "trace_seed", "tree_len", "tree_rows", "validate",
 ]
