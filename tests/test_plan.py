@@ -88,6 +88,12 @@ def test_a_request_sharing_what_an_earlier_one_passed_is_still_checked_for_its_o
     for bad, match in cases:
         with pytest.raises(PlanError, match=match):
             validate([good, good, bad], SOURCES, SHAPE)
+    # a request built by hand with lists is checked as a tuple's is
+    listed = Request(tokens=list(TOKENS), answers=[1, 2], patches=(Patch("resid", 1, "clean", [0]),),
+                     continuations=[[1], [2]])
+    validate([listed, listed], SOURCES, SHAPE)
+    with pytest.raises(PlanError, match="request 1: answer id 999 is outside the vocabulary"):
+        validate([listed, Request(tokens=list(TOKENS), answers=[1, 999])], SOURCES, SHAPE)
 
 
 def test_tensor_codec_round_trips_every_dtype():

@@ -19,8 +19,8 @@ def validate(requests, sources, shape: ModelShape) -> None:
     passed: set = set()
     for i, req in enumerate(requests):
         where = f"request {i}"
-        scored = (req.tokens, req.answers, req.continuations, req.top_k)
-        if scored not in passed:
+        scored = _hashable((req.tokens, req.answers, req.continuations, req.top_k))
+        if scored is None or scored not in passed:
             _check_tokens(where, req, shape)
             _check_continuations(where, req, shape)
             passed.add(scored)
@@ -34,6 +34,16 @@ def validate(requests, sources, shape: ModelShape) -> None:
         _check_knockout(where, req, shape)
         if req.start is not None:
             _check_start(where, req, sources, shape)
+
+
+def _hashable(key: tuple) -> tuple | None:
+    """`key`, or None where it holds a list (a request built by hand may give its tokens as one):
+    such checks are made every time."""
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
 
 
 def _check_tokens(where, req: Request, shape: ModelShape) -> None:
@@ -173,8 +183,8 @@ def _check_positions(where, field_name, positions, n):
 
 def _check_patch(where, p: Patch, req: Request, sources, shape: ModelShape, passed: set):
     """`passed`: the checks this call's earlier patches passed (the site, unit and source's shape)."""
-    unit = ("unit", p.site, p.layer, p.head, p.neuron, p.whole, p.positions is None)
-    if unit not in passed:
+    unit = _hashable(("unit", p.site, p.layer, p.head, p.neuron, p.whole, p.positions is None))
+    if unit is None or unit not in passed:
         site = _check_patch_site(where, p, shape)
         _check_patch_unit(where, p, site, shape)
         if p.whole and (p.positions is not None or site.unit is not None):
@@ -185,9 +195,9 @@ def _check_patch(where, p: Patch, req: Request, sources, shape: ModelShape, pass
     if p.positions is not None:
         _check_positions(where, "patch.positions", p.positions, n)
     # what the source's check reads: its prompt's length and the rows the patch needs
-    source = ("source", p.source, p.key, n, tree_len(req) if p.whole else n if p.positions is None
-              else max(p.positions, default=-1) + 1)
-    if source not in passed:
+    source = _hashable(("source", p.source, p.key, n, tree_len(req) if p.whole else n if p.positions is None
+                        else max(p.positions, default=-1) + 1))
+    if source is None or source not in passed:
         _check_patch_source(where, p, req, sources, shape)
         passed.add(source)
 
