@@ -19,14 +19,11 @@ def validate(requests, sources, shape: ModelShape) -> None:
     passed: set = set()
     for i, req in enumerate(requests):
         where = f"request {i}"
-        scored = _hashable((req.tokens, req.answers, req.continuations, req.top_k))
-        if scored is None or scored not in passed:
+        if _unchecked(passed, (req.tokens, req.answers, req.continuations, req.top_k)):
             _check_tokens(where, req, shape)
             _check_continuations(where, req, shape)
-            passed.add(scored)
-        if ("reference", req.reference) not in passed:
+        if _unchecked(passed, ("reference", req.reference)):
             _check_reference(where, req, sources, shape)
-            passed.add(("reference", req.reference))
         _check_captures(where, req, shape)
         for p in req.patches:
             _check_patch(where, p, req, sources, shape, passed)
@@ -36,14 +33,17 @@ def validate(requests, sources, shape: ModelShape) -> None:
             _check_start(where, req, sources, shape)
 
 
-def _hashable(key: tuple) -> tuple | None:
-    """`key`, or None where it holds a list (a request built by hand may give its tokens as one):
-    such checks are made every time."""
+def _unchecked(passed: set, key: tuple) -> bool:
+    """Whether the checks `key` names are still to be made in this call (and, from now, marked made:
+    a check that fails raises, which ends the call's checks). A key holding a list (a request built
+    by hand may give its tokens as one) is checked every time."""
     try:
-        hash(key)
+        if key in passed:
+            return False
+        passed.add(key)
     except TypeError:
-        return None
-    return key
+        pass
+    return True
 
 
 def _check_tokens(where, req: Request, shape: ModelShape) -> None:
@@ -183,23 +183,19 @@ def _check_positions(where, field_name, positions, n):
 
 def _check_patch(where, p: Patch, req: Request, sources, shape: ModelShape, passed: set):
     """`passed`: the checks this call's earlier patches passed (the site, unit and source's shape)."""
-    unit = _hashable(("unit", p.site, p.layer, p.head, p.neuron, p.whole, p.positions is None))
-    if unit is None or unit not in passed:
+    if _unchecked(passed, ("unit", p.site, p.layer, p.head, p.neuron, p.whole, p.positions is None)):
         site = _check_patch_site(where, p, shape)
         _check_patch_unit(where, p, site, shape)
         if p.whole and (p.positions is not None or site.unit is not None):
             raise PlanError(f"{where}: patch {p.key} is whole (every row of the request): it takes no positions and "
                             "no unit")
-        passed.add(unit)
     n = len(req.tokens)
     if p.positions is not None:
         _check_positions(where, "patch.positions", p.positions, n)
     # what the source's check reads: its prompt's length and the rows the patch needs
-    source = _hashable(("source", p.source, p.key, n, tree_len(req) if p.whole else n if p.positions is None
-                        else max(p.positions, default=-1) + 1))
-    if source is None or source not in passed:
+    needed = tree_len(req) if p.whole else n if p.positions is None else max(p.positions, default=-1) + 1
+    if _unchecked(passed, ("source", p.source, p.key, n, needed)):
         _check_patch_source(where, p, req, sources, shape)
-        passed.add(source)
 
 
 def _check_patch_site(where, p: Patch, shape: ModelShape):
