@@ -22,11 +22,8 @@ def forwards(req: Request) -> list[Forward]:
     tokens but the last, each of which the position before predicts), or one over the prompt; the
     one-token continuations are scored at the last prompt position of the first."""
     n = len(req.tokens)
-    conts = req.continuations
-    if all(len(c) == 1 for c in conts):  # a grid's usual request: one forward over the prompt
-        return [Forward(tuple(req.tokens), tuple(range(len(conts))), n, True)]
-    single = tuple(j for j, c in enumerate(conts) if len(c) == 1)
-    longer = [j for j, c in enumerate(conts) if len(c) > 1]
+    single = tuple(j for j, c in enumerate(req.continuations) if len(c) == 1)
+    longer = [j for j, c in enumerate(req.continuations) if len(c) > 1]
     if not longer:
         return [Forward(tuple(req.tokens), single, n, True)]
     out, branch = [], n
@@ -60,11 +57,9 @@ def join_forwards(req: Request, fwds: list[Forward], parts: list[dict]) -> Resul
     for key in req.capture:
         rows = [parts[0]["captures"][key][:n]] + [p["captures"][key][n:] for p in parts]
         captures[key] = torch.cat(rows) if len(parts) > 1 else parts[0]["captures"][key]
-    scores = first["scores"]
-    if len(parts) > 1:
-        scores = {}
-        for p in parts:
-            scores.update(p["scores"])
+    scores = {}
+    for p in parts:
+        scores.update(p["scores"])
     missing = [j for j in range(len(req.continuations)) if j not in scores or None in scores[j]]
     if missing:
         raise RuntimeError(f"continuation {missing[0]} of a request was not scored in full")

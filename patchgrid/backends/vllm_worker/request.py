@@ -94,8 +94,7 @@ class Request:
         self.scores = [(j, w.continuations[j]) for j in scores]
         self.scored = {j: [None] * len(c) for j, c in self.scores}
         self.readout: dict = {}
-        # a grid's plans mostly patch one site and read nothing else: what a plan leaves empty costs nothing here
-        patches = w.wire_patches() if w.patches else ()
+        patches = w.wire_patches()
         self.patches = self._patches(patches, branch, sources, widths, tp) if patches else {}
         # heads' outputs recomputed (hooks.SiteHooks._recompute): per layer, its pattern patches (query
         # positions, head, that head's source weights [positions, keys]); the knockout (layers, query
@@ -116,7 +115,7 @@ class Request:
         # a pattern: per query position, every head's weights over this forward's positions
         self.captures = {key: torch.empty(n_tokens, widths["head"] // widths["unit_width"]["head"] * n_tokens
                                           if parse_key(key)[0] == "pattern" else widths[parse_key(key)[0]], dtype=dtype)
-                         for key in w.capture} if w.capture else {}
+                         for key in w.capture}
         self.start = None if w.start is None else Start(*w.start)
         self.circuit = w.circuit  # [source, kept edge indices] (a circuit run), or None
         self.ablated = None  # its edges outside the circuit, once the circuit hooks have made the mask
@@ -128,11 +127,8 @@ class Request:
         self.start_rows = None
         if self.start is not None:
             first = sources.first[(self.start.source, self.start.key)]
-            if branch == n_prompt:  # rows 0.. of the tree: the prompt, then (a first forward) its answer inputs
-                self.start_rows = range(first, first + n_tokens)
-            else:
-                rows = tree_rows(Forward((0,) * n_tokens, (), branch, self.first), n_prompt)
-                self.start_rows = [first + row for row in rows]
+            rows = tree_rows(Forward((0,) * n_tokens, (), branch, self.first), n_prompt)
+            self.start_rows = [first + row for row in rows]
 
     def _patches(self, patches, branch: int, sources: Sources, widths, tp) -> dict:
         """{(site key, patched by unit): (positions, stacked source rows, units on this rank, units in
@@ -166,5 +162,5 @@ class Request:
         """What this forward gives its request (plan.join_forwards), as plain data."""
         out = self.readout  # read once, at the end of the request
         out["scores"] = self.scored
-        out["captures"] = {key: encode_tensor(v) for key, v in self.captures.items()} if self.captures else {}
+        out["captures"] = {key: encode_tensor(v) for key, v in self.captures.items()}
         return out
