@@ -231,26 +231,29 @@ class VllmEngine:
         return results
 
     def _refuse_unreadable(self, requests) -> None:
-        """Sites this engine cannot read or write, named with the reason."""
+        """Sites this engine cannot read or write, named with the reason: each is one that
+        tensor_parallel_size > 1 splits over ranks (on one rank every site is read and written)."""
         tp = self.tensor_parallel_size
+        if tp == 1:
+            return
         for i, r in enumerate(requests):
-            if r.knockout is not None and tp > 1:
+            if r.knockout is not None:
                 raise PlanError(f"request {i}: knockout: the heads' outputs are recomputed on one rank; under "
                                 f"tensor_parallel_size {tp} run it with tensor_parallel_size 1")
-            if r.circuit is not None and tp > 1:
+            if r.circuit is not None:
                 raise PlanError(f"request {i}: circuit: a circuit run reads every head's output through the output "
                                 f"projection, which tensor_parallel_size {tp} splits over ranks; run it on one rank")
             for p in r.patches:
-                if tp > 1 and p.unit is None and SITES[p.site].width in ("z", "mlp"):
+                if p.unit is None and SITES[p.site].width in ("z", "mlp"):
                     raise PlanError(f"request {i}: {p.key}: patched whole (every neuron at once) under "
                                     f"tensor_parallel_size {tp}, where each rank holds a slice of it; patch it "
                                     "neuron by neuron")
             for key in list(r.capture) + [p.key for p in r.patches]:
                 site = parse_key(key)[0]
-                if SITES[site].width == "pattern" and tp > 1:
+                if SITES[site].width == "pattern":
                     raise PlanError(f"request {i}: {key}: the attention pattern is read on one rank; under "
                                     f"tensor_parallel_size {tp} read it with tensor_parallel_size 1")
-                if SITES[site].width == "kv" and tp > 1 and self.shape.kv_heads % tp:
+                if SITES[site].width == "kv" and self.shape.kv_heads % tp:
                     raise PlanError(f"request {i}: {key}: the model's {self.shape.kv_heads} key/value heads do not "
                                     f"split over tensor_parallel_size {tp} (vLLM replicates them)")
 

@@ -77,6 +77,10 @@ class Request:
     """One vLLM request (a forward of a patchgrid request, plan.forwards): its plan and what it has
     gathered so far, kept across scheduler steps."""
 
+    __slots__ = ("tag", "first", "answers", "top_k", "n_prompt", "n_tokens", "logprobs", "ranks", "reference",
+                 "reads_vocabulary", "scores", "scored", "readout", "patches", "pattern_patches", "knockout",
+                 "held_kv", "noise", "captures", "start", "circuit", "ablated", "tree", "start_rows")
+
     def __init__(self, plan: list, n_tokens: int, sources: Sources, references, widths, dtype, tp=(0, 1)):
         # read from the plan as it travels (plan.WirePlan), without building its plan.Request
         w = WirePlan(*plan)
@@ -134,21 +138,24 @@ class Request:
         """{(site key, patched by unit): (positions, stacked source rows, units on this rank, units in
         the model)} as lists; a head or neuron only on the rank that holds it."""
         rank, tp_size = tp
+        first_row, n_units = sources.first, widths["units"]
         out: dict[tuple[str, bool], tuple[list, list, list, list]] = {}
         for p in patches:
             if p.site == "pattern":  # recomputed in the attention hook (self.pattern_patches)
                 continue
             unit = p.unit
             if unit is not None:
-                owner, unit = unit_owner(p.unit, widths["units"][SITES[p.site].unit], tp_size)
+                owner, unit = unit_owner(p.unit, n_units[SITES[p.site].unit], tp_size)
                 if owner != rank:  # another rank holds this head's slice of z, or this neuron
                     continue
             pos, rows = patch_rows(p, self.n_prompt, self.n_tokens, branch)
-            key = p.key
-            first = sources.first[(p.source, key)]
-            entry = out.setdefault((key, unit is not None), ([], [], [], []))
+            key = (p.key, unit is not None)
+            first = first_row[(p.source, key[0])]
+            entry = out.get(key)
+            if entry is None:
+                entry = out[key] = ([], [], [], [])
             entry[0].extend(pos)
-            entry[1].extend(first + row for row in rows)
+            entry[1].extend([first + row for row in rows])
             if unit is not None:
                 entry[2].extend([unit] * len(pos))
                 entry[3].extend([p.unit] * len(pos))

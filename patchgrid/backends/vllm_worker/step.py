@@ -105,14 +105,16 @@ class _Plan:
         # (key, by unit) -> [(a request's patches of that key (Request.patches), its first position this
         # step, its end, its row minus position)], flattened once per step in `finish`
         self.patches: dict[tuple[str, bool], list[tuple]] = {}
-        self.noise, self.caps, self.read_rows = [], {}, []
-        self.start_rows, self.start_src = [], []
+        # row spans [(first row, end)]: the rows read, and the rows whose start stream is written with
+        # each span's source rows (lists, one per span)
+        self.noise, self.caps, self.read_spans = [], {}, []
+        self.start_spans, self.start_src = [], []
 
     def add(self, r: Request, row0: int, pos0: int, pos1: int) -> None:
         row1 = row0 + (pos1 - pos0)
         if self.start_layer:
-            self.start_rows.extend(range(row0, row1))
-            self.start_src.extend(r.start_rows[pos0:pos1])
+            self.start_spans.append((row0, row1))
+            self.start_src.append(r.start_rows[pos0:pos1])
         for k, entry in r.patches.items():
             got = self.patches.get(k)
             if got is None:
@@ -139,41 +141,64 @@ class _Plan:
         if lo >= pos1:
             return
         self.step.reads.append((r, lo, pos1 - lo))
-        self.read_rows.extend(range(lo - pos0 + row0, pos1 - pos0 + row0))
+        self.read_spans.append((lo - pos0 + row0, pos1 - pos0 + row0))
 
     def finish(self, sources: Sources, widths: dict, pin: bool = False) -> Step:
         step = self.step
-        for (key, by_unit), entries in self.patches.items():
-            pos, src, units, model_units = (np.fromiter(chain.from_iterable(e[0][k] for e in entries), dtype=np.int64)
-                                            for k in range(4))
-            # each request's first position this step, its end and its row minus position, per patched position
-            counts = [len(e[0][0]) for e in entries]
-            lo, hi, shift = (np.repeat(np.fromiter((e[k] for e in entries), dtype=np.int64, count=len(entries)), counts)
-                             for k in (1, 2, 3))
-            sel = (pos >= lo) & (pos < hi)  # the positions this step computes
-            if not sel.any():
-                continue
-            rows = torch.from_numpy(pos[sel] + shift[sel])
-            values = _gather(sources.rows[key], torch.from_numpy(src[sel]), pin and not by_unit)
-            if not by_unit:
-                step.writes[key] = (rows, values)
-                continue
-            uw = widths["unit_width"][SITES[parse_key(key)[0]].unit]
-            model_units = torch.from_numpy(model_units[sel])
-            # the unit's slice of each source row (sources hold the whole model's width)
-            values = values.view(len(values), -1, uw)[torch.arange(len(values)), model_units]
-            values = values.pin_memory() if pin else values
-            step.units[key] = (rows, torch.from_numpy(units[sel]), values)
+        if self.patches:
+            self._patch_writes(sources, widths, pin)
         if self.noise:
             step.noise = _cat2(self.noise)
-        if self.start_rows:
+        if self.start_spans:
             key = stream_key(self.start_layer)
-            step.start = (torch.tensor(self.start_rows, dtype=torch.long),
-                          _gather(sources.rows[key], torch.tensor(self.start_src, dtype=torch.long), pin))
+            rows = _spanned(self.start_spans)
+            src = np.fromiter(chain.from_iterable(self.start_src), dtype=np.int64, count=len(rows))
+            step.start = (torch.from_numpy(rows), _gather(sources.rows[key], torch.from_numpy(src), pin))
         step.captures = self.caps
-        if self.read_rows:
-            step.read_rows = torch.tensor(self.read_rows, dtype=torch.long)
+        if self.read_spans:
+            step.read_rows = torch.from_numpy(_spanned(self.read_spans))
         return step
+
+    def _patch_writes(self, sources: Sources, widths: dict, pin: bool) -> None:
+        """Each site key's writes this step (Step.writes, Step.units): every request's patch lists
+        flattened once for all keys and the positions this step computes kept, their rows made one
+        tensor; each key's part of them (a key's entries lie together) is a slice of it, and its
+        values one index of its stacked sources (a head's or neuron's: of the sources viewed as
+        one row per unit)."""
+        step, groups = self.step, list(self.patches.items())
+        entries = [e for _, es in groups for e in es]
+        counts = np.fromiter((len(e[0][0]) for e in entries), dtype=np.int64, count=len(entries))
+        pos, src = (np.fromiter(chain.from_iterable(e[0][k] for e in entries), dtype=np.int64) for k in (0, 1))
+        # each request's first position this step, its end and its row minus position, per patched position
+        lo, hi, shift = np.repeat(np.array([e[1:] for e in entries], dtype=np.int64), counts, axis=0).T
+        computed = (pos >= lo) & (pos < hi)
+        rows = torch.from_numpy(pos[computed] + shift[computed])
+        # where each key's patched positions end, among all and among those kept
+        ends = np.cumsum(counts)[np.cumsum([len(es) for _, es in groups]) - 1]
+        kept_ends = np.concatenate(([0], np.cumsum(computed)))[ends]
+        for ((key, by_unit), es), a, b, ka, kb in zip(groups, chain((0,), ends), ends, chain((0,), kept_ends),
+                                                      kept_ends):
+            if ka == kb:
+                continue
+            sel = computed[a:b]
+            if not by_unit:
+                step.writes[key] = (rows[ka:kb], _gather(sources.rows[key], torch.from_numpy(src[a:b][sel]), pin))
+                continue
+            units, model_units = (np.fromiter(chain.from_iterable(e[0][k] for e in es), dtype=np.int64)[sel]
+                                  for k in (2, 3))
+            unit = SITES[parse_key(key)[0]].unit
+            uw, n_units = widths["unit_width"][unit], widths["units"][unit]
+            # the unit's slice of each source row (sources hold the whole model's width): row r's unit u is
+            # row r * units + u of the sources viewed one unit a row
+            index = torch.from_numpy(src[a:b][sel] * n_units + model_units)
+            values = _gather(sources.rows[key].view(-1, uw), index, pin)
+            step.units[key] = (rows[ka:kb], torch.from_numpy(units), values)
+
+def _spanned(spans: list[tuple[int, int]]) -> np.ndarray:
+    """The rows of `spans` [(first row, end)], one span after another (int64)."""
+    lo, hi = np.array(spans, dtype=np.int64).reshape(-1, 2).T
+    lengths = hi - lo
+    return np.arange(lengths.sum()) + np.repeat(lo - (np.cumsum(lengths) - lengths), lengths)
 
 
 def _cat2(pairs) -> tuple:
