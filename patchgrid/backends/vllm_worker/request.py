@@ -138,24 +138,21 @@ class Request:
         """{(site key, patched by unit): (positions, stacked source rows, units on this rank, units in
         the model)} as lists; a head or neuron only on the rank that holds it."""
         rank, tp_size = tp
-        first_row, n_units = sources.first, widths["units"]
         out: dict[tuple[str, bool], tuple[list, list, list, list]] = {}
         for p in patches:
             if p.site == "pattern":  # recomputed in the attention hook (self.pattern_patches)
                 continue
             unit = p.unit
             if unit is not None:
-                owner, unit = unit_owner(p.unit, n_units[SITES[p.site].unit], tp_size)
+                owner, unit = unit_owner(p.unit, widths["units"][SITES[p.site].unit], tp_size)
                 if owner != rank:  # another rank holds this head's slice of z, or this neuron
                     continue
             pos, rows = patch_rows(p, self.n_prompt, self.n_tokens, branch)
-            key = (p.key, unit is not None)
-            first = first_row[(p.source, key[0])]
-            entry = out.get(key)
-            if entry is None:
-                entry = out[key] = ([], [], [], [])
+            key = p.key
+            first = sources.first[(p.source, key)]
+            entry = out.setdefault((key, unit is not None), ([], [], [], []))
             entry[0].extend(pos)
-            entry[1].extend([first + row for row in rows])
+            entry[1].extend(first + row for row in rows)
             if unit is not None:
                 entry[2].extend([unit] * len(pos))
                 entry[3].extend([p.unit] * len(pos))

@@ -194,6 +194,7 @@ class _Plan:
             values = _gather(sources.rows[key].view(-1, uw), index, pin)
             step.units[key] = (rows[ka:kb], torch.from_numpy(units), values)
 
+
 def _spanned(spans: list[tuple[int, int]]) -> np.ndarray:
     """The rows of `spans` [(first row, end)], one span after another (int64)."""
     lo, hi = np.array(spans, dtype=np.int64).reshape(-1, 2).T
