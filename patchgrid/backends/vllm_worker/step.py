@@ -173,11 +173,10 @@ class _Plan:
         lo, hi, shift = np.repeat(np.array([e[1:] for e in entries], dtype=np.int64), counts, axis=0).T
         computed = (pos >= lo) & (pos < hi)
         rows = torch.from_numpy(pos[computed] + shift[computed])
-        # where each key's patched positions end, among all and among those kept
-        ends = np.cumsum(counts)[np.cumsum([len(es) for _, es in groups]) - 1]
-        kept_ends = np.concatenate(([0], np.cumsum(computed)))[ends]
-        for ((key, by_unit), es), a, b, ka, kb in zip(groups, chain((0,), ends), ends, chain((0,), kept_ends),
-                                                      kept_ends):
+        # where each key's patched positions begin and end, among all (edges) and among those kept
+        edges = _starts(counts)[_starts([len(es) for _, es in groups])]
+        kept = _starts(computed)[edges]
+        for ((key, by_unit), es), a, b, ka, kb in zip(groups, edges, edges[1:], kept, kept[1:]):
             if ka == kb:
                 continue
             sel = computed[a:b]
@@ -195,11 +194,16 @@ class _Plan:
             step.units[key] = (rows[ka:kb], torch.from_numpy(units), values)
 
 
+def _starts(counts) -> np.ndarray:
+    """Where each of `counts` begins when they are laid one after another, and the end: [0, c0, c0 + c1, ...]."""
+    return np.concatenate(([0], np.cumsum(counts, dtype=np.int64)))
+
+
 def _spanned(spans: list[tuple[int, int]]) -> np.ndarray:
     """The rows of `spans` [(first row, end)], one span after another (int64)."""
     lo, hi = np.array(spans, dtype=np.int64).reshape(-1, 2).T
     lengths = hi - lo
-    return np.arange(lengths.sum()) + np.repeat(lo - (np.cumsum(lengths) - lengths), lengths)
+    return np.arange(lengths.sum()) + np.repeat(lo - _starts(lengths)[:-1], lengths)
 
 
 def _cat2(pairs) -> tuple:
