@@ -374,6 +374,9 @@ class _Activations:
 def _worker_pass(model_name: str, device: str, started: bool):
     """One step through the worker's hooks: (what they wrote, captured and read, moved to the CPU;
     (the device of a write not on `device`, or `device`), whether every write is there)."""
+    import torch
+
+    from patchgrid.backends.vllm_worker.results import decoded
     from patchgrid.backends.vllm_worker.session import Session
     from patchgrid.plan import decode_tensor
 
@@ -396,8 +399,9 @@ def _worker_pass(model_name: str, device: str, started: bool):
     placed = (off[0] if off else device, not off)
     if not values:
         return None, placed
-    captures, readout = {}, {}
-    for tag, part in sorted(session.results.items()):
+    wired = session.results.wire()
+    captures, readout = {}, {name: torch.from_numpy(a) for name, a in decoded(wired).items()}
+    for tag, part in sorted(wired["parts"].items()):
         captures[tag] = {k: decode_tensor(v) for k, v in part["captures"].items()}
         readout[tag] = {k: v for k, v in part.items() if k not in ("captures", "logprobs")}
         if part.get("logprobs") is not None:

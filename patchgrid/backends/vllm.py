@@ -28,18 +28,16 @@ from ..plan import (
     PlanError,
     Result,
     Start,
-    decode_tensor,
     encode_tensor,
     forwards,
-    join_forwards,
     recomputed_heads,
     to_wire,
     validate,
 )
 from ..sites import SITES, parse_key
 from ..stopping import stopped_for_good
-from ..tp import merge_rank_captures
 from .edge_ablation import check_circuits, cut_by_deltas, delta_bytes
+from .vllm_results import call_results
 from .vllm_worker.request import request_id
 
 WORKER_EXTENSION = "patchgrid.backends.vllm_worker.extension.PatchgridWorker"
@@ -288,11 +286,7 @@ class VllmEngine:
             # an RPC to a dead core can wait for ever: a failed engine runs no further call anyway.
             if not self._failed or self._inprocess:
                 per_rank = self.llm.collective_rpc("pg_end")
-        flat = [t for ts in tags for t in ts]
-        missing = [t for t in flat if t not in per_rank[0]]
-        if missing:
-            raise RuntimeError(f"vLLM returned no result for {len(missing)} of {len(flat)} forwards")
-        return [join_forwards(r, fs, [_part(per_rank, t) for t in ts]) for r, fs, ts in zip(requests, fwds, tags)]
+        return call_results(requests, fwds, tags, per_rank)
 
     def _prefill(self, call: int, prompts: list) -> None:
         """vLLM prefills every forward of call `call` and samples nothing of use: one SamplingParams
@@ -391,22 +385,6 @@ def _wire_sources(requests, sources, n_layers: int) -> dict:
         if r.reference is not None:
             used.setdefault(r.reference, set()).add(LOGPROBS)
     return {name: {k: encode_tensor(sources[name][k]) for k in ks} for name, ks in used.items()}
-
-
-def _part(per_rank: list[dict], tag: str) -> dict:
-    """Forward `tag`'s part of its request's Result (plan.join_forwards) from each rank's results."""
-    part = per_rank[0][tag]  # the call's own results (pg_end's): read once, so decoded in place
-    if part["captures"]:
-        caps = {k: decode_tensor(v) for k, v in part["captures"].items()}
-        if len(per_rank) > 1:  # tensor parallel: each rank read its own slice of z
-            caps = merge_rank_captures([caps] + [{k: decode_tensor(v) for k, v in rank[tag]["captures"].items()}
-                                                 for rank in per_rank[1:]])
-        part["captures"] = caps
-    if not all(type(j) is int for j in part["scores"]):  # keys that crossed a process boundary as text
-        part["scores"] = {int(j): v for j, v in part["scores"].items()}
-    if part.get("logprobs") is not None:
-        part["logprobs"] = decode_tensor(part["logprobs"])
-    return part
 
 
 def merge_starts(tokens: dict[int, int], n_layers: int, call_cost: int) -> dict[int, int]:

@@ -115,6 +115,8 @@ def decode_tensor(enc) -> torch.Tensor:
     import torch
 
     dtype, shape, data = enc
+    if not data:  # an empty tensor (torch.frombuffer refuses an empty buffer)
+        return torch.empty(shape, dtype=getattr(torch, dtype))
     if dtype == "bfloat16":
         return torch.frombuffer(bytearray(data), dtype=torch.int16).view(torch.bfloat16).reshape(shape)
     return torch.frombuffer(bytearray(data), dtype=getattr(torch, dtype)).reshape(shape)

@@ -2,7 +2,7 @@
 
 Per engine call: `pg_begin` receives the patch sources and installs hooks; vLLM then runs its
 scheduler steps, each a flattened batch of rows from many requests; `pg_end` removes the hooks
-and returns results keyed by each request's tag. patchgrid/backends/README.md follows one request
+and returns the call's results (arrays by plan, and the parts of forwards that read more). patchgrid/backends/README.md follows one request
 through these modules:
 
 - `extension`: the RPC face, `PatchgridWorker` (the class vLLM mixes into its worker).
@@ -12,4 +12,5 @@ through these modules:
 - `hooks`: reading and writing each site where vLLM holds it.
 - `midstack`: starting a call's forwards at a later layer.
 - `readout`: the logits read from the last prompt position on, and the numbers taken from them.
+- `results`: the call's readings, by plan, in arrays the readout writes and `pg_end` returns.
 """

@@ -42,14 +42,15 @@ class PatchgridWorker:
             return False
         return start_by(fam, decoder, layers) is not None
 
-    def pg_end(self) -> dict:
-        """End the call: hooks off, the start layer back; its results keyed by each request's tag."""
+    def pg_end(self) -> dict | None:
+        """End the call: hooks off, the start layer back; its results (results.CallResults.wire: arrays by
+        plan, and the parts of forwards that read more, by tag); None: no call had begun."""
         session = getattr(self, "_pg_session", None)
         if session is None:
-            return {}
+            return None
         session.remove()
         self._pg_session = None
-        return session.results
+        return session.results.wire()
 
     def pg_start_layer(self, family: str) -> int:
         """The layer the model's forwards start at now (0 between calls)."""

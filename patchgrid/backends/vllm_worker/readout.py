@@ -18,11 +18,13 @@ from collections import defaultdict
 from contextlib import contextmanager
 from functools import partial
 
+import numpy as np
 import torch
 
 from ...metrics import answer_ranks
 from ...plan import encode_tensor
 from ..unembed import unembed_float32
+from .results import CallResults
 from .step import Step
 
 
@@ -118,9 +120,9 @@ class LogitsReadout:
                 logits = self._model_logits(hidden.index_select(0, step.read_rows))
             if logits is not None:  # None on tensor-parallel ranks but the first
                 step.logits = logits[:, : self.vocab].float()
-                read(step, step.logits, vocabulary=columns is None)
+                read(step, step.logits, self.results, vocabulary=columns is None)
         for r in step.done:
-            self.results[r.tag] = r.part()
+            self.results.finished(r.k, r.tag, r.part())
         return None
 
 
@@ -136,35 +138,39 @@ def answer_columns(step: Step, device) -> torch.Tensor | None:
     return torch.tensor(sorted(ids), dtype=torch.long, device=device)
 
 
-def read(step: Step, logits: torch.Tensor, vocabulary: bool = True) -> None:
+def read(step: Step, logits: torch.Tensor, results: CallResults, vocabulary: bool = True) -> None:
     """Every read row's log-probabilities of the tokens it predicts; at the last prompt position
     of a request's first forward, the answers' logits and ranks, top_k, the KL divergence from
     its reference and its own log-probabilities (each as its request asks). Batched over the
-    step's rows, and brought to the host in one transfer (ToHost; top_k and log-probabilities,
-    which only some unpatched runs ask for, apart). `vocabulary` false: `logits` holds only the
-    answers' columns (answer_columns), and no request of the step reads more."""
+    step's rows, brought to the host in one transfer (ToHost; top_k and log-probabilities, which only
+    some unpatched runs ask for, apart) and written into the call's `results` by plan, one indexed
+    assignment per kind of number. `vocabulary` false: `logits` holds only the answers' columns
+    (answer_columns), and no request of the step reads more."""
     lse = torch.logsumexp(logits, dim=1) if vocabulary else None
-    firsts, targets = _rows_read(step)
+    firsts, rows, tokens, slots = _rows_read(step)
     host = ToHost()
-    scores = _scores(targets, logits, lse, host) if targets else None
-    firsts_read = _read_firsts(firsts, logits, lse, host) if firsts else None
+    scores = None
+    if rows:
+        index = torch.tensor(rows, device=logits.device)
+        scores = host.add(logits[index, torch.tensor(tokens, device=logits.device)] - lse[index])
+    firsts_read = _read_firsts(firsts, logits, lse, host, results) if firsts else None
     host.fetch()
     if scores is not None:
-        for (_, _, r, j, k), v in zip(targets, scores.values()):
-            r.scored[j][k] = v
+        results.scores[slots] = scores.values()
+        results.filled[slots] = True
     if firsts_read is not None:
         firsts_read()
 
 
 class ToHost:
     """A step's numbers, read on the device, brought to the host in one transfer: each tensor added
-    (`add`) is flattened into one float64 tensor whose list `fetch` takes; float32 values and
-    integers are exact in float64, so each number is what its own `tolist` gives."""
+    (`add`) is flattened into one float64 tensor, taken to the host as a numpy array by `fetch`;
+    float32 values and integers are exact in float64."""
 
     def __init__(self):
         self.parts: list[torch.Tensor] = []
         self.starts: list[int] = [0]  # where each part's values begin in `values`, and the end
-        self.values: list[float] = []
+        self.values = np.zeros(0)
 
     def add(self, t: torch.Tensor) -> _Fetched:
         self.parts.append(t)
@@ -173,7 +179,7 @@ class ToHost:
 
     def fetch(self) -> None:
         if self.parts:
-            self.values = torch.cat([t.reshape(-1).double() for t in self.parts]).tolist()
+            self.values = torch.cat([t.reshape(-1).double() for t in self.parts]).cpu().numpy()
 
 
 class _Fetched:
@@ -182,44 +188,37 @@ class _Fetched:
     def __init__(self, host: ToHost, index: int):
         self.host, self.index = host, index
 
-    def values(self) -> list[float]:
-        return self.host.values[self.host.starts[self.index]:self.host.starts[self.index + 1]]
-
-    def rows(self) -> list[list[float]]:
-        """A [n, m] tensor's rows."""
-        t, vals = self.host.parts[self.index], self.values()
-        width = t.shape[1] if t.dim() > 1 else 1
-        return [vals[i:i + width] for i in range(0, len(vals), width)]
+    def values(self) -> np.ndarray:
+        """Its values (float64), in the tensor's shape."""
+        part = self.host.parts[self.index]
+        return self.host.values[self.host.starts[self.index]:self.host.starts[self.index + 1]].reshape(part.shape)
 
 
 def _rows_read(step: Step):
-    """The read rows at a first forward's last prompt position, [(row, request)], and the rows
-    predicting a continuation's tokens, [(row, token, request, continuation, k)]."""
-    firsts, targets = [], []
+    """The read rows at a first forward's last prompt position, [(row, request)]; and the rows
+    predicting a continuation's token, with that token and its score slot (results.CallResults)."""
+    firsts, rows, tokens, slots = [], [], [], []
     row = 0
     for r, lo, count in step.reads:
-        for pos in range(lo, lo + count):
-            if pos == r.n_prompt - 1 and r.first:
-                firsts.append((row, r))
-            k = pos - (r.n_prompt - 1)
-            for j, tokens in r.scores:
-                if k < len(tokens):
-                    targets.append((row, tokens[k], r, j, k))
-            row += 1
-    return firsts, targets
+        last = r.n_prompt - 1
+        if lo == last and r.first:
+            firsts.append((row, r))
+        for _, toks, slot in r.scores:
+            # positions lo.. predict tokens lo - last.. of each continuation
+            for i in range(lo - last, min(lo - last + count, len(toks))):
+                rows.append(row + i - (lo - last))
+                tokens.append(toks[i])
+                slots.append(slot + i)
+        row += count
+    return firsts, rows, tokens, slots
 
 
-def _scores(targets, logits, lse, host: ToHost) -> _Fetched:
-    """Each continuation token's log-probability (for its request's `scored`)."""
-    rows = torch.tensor([t[0] for t in targets], device=logits.device)
-    toks = torch.tensor([t[1] for t in targets], device=logits.device)
-    return host.add(logits[rows, toks] - lse[rows])
-
-
-def _read_firsts(firsts, logits, lse, host: ToHost):
+def _read_firsts(firsts, logits, lse, host: ToHost, results: CallResults):
     """Each first forward's readout at its last prompt position: its tensors added to `host`, and
-    a function that, once it is fetched, puts them into each request's `readout`."""
+    a function that, once it is fetched, writes them into `results` (by plan) and each request's top_k
+    and log-probabilities into its `extra`."""
     rows = [f[0] for f in firsts]
+    plans = np.fromiter((r.k for _, r in firsts), dtype=np.int64, count=len(firsts))
     first_logits = _selected(logits, rows)
     first_lse = None if lse is None else _selected(lse, rows)
     kls = _kls(firsts, first_logits, first_lse, host)
@@ -227,26 +226,20 @@ def _read_firsts(firsts, logits, lse, host: ToHost):
     answers = _answers(firsts, first_logits, host)
 
     def done():
-        lse_list = [None] * len(firsts) if lse_read is None else lse_read.values()
-        kl_list = [None] * len(firsts)
+        if lse_read is not None:
+            results.lse[plans] = lse_read.values()
         for ks, fetched in kls:
-            for k, v in zip(ks, fetched.values()):
-                kl_list[k] = v
-        per_request = {}
-        for ks, vals, ranks in answers:
-            rank_rows = [[] for _ in ks] if ranks is None else [[int(x) for x in row] for row in ranks.rows()]
-            per_request.update(zip(ks, zip(vals.rows(), rank_rows)))
+            results.kl[plans[ks]] = fetched.values()
+        for ks, count, vals, ranks in answers:
+            results.answers[plans[ks], :count] = vals.values()
+            if ranks is not None:
+                results.ranks[plans[ks], :count] = ranks.values()
         for k, (_, r) in enumerate(firsts):
-            vals, ranks = per_request.get(k, ([], []))
-            out = {"answer_logits": vals, "answer_ranks": ranks,
-                   "logsumexp": lse_list[k] if r.reads_vocabulary else None, "top_ids": [],
-                   "top_logits": [], "kl": kl_list[k], "logprobs": None}
             if r.top_k:
                 top, ids = torch.topk(first_logits[k], min(r.top_k, first_logits.shape[1]))
-                out["top_ids"], out["top_logits"] = ids.tolist(), top.tolist()
+                r.extra["top_ids"], r.extra["top_logits"] = ids.tolist(), top.tolist()
             if r.logprobs:
-                out["logprobs"] = encode_tensor(first_logits[k] - first_lse[k])
-            r.readout = out
+                r.extra["logprobs"] = encode_tensor(first_logits[k] - first_lse[k])
 
     return done
 
@@ -263,8 +256,8 @@ def _kls(firsts, first_logits, first_lse, host: ToHost) -> list:
 
 
 def _answers(firsts, first_logits, host: ToHost) -> list:
-    """[(the firsts' indices, their answers' logits, their ranks or None where they read none)],
-    one batched read per number of answers and whether ranks are read."""
+    """[(the firsts' indices, their number of answers, their answers' logits, their ranks or None where
+    they read none)], one batched read per number of answers and whether ranks are read."""
     by_count = defaultdict(list)
     for k, (_, r) in enumerate(firsts):
         by_count[len(r.answers), r.ranks].append(k)
@@ -275,7 +268,7 @@ def _answers(firsts, first_logits, host: ToHost) -> list:
         rows = _selected(first_logits, ks)
         tokens = torch.tensor([firsts[k][1].answers for k in ks], device=first_logits.device)
         ranks = host.add(answer_ranks(rows, tokens)) if ranked else None
-        answers.append((ks, host.add(rows.gather(1, tokens)), ranks))
+        answers.append((ks, count, host.add(rows.gather(1, tokens)), ranks))
     return answers
 
 

@@ -29,6 +29,7 @@ from ...plan import (
 )
 from ...sites import SITES, parse_key
 from ...tp import unit_owner
+from .results import CallResults
 
 
 def request_id(call: int, k: int) -> str:
@@ -77,14 +78,17 @@ class Request:
     """One vLLM request (a forward of a patchgrid request, plan.forwards): its plan and what it has
     gathered so far, kept across scheduler steps."""
 
-    __slots__ = ("tag", "first", "answers", "top_k", "n_prompt", "n_tokens", "logprobs", "ranks", "reference",
-                 "reads_vocabulary", "scores", "scored", "readout", "patches", "pattern_patches", "knockout",
+    __slots__ = ("k", "tag", "first", "answers", "top_k", "n_prompt", "n_tokens", "logprobs", "ranks", "reference",
+                 "reads_vocabulary", "scores", "extra", "patches", "pattern_patches", "knockout",
                  "held_kv", "noise", "captures", "start", "circuit", "ablated", "tree", "start_rows")
 
-    def __init__(self, plan: list, n_tokens: int, sources: Sources, references, widths, dtype, tp=(0, 1)):
+    def __init__(self, plan: list, n_tokens: int, sources: Sources, references, widths, dtype, tp=(0, 1), *,
+                 k: int, results: CallResults):
+        """Plan `k` of the call (request_id), whose numbers the readout writes into `results` (by k)."""
         # read from the plan as it travels (plan.WirePlan), without building its plan.Request
         w = WirePlan(*plan)
         n_prompt, scores, branch, self.first = w.forward
+        self.k = k
         self.tag = w.tag
         self.answers = w.answers
         self.top_k = w.top_k
@@ -94,10 +98,14 @@ class Request:
         self.ranks = w.ranks
         self.reference = None if w.reference is None else references[w.reference]
         self.reads_vocabulary = w.reads_vocabulary  # False: its answers' logits are all it reads
-        # (continuation index, its tokens): position n_prompt - 1 + k predicts token k
-        self.scores = [(j, w.continuations[j]) for j in scores]
-        self.scored = {j: [None] * len(c) for j, c in self.scores}
-        self.readout: dict = {}
+        # (continuation index, its tokens, the results' score slot of its first): position n_prompt - 1 + i
+        # predicts token i
+        slot = results.take(k, sum(len(w.continuations[j]) for j in scores)) if scores else 0
+        self.scores = []
+        for j in scores:
+            self.scores.append((j, w.continuations[j], slot))
+            slot += len(w.continuations[j])
+        self.extra: dict = {}  # top_k's ids and logits, the log-probabilities (readout.read)
         patches = w.wire_patches()
         self.patches = self._patches(patches, branch, sources, widths, tp) if patches else {}
         # heads' outputs recomputed (hooks.SiteHooks._recompute): per layer, its pattern patches (query
@@ -162,9 +170,9 @@ class Request:
         """Whether some head's output at `layer` is recomputed for this forward."""
         return layer in self.pattern_patches or (self.knockout is not None and layer in self.knockout[0])
 
-    def part(self) -> dict:
-        """What this forward gives its request (plan.join_forwards), as plain data."""
-        out = self.readout  # read once, at the end of the request
-        out["scores"] = self.scored
-        out["captures"] = {key: encode_tensor(v) for key, v in self.captures.items()}
-        return out
+    def part(self) -> dict | None:
+        """What this forward gives its request beyond the call's arrays (results.CallResults), as plain
+        data: its captures, top_k and log-probabilities; None where it has none."""
+        if not self.captures and not self.extra:
+            return None
+        return {**self.extra, "captures": {key: encode_tensor(v) for key, v in self.captures.items()}}

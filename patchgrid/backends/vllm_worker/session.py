@@ -17,6 +17,7 @@ from .hooks import SiteHooks
 from .midstack import MidstackStart
 from .readout import LogitsReadout
 from .request import Request, Sources, plan_index
+from .results import CallResults
 from .step import Step, plan_step
 
 
@@ -62,7 +63,7 @@ class Session(SiteHooks, MidstackStart, LogitsReadout, CircuitHooks):
         self.tp = tp_rank_and_size()
         self.widths = site_widths(shape, self.tp[1])
         self.requests: dict[str, Request | None] = {}
-        self.results: dict[str, list] = {}
+        self.results = CallResults(plans)  # what the readout reads, by plan; pg_end returns it
         self.step = Step()
         self.handles = []
         self.pattern_keys = {}  # a pattern capture's buffer (id) -> its request's keys so far, per layer
@@ -103,7 +104,8 @@ class Session(SiteHooks, MidstackStart, LogitsReadout, CircuitHooks):
     def _new_request(self, rid):
         k = plan_index(rid, self.call)
         r = None if k is None else Request(self.plans[k], len(self.runner.requests[rid].prompt_token_ids),
-                                           self.sources, self.references, self.widths, self.dtype, self.tp)
+                                           self.sources, self.references, self.widths, self.dtype, self.tp, k=k,
+                                           results=self.results)
         if self.start_layer and (r is None or r.start is None or r.start.layer != self.start_layer):
             # every row of a call that starts mid-stack needs its stream; the engine groups calls so
             raise RuntimeError(f"patchgrid worker: request {rid} does not start at layer {self.start_layer}, "

@@ -1,0 +1,84 @@
+"""A generate call's Results, read on the host from what the worker returned (`pg_end`: the call's
+arrays by plan, vllm_worker.results.CallResults, and the parts of the forwards that read more). A
+request run as one forward that captures nothing and asks for neither top_k nor log-probabilities,
+a grid's patched run, has its Result read straight from its row of the arrays; any other is joined
+from its forwards' parts as the hf backend joins them (plan.join_forwards)."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..plan import Result, decode_tensor, join_forwards
+from ..tp import merge_rank_captures
+from .vllm_worker.results import decoded
+
+
+def call_results(requests, fwds, tags: list[list[str]], per_rank: list) -> list[Result]:
+    """Each request's Result: `fwds` its forwards (plan.forwards), `tags` theirs (the call's plans are
+    every request's forwards in order, plan k the k-th: request.request_id), `per_rank` what pg_end
+    returned on each tensor-parallel rank (rank 0 reads the logits; every rank holds its own slice of
+    a capture)."""
+    if per_rank[0] is None:
+        raise RuntimeError("vLLM's worker returned no results: the call had not begun there")
+    arrays = decoded(per_rank[0])
+    n = sum(len(fs) for fs in fwds)
+    done = arrays["done"]
+    if len(done) != n or not done.all():
+        raise RuntimeError(f"vLLM returned no result for {n - int(done[:n].sum())} of {n} forwards")
+    if not arrays["filled"].all():
+        k = int(np.searchsorted(arrays["score_start"], np.flatnonzero(~arrays["filled"])[0], side="right")) - 1
+        raise RuntimeError(f"a continuation of forward {k} of the call was not scored in full")
+    scores = arrays["scores"].tolist()
+    parts = [rank["parts"] for rank in per_rank]
+    out, k = [], 0
+    for r, fs, ts in zip(requests, fwds, tags):
+        if len(fs) == 1 and not r.capture and not r.top_k and not r.logprobs:
+            out.append(_read(r, k, arrays, scores))
+        else:
+            out.append(join_forwards(r, fs, [_part(r, f, k + i, t, arrays, scores, parts)
+                                             for i, (f, t) in enumerate(zip(fs, ts))]))
+        k += len(fs)
+    return out
+
+
+def _read(r, k: int, arrays: dict, scores: list) -> Result:
+    """The Result of a request run as forward k alone, from the call's arrays."""
+    n = len(r.answers)
+    s = int(arrays["score_start"][k])
+    continuations = []
+    for c in r.continuations:  # one forward: it scored every continuation, in order
+        continuations.append(scores[s:s + len(c)])
+        s += len(c)
+    return Result(
+        answer_logits=torch.from_numpy(arrays["answers"][k, :n]),
+        logsumexp=float(arrays["lse"][k]) if r.reads_vocabulary else None,
+        answer_ranks=arrays["ranks"][k, :n].tolist() if r.ranks else [],
+        continuation_logprobs=continuations,
+        kl=float(arrays["kl"][k]) if r.reference is not None else None,
+    )
+
+
+def _part(r, f, k: int, tag: str, arrays: dict, scores: list, parts: list[dict]) -> dict:
+    """Forward k's part of its request's Result (plan.join_forwards): the arrays' row k, and what the
+    forward's own part (`tag`'s) holds, its captures joined over tensor-parallel ranks."""
+    n = len(r.answers)
+    own = parts[0].get(tag, {})
+    s = int(arrays["score_start"][k])
+    scored = {}
+    for j in f.scores:
+        scored[j] = scores[s:s + len(r.continuations[j])]
+        s += len(r.continuations[j])
+    caps = {key: decode_tensor(v) for key, v in own.get("captures", {}).items()}
+    if caps and len(parts) > 1:  # tensor parallel: each rank read its own slice of z
+        caps = merge_rank_captures([caps] + [{key: decode_tensor(v) for key, v in rank[tag]["captures"].items()}
+                                             for rank in parts[1:]])
+    logprobs = own.get("logprobs")
+    return {
+        "answer_logits": arrays["answers"][k, :n],
+        "logsumexp": float(arrays["lse"][k]) if f.first and r.reads_vocabulary else None,
+        "answer_ranks": arrays["ranks"][k, :n].tolist() if r.ranks else [],
+        "top_ids": own.get("top_ids", []), "top_logits": own.get("top_logits", []),
+        "kl": float(arrays["kl"][k]) if r.reference is not None else None,
+        "logprobs": None if logprobs is None else decode_tensor(logprobs),
+        "scores": scored, "captures": caps,
+    }

@@ -1,0 +1,67 @@
+"""A call's readings, kept by plan (the k of request.request_id) in arrays: the readout writes each
+step's numbers into them with one indexed assignment per kind of number, not a dictionary per
+request, and `pg_end` returns them once (`wire`); the host reads every request's Result from them
+(backends.vllm). What few runs read beyond them (captures, top_k, the last position's
+log-probabilities) travels as the forward's own part, keyed by its tag.
+
+    answers   [plans, most answers] float32   the answers' logits at the last prompt position
+    ranks     [plans, most answers] int64      their ranks over the vocabulary (where read)
+    lse, kl   [plans] float64                  logsumexp of those logits, KL from the reference (where read)
+    done      [plans] bool                     the forward finished in this call
+    scores    [slots] float64                  every continuation token's log-probability, a forward's
+                                               continuations (in its plan's order) from score_start[k] on
+    filled    [slots] bool                     each slot written
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ...plan import WirePlan, decode_tensor, encode_tensor
+
+ARRAYS = ("answers", "ranks", "lse", "kl", "done", "score_start", "scores", "filled")
+
+
+class CallResults:
+    def __init__(self, plans: list):
+        n = len(plans)
+        width = max((len(WirePlan(*p).answers) for p in plans), default=0)
+        self.answers = np.zeros((n, width), dtype=np.float32)
+        self.ranks = np.zeros((n, width), dtype=np.int64)
+        self.lse = np.zeros(n)
+        self.kl = np.zeros(n)
+        self.done = np.zeros(n, dtype=bool)
+        self.score_start = np.zeros(n, dtype=np.int64)
+        self.scores = np.zeros(max(n, 1))
+        self.filled = np.zeros(max(n, 1), dtype=bool)
+        self.slots = 0  # score slots handed out
+        self.parts: dict[str, dict] = {}  # tag -> a forward's captures, top_k and log-probabilities
+
+    def take(self, k: int, count: int) -> int:
+        """`count` score slots for plan k's continuation tokens: the first one's index."""
+        first = self.slots
+        self.slots += count
+        if self.slots > len(self.scores):
+            grow = max(self.slots, 2 * len(self.scores))
+            self.scores = np.concatenate([self.scores, np.zeros(grow - len(self.scores))])
+            self.filled = np.concatenate([self.filled, np.zeros(grow - len(self.filled), dtype=bool)])
+        self.score_start[k] = first
+        return first
+
+    def finished(self, k: int, tag: str, part: dict | None) -> None:
+        self.done[k] = True
+        if part:
+            self.parts[tag] = part
+
+    def wire(self) -> dict:
+        """As plain data (msgpack across a process boundary): each array a tensor's encoding (plan.encode_tensor)."""
+        arrays = {name: encode_tensor(torch.from_numpy(np.ascontiguousarray(getattr(self, name))))
+                  for name in ARRAYS}
+        arrays["scores"] = encode_tensor(torch.from_numpy(self.scores[:self.slots].copy()))
+        arrays["filled"] = encode_tensor(torch.from_numpy(self.filled[:self.slots].copy()))
+        return {"arrays": arrays, "parts": self.parts}
+
+
+def decoded(wired: dict) -> dict[str, np.ndarray]:
+    """`CallResults.wire()`'s arrays, as numpy arrays again."""
+    return {name: decode_tensor(wired["arrays"][name]).numpy() for name in ARRAYS}
