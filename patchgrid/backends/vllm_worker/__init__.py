@@ -2,8 +2,8 @@
 
 Per engine call: `pg_begin` receives the patch sources and installs hooks; vLLM then runs its
 scheduler steps, each a flattened batch of rows from many requests; `pg_end` removes the hooks
-and returns the call's results (arrays by plan, and the parts of forwards that read more). patchgrid/backends/README.md follows one request
-through these modules:
+and returns the call's results (arrays by plan, and the parts of forwards that read more).
+patchgrid/backends/README.md follows one request through these modules:
 
 - `extension`: the RPC face, `PatchgridWorker` (the class vLLM mixes into its worker).
 - `session`: one call's state: the sources, the sites' widths on this rank, the requests seen.

@@ -19,12 +19,12 @@ from ...plan import (
     LOGPROBS,
     Forward,
     Noise,
-    Start,
     WirePlan,
     decode_tensor,
     encode_tensor,
     gaussian_noise,
     patch_rows,
+    stream_key,
     tree_rows,
 )
 from ...sites import SITES, parse_key
@@ -74,13 +74,20 @@ class Sources:
                      for key, parts in per_key.items()}
 
 
+def _tree(n_tokens: int, n_prompt: int, branch: int) -> list[int]:
+    """The tree rows of a forward's positions (plan.tree_rows): its prompt's, then from `branch` on."""
+    if n_tokens == n_prompt:
+        return list(range(n_prompt))
+    return tree_rows(Forward((0,) * n_tokens, (), branch, True), n_prompt)
+
+
 class Request:
     """One vLLM request (a forward of a patchgrid request, plan.forwards): its plan and what it has
     gathered so far, kept across scheduler steps."""
 
     __slots__ = ("k", "tag", "first", "answers", "top_k", "n_prompt", "n_tokens", "logprobs", "ranks", "reference",
                  "reads_vocabulary", "scores", "extra", "patches", "pattern_patches", "knockout",
-                 "held_kv", "noise", "captures", "start", "circuit", "ablated", "tree", "start_rows")
+                 "held_kv", "noise", "captures", "start_layer", "circuit", "ablated", "tree", "start_rows")
 
     def __init__(self, plan: list, n_tokens: int, sources: Sources, references, widths, dtype, tp=(0, 1), *,
                  k: int, results: CallResults):
@@ -100,11 +107,13 @@ class Request:
         self.reads_vocabulary = w.reads_vocabulary  # False: its answers' logits are all it reads
         # (continuation index, its tokens, the results' score slot of its first): position n_prompt - 1 + i
         # predicts token i
-        slot = results.take(k, sum(len(w.continuations[j]) for j in scores)) if scores else 0
         self.scores = []
-        for j in scores:
-            self.scores.append((j, w.continuations[j], slot))
-            slot += len(w.continuations[j])
+        if scores:
+            counts = [len(w.continuations[j]) for j in scores]
+            slot = results.take(k, sum(counts))
+            for j, count in zip(scores, counts):
+                self.scores.append((j, w.continuations[j], slot))
+                slot += count
         self.extra: dict = {}  # top_k's ids and logits, the log-probabilities (readout.read)
         patches = w.wire_patches()
         self.patches = self._patches(patches, branch, sources, widths, tp) if patches else {}
@@ -127,20 +136,19 @@ class Request:
         # a pattern: per query position, every head's weights over this forward's positions
         self.captures = {key: torch.empty(n_tokens, widths["head"] // widths["unit_width"]["head"] * n_tokens
                                           if parse_key(key)[0] == "pattern" else widths[parse_key(key)[0]], dtype=dtype)
-                         for key in w.capture}
-        self.start = None if w.start is None else Start(*w.start)
+                         for key in w.capture} if w.capture else {}
         self.circuit = w.circuit  # [source, kept edge indices] (a circuit run), or None
         self.ablated = None  # its edges outside the circuit, once the circuit hooks have made the mask
         # a circuit's source row of each position of this forward (its tree's rows)
-        self.tree = None if w.circuit is None else tree_rows(Forward((0,) * n_tokens, (), branch, self.first),
-                                                              n_prompt)
-        # the stacked sources' rows of the stream entering the start layer, one per position of this
-        # forward (the stream source holds the request's tree of rows: this forward's are its own)
-        self.start_rows = None
-        if self.start is not None:
-            first = sources.first[(self.start.source, self.start.key)]
-            rows = tree_rows(Forward((0,) * n_tokens, (), branch, self.first), n_prompt)
-            self.start_rows = [first + row for row in rows]
+        self.tree = None if w.circuit is None else _tree(n_tokens, n_prompt, branch)
+        # the layer it starts at (plan.Start; None: the embedding), and the stacked sources' rows of the
+        # stream entering it, one per position of this forward (the stream source holds the request's tree
+        # of rows: this forward's are its own)
+        self.start_layer = self.start_rows = None
+        if w.start is not None:
+            self.start_layer, source = w.start
+            first = sources.first[(source, stream_key(self.start_layer))]
+            self.start_rows = [first + row for row in _tree(n_tokens, n_prompt, branch)]
 
     def _patches(self, patches, branch: int, sources: Sources, widths, tp) -> dict:
         """{(site key, patched by unit): (positions, stacked source rows, units on this rank, units in
@@ -150,20 +158,22 @@ class Request:
         for p in patches:
             if p.site == "pattern":  # recomputed in the attention hook (self.pattern_patches)
                 continue
-            unit = p.unit
-            if unit is not None:
-                owner, unit = unit_owner(p.unit, widths["units"][SITES[p.site].unit], tp_size)
+            unit = model_unit = p.unit
+            if unit is not None and tp_size > 1:
+                owner, unit = unit_owner(model_unit, widths["units"][SITES[p.site].unit], tp_size)
                 if owner != rank:  # another rank holds this head's slice of z, or this neuron
                     continue
             pos, rows = patch_rows(p, self.n_prompt, self.n_tokens, branch)
             key = p.key
             first = sources.first[(p.source, key)]
-            entry = out.setdefault((key, unit is not None), ([], [], [], []))
+            entry = out.get((key, unit is not None))
+            if entry is None:
+                entry = out[key, unit is not None] = ([], [], [], [])
             entry[0].extend(pos)
-            entry[1].extend(first + row for row in rows)
+            entry[1].extend([first + row for row in rows])
             if unit is not None:
                 entry[2].extend([unit] * len(pos))
-                entry[3].extend([p.unit] * len(pos))
+                entry[3].extend([model_unit] * len(pos))
         return out
 
     def recomputes(self, layer: int) -> bool:

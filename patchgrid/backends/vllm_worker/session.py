@@ -106,7 +106,7 @@ class Session(SiteHooks, MidstackStart, LogitsReadout, CircuitHooks):
         r = None if k is None else Request(self.plans[k], len(self.runner.requests[rid].prompt_token_ids),
                                            self.sources, self.references, self.widths, self.dtype, self.tp, k=k,
                                            results=self.results)
-        if self.start_layer and (r is None or r.start is None or r.start.layer != self.start_layer):
+        if self.start_layer and (r is None or r.start_layer != self.start_layer):
             # every row of a call that starts mid-stack needs its stream; the engine groups calls so
             raise RuntimeError(f"patchgrid worker: request {rid} does not start at layer {self.start_layer}, "
                                "as every request of this call must")
