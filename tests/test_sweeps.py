@@ -262,12 +262,15 @@ def test_each_kind_counts_its_cells(head_positions):
     from tests.support.effect_rows import make_pair
 
     pair = make_pair("p", ["before_subject", "subject_first", "subject_last", "further", "last"], subject=(1, 3))
-    config = SweepConfig(sweeps=("resid",), head_positions=head_positions, trace_samples=2)
-    ctx = SweepContext(config, n_layers=3, n_heads=2, d_mlp=5)
-    for name, kind in SWEEP_KINDS.items():
-        if name not in ("atp", "edges"):  # their cells are chosen by their estimates (tests/test_attribution.py,
-            # tests/test_edge_attribution.py count them)
-            assert kind.count(pair, ctx) == len(kind.cells(pair, ctx)), name
+    configs = [SweepConfig(sweeps=("resid",), head_positions=head_positions, trace_samples=2),
+               SweepConfig(sweeps=("resid",), head_positions=head_positions, trace_samples=2, layers=(0, 2),
+                           positions=(1, 4), resid_directions=("denoise", "noise"))]
+    for config in configs:
+        ctx = SweepContext(config, n_layers=3, n_heads=2, d_mlp=5)
+        for name, kind in SWEEP_KINDS.items():
+            if name not in ("atp", "edges"):  # their cells are chosen by their estimates (tests/test_attribution.py,
+                # tests/test_edge_attribution.py count them)
+                assert kind.count(pair, ctx) == len(kind.cells(pair, ctx)), (name, config.layers)
 
 
 @needs_vllm

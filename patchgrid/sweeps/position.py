@@ -47,6 +47,11 @@ class PositionSweep(SweepKind):
         return [Cell(self.name, self.site, direction, layer, pos)
                 for direction in self.directions(ctx.config) for layer in layers for pos in positions]
 
+    def count(self, pair, ctx):
+        """len(cells), without making them (count_runs asks before the grid is made)."""
+        layers = len(grid_layers(ctx)) if self.layered else 1
+        return len(self.directions(ctx.config)) * layers * len(every_position(pair, ctx.config))
+
     def request(self, pair, cell, ctx, source):
         return Request(tokens=prompt_into(pair, cell.direction),
                        patches=(Patch(self.site, cell.layer, source, (cell.position,)),), **scored(pair))
