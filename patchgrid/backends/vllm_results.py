@@ -5,7 +5,6 @@ a grid's patched run, has its Result read straight from its row of the arrays; a
 from its forwards' parts as the hf backend joins them (plan.join_forwards)."""
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from ..plan import Result, decode_tensor, join_forwards
@@ -26,47 +25,63 @@ def call_results(requests, fwds, tags: list[list[str]], per_rank: list) -> list[
     if len(done) != n or not done.all():
         raise RuntimeError(f"vLLM returned no result for {n - int(done[:n].sum())} of {n} forwards")
     if not arrays["filled"].all():
-        k = int(np.searchsorted(arrays["score_start"], np.flatnonzero(~arrays["filled"])[0], side="right")) - 1
-        raise RuntimeError(f"a continuation of forward {k} of the call was not scored in full")
-    scores = arrays["scores"].tolist()
+        missing = int((~arrays["filled"]).sum())
+        raise RuntimeError(f"vLLM's worker scored {missing} of the call's {len(arrays['filled'])} continuation tokens "
+                           "nowhere: their requests' answers were not scored in full")
+    rows = _Rows(arrays)
     parts = [rank["parts"] for rank in per_rank]
     out, k = [], 0
     for r, fs, ts in zip(requests, fwds, tags):
         if len(fs) == 1 and not r.capture and not r.top_k and not r.logprobs:
-            out.append(_read(r, k, arrays, scores))
+            out.append(rows.result(r, k))
         else:
-            out.append(join_forwards(r, fs, [_part(r, f, k + i, t, arrays, scores, parts)
+            out.append(join_forwards(r, fs, [_part(r, f, k + i, t, rows, parts)
                                              for i, (f, t) in enumerate(zip(fs, ts))]))
         k += len(fs)
     return out
 
 
-def _read(r, k: int, arrays: dict, scores: list) -> Result:
-    """The Result of a request run as forward k alone, from the call's arrays."""
-    n = len(r.answers)
-    s = int(arrays["score_start"][k])
-    continuations = []
-    for c in r.continuations:  # one forward: it scored every continuation, in order
-        continuations.append(scores[s:s + len(c)])
-        s += len(c)
-    return Result(
-        answer_logits=torch.from_numpy(arrays["answers"][k, :n]),
-        logsumexp=float(arrays["lse"][k]) if r.reads_vocabulary else None,
-        answer_ranks=arrays["ranks"][k, :n].tolist() if r.ranks else [],
-        continuation_logprobs=continuations,
-        kl=float(arrays["kl"][k]) if r.reference is not None else None,
-    )
+class _Rows:
+    """The call's arrays made Python lists once (each a C loop), and the answers' logits one float32
+    tensor view per plan (`unbind`): per request, a Result then costs no numpy or torch call."""
+
+    def __init__(self, arrays: dict):
+        answers = arrays["answers"]
+        self.width = answers.shape[1]
+        self.answers = torch.from_numpy(answers).unbind(0)
+        self.ranks = arrays["ranks"].tolist()
+        self.lse, self.kl = arrays["lse"].tolist(), arrays["kl"].tolist()
+        self.score_start, self.scores = arrays["score_start"].tolist(), arrays["scores"].tolist()
+
+    def answer_logits(self, k: int, n: int) -> torch.Tensor:
+        return self.answers[k] if n == self.width else self.answers[k][:n]
+
+    def result(self, r, k: int) -> Result:
+        """The Result of a request run as forward k alone."""
+        n = len(r.answers)
+        s = self.score_start[k]
+        continuations = []
+        for c in r.continuations:  # one forward: it scored every continuation, in order
+            continuations.append(self.scores[s:s + len(c)])
+            s += len(c)
+        return Result(
+            answer_logits=self.answer_logits(k, n),
+            logsumexp=self.lse[k] if r.reads_vocabulary else None,
+            answer_ranks=self.ranks[k][:n] if r.ranks else [],
+            continuation_logprobs=continuations,
+            kl=self.kl[k] if r.reference is not None else None,
+        )
 
 
-def _part(r, f, k: int, tag: str, arrays: dict, scores: list, parts: list[dict]) -> dict:
+def _part(r, f, k: int, tag: str, rows: _Rows, parts: list[dict]) -> dict:
     """Forward k's part of its request's Result (plan.join_forwards): the arrays' row k, and what the
     forward's own part (`tag`'s) holds, its captures joined over tensor-parallel ranks."""
     n = len(r.answers)
     own = parts[0].get(tag, {})
-    s = int(arrays["score_start"][k])
+    s = rows.score_start[k]
     scored = {}
     for j in f.scores:
-        scored[j] = scores[s:s + len(r.continuations[j])]
+        scored[j] = rows.scores[s:s + len(r.continuations[j])]
         s += len(r.continuations[j])
     caps = {key: decode_tensor(v) for key, v in own.get("captures", {}).items()}
     if caps and len(parts) > 1:  # tensor parallel: each rank read its own slice of z
@@ -74,11 +89,11 @@ def _part(r, f, k: int, tag: str, arrays: dict, scores: list, parts: list[dict])
                                              for rank in parts[1:]])
     logprobs = own.get("logprobs")
     return {
-        "answer_logits": arrays["answers"][k, :n],
-        "logsumexp": float(arrays["lse"][k]) if f.first and r.reads_vocabulary else None,
-        "answer_ranks": arrays["ranks"][k, :n].tolist() if r.ranks else [],
+        "answer_logits": rows.answer_logits(k, n),
+        "logsumexp": rows.lse[k] if f.first and r.reads_vocabulary else None,
+        "answer_ranks": rows.ranks[k][:n] if r.ranks else [],
         "top_ids": own.get("top_ids", []), "top_logits": own.get("top_logits", []),
-        "kl": float(arrays["kl"][k]) if r.reference is not None else None,
+        "kl": rows.kl[k] if r.reference is not None else None,
         "logprobs": None if logprobs is None else decode_tensor(logprobs),
         "scores": scored, "captures": caps,
     }

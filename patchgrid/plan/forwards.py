@@ -22,10 +22,10 @@ def forwards(req: Request) -> list[Forward]:
     tokens but the last, each of which the position before predicts), or one over the prompt; the
     one-token continuations are scored at the last prompt position of the first."""
     n = len(req.tokens)
+    if all(len(c) == 1 for c in req.continuations):  # a grid's run: one forward scores them all
+        return [Forward(tuple(req.tokens), tuple(range(len(req.continuations))), n, True)]
     single = tuple(j for j, c in enumerate(req.continuations) if len(c) == 1)
     longer = [j for j, c in enumerate(req.continuations) if len(c) > 1]
-    if not longer:
-        return [Forward(tuple(req.tokens), single, n, True)]
     out, branch = [], n
     for k, j in enumerate(longer):
         c = req.continuations[j]
