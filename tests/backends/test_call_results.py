@@ -1,0 +1,82 @@
+"""A call's results as the vLLM worker keeps them (vllm_worker/results.py: arrays by plan) and as the
+host reads them back into Results (backends/vllm_results.py), without vLLM: the worker's side filled
+by hand as its readout fills it, across the plain-data boundary (`wire`, msgpack in multiprocess
+mode). tests/backends/test_vllm_matches_hf.py and test_answers.py hold the whole path to the hf
+backend's numbers."""
+from __future__ import annotations
+
+import msgspec
+import pytest
+import torch
+
+from patchgrid.backends.vllm_results import call_results
+from patchgrid.backends.vllm_worker.results import CallResults
+from patchgrid.plan import Patch, Request, forwards, to_wire
+
+GRID = Request(tokens=(3, 4, 5), answers=(7, 8), patches=(Patch("resid", 1, "0:clean", (1,)),),
+               continuations=((7,), (8,)), reference="0:clean")
+LOGIT_DIFF_ONLY = Request(tokens=(3, 4, 5), answers=(7, 8), ranks=False)  # reads no vocabulary, no continuation
+WHOLE = Request(tokens=(3, 4), answers=(7, 9), continuations=((7, 1, 2), (9, 6)), top_k=2)  # two forwards
+
+
+def _call(requests):
+    fwds = [forwards(r) for r in requests]
+    tags = [[f"0:{i}:{k}" for k in range(len(fs))] for i, fs in enumerate(fwds)]
+    plans = [to_wire(r, t, f) for r, fs, ts in zip(requests, fwds, tags) for f, t in zip(fs, ts)]
+    return fwds, tags, plans
+
+
+def _filled(plans) -> CallResults:
+    """What the readout writes: plan k's answers k + 0.5, k + 1.5, ranks k, k + 1, logsumexp 10 + k, KL
+    k / 10, its continuation tokens' log-probabilities -(k + 1), -(k + 2), ... in slot order."""
+    res = CallResults(plans)
+    for k, plan in enumerate(plans):
+        scored = plan[1][1]
+        first = res.take(k, sum(len(plan[8][j]) for j in scored))
+        count = sum(len(plan[8][j]) for j in scored)
+        res.scores[first:first + count] = [-(k + 1 + i) for i in range(count)]
+        res.filled[first:first + count] = True
+        n = len(plan[2])
+        res.answers[k, :n] = [k + 0.5 + i for i in range(n)]
+        res.ranks[k, :n] = [k + i for i in range(n)]
+        res.lse[k], res.kl[k] = 10 + k, k / 10
+        res.finished(k, plan[0], {"top_ids": [1, 2], "top_logits": [0.5, 0.25], "captures": {}} if plan[3] else None)
+    return res
+
+
+def _across_processes(wired: dict) -> dict:
+    return msgspec.msgpack.decode(msgspec.msgpack.encode(wired))
+
+
+def test_each_request_reads_its_own_row_and_answers_scored_whole_join_their_forwards():
+    requests = [GRID, LOGIT_DIFF_ONLY, WHOLE]
+    fwds, tags, plans = _call(requests)
+    assert [len(fs) for fs in fwds] == [1, 1, 2]
+    assert [f.scores for f in fwds[2]] == [(0,), (1,)]
+    got = call_results(requests, fwds, tags, [_across_processes(_filled(plans).wire())])
+
+    grid, ld, whole = got
+    assert grid.answer_logits.dtype == torch.float32 and grid.answer_logits.tolist() == [0.5, 1.5]
+    assert grid.answer_ranks == [0, 1] and grid.logsumexp == 10 and grid.kl == pytest.approx(0.0)
+    assert grid.continuation_logprobs == [[-1.0], [-2.0]]
+    assert ld.answer_logits.tolist() == [1.5, 2.5] and ld.logsumexp is None and ld.answer_ranks == []
+    assert ld.kl is None and ld.continuation_logprobs == []
+    # plan 2, the first forward, reads the last prompt position and scores the first answer; plan 3 the second
+    assert whole.answer_logits.tolist() == [2.5, 3.5] and whole.logsumexp == 12 and whole.answer_ranks == [2, 3]
+    assert whole.top_ids == [1, 2] and whole.top_logits == [0.5, 0.25]
+    assert whole.continuation_logprobs == [[-3.0, -4.0, -5.0], [-4.0, -5.0]]
+
+
+def test_a_forward_never_finished_or_a_token_never_scored_is_an_error():
+    requests = [GRID, GRID]
+    fwds, tags, plans = _call(requests)
+    res = _filled(plans)
+    res.done[1] = False
+    with pytest.raises(RuntimeError, match="no result for 1 of 2 forwards"):
+        call_results(requests, fwds, tags, [res.wire()])
+    res = _filled(plans)
+    res.filled[1] = False
+    with pytest.raises(RuntimeError, match="scored 1 of the call's 4 continuation tokens nowhere"):
+        call_results(requests, fwds, tags, [res.wire()])
+    with pytest.raises(RuntimeError, match="the call had not begun"):
+        call_results(requests, fwds, tags, [None])
