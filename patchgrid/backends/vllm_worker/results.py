@@ -23,6 +23,8 @@ ARRAYS = ("answers", "ranks", "lse", "kl", "done", "score_start", "scores", "fil
 
 
 class CallResults:
+    """One call's arrays (the table above), sized by its plans (plan.to_wire's lists)."""
+
     def __init__(self, plans: list):
         n = len(plans)
         width = max((len(WirePlan(*p).answers) for p in plans), default=0)
@@ -54,12 +56,11 @@ class CallResults:
             self.parts[tag] = part
 
     def wire(self) -> dict:
-        """As plain data (msgpack across a process boundary): each array a tensor's encoding (plan.encode_tensor)."""
-        arrays = {name: encode_tensor(torch.from_numpy(np.ascontiguousarray(getattr(self, name))))
-                  for name in ARRAYS}
-        arrays["scores"] = encode_tensor(torch.from_numpy(self.scores[:self.slots].copy()))
-        arrays["filled"] = encode_tensor(torch.from_numpy(self.filled[:self.slots].copy()))
-        return {"arrays": arrays, "parts": self.parts}
+        """As plain data (msgpack across a process boundary): each array a tensor's encoding
+        (plan.encode_tensor), the score slots as far as they were handed out."""
+        arrays = {name: getattr(self, name) for name in ARRAYS}
+        arrays["scores"], arrays["filled"] = self.scores[:self.slots], self.filled[:self.slots]
+        return {"arrays": {name: encode_tensor(torch.from_numpy(a)) for name, a in arrays.items()}, "parts": self.parts}
 
 
 def decoded(wired: dict) -> dict[str, np.ndarray]:
