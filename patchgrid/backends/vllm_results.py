@@ -53,47 +53,39 @@ class _Rows:
         self.lse, self.kl = arrays["lse"].tolist(), arrays["kl"].tolist()
         self.score_start, self.scores = arrays["score_start"].tolist(), arrays["scores"].tolist()
 
-    def answer_logits(self, k: int, n: int) -> torch.Tensor:
-        return self.answers[k] if n == self.width else self.answers[k][:n]
+    def scored(self, r, js, k: int) -> list[list[float]]:
+        """Forward k's log-probabilities of the tokens of continuations `js`, the ones it scores, in
+        its order (each continuation's tokens from its first slot on)."""
+        s, out = self.score_start[k], []
+        for j in js:
+            out.append(self.scores[s:s + len(r.continuations[j])])
+            s += len(r.continuations[j])
+        return out
+
+    def first_reads(self, r, k: int) -> dict:
+        """What forward k read at the last prompt position, as its request asks: the Result's fields."""
+        n = len(r.answers)
+        return {"answer_logits": self.answers[k] if n == self.width else self.answers[k][:n],
+                "logsumexp": self.lse[k] if r.reads_vocabulary else None,
+                "answer_ranks": self.ranks[k][:n] if r.ranks else [],
+                "kl": self.kl[k] if r.reference is not None else None}
 
     def result(self, r, k: int) -> Result:
-        """The Result of a request run as forward k alone."""
-        n = len(r.answers)
-        s = self.score_start[k]
-        continuations = []
-        for c in r.continuations:  # one forward: it scored every continuation, in order
-            continuations.append(self.scores[s:s + len(c)])
-            s += len(c)
-        return Result(
-            answer_logits=self.answer_logits(k, n),
-            logsumexp=self.lse[k] if r.reads_vocabulary else None,
-            answer_ranks=self.ranks[k][:n] if r.ranks else [],
-            continuation_logprobs=continuations,
-            kl=self.kl[k] if r.reference is not None else None,
-        )
+        """The Result of a request run as forward k alone (which scores every continuation, in order)."""
+        return Result(continuation_logprobs=self.scored(r, range(len(r.continuations)), k), **self.first_reads(r, k))
 
 
 def _part(r, f, k: int, tag: str, rows: _Rows, parts: list[dict]) -> dict:
     """Forward k's part of its request's Result (plan.join_forwards): the arrays' row k, and what the
     forward's own part (`tag`'s) holds, its captures joined over tensor-parallel ranks."""
-    n = len(r.answers)
     own = parts[0].get(tag, {})
-    s = rows.score_start[k]
-    scored = {}
-    for j in f.scores:
-        scored[j] = rows.scores[s:s + len(r.continuations[j])]
-        s += len(r.continuations[j])
     caps = {key: decode_tensor(v) for key, v in own.get("captures", {}).items()}
     if caps and len(parts) > 1:  # tensor parallel: each rank read its own slice of z
         caps = merge_rank_captures([caps] + [{key: decode_tensor(v) for key, v in rank[tag]["captures"].items()}
                                              for rank in parts[1:]])
     logprobs = own.get("logprobs")
-    return {
-        "answer_logits": rows.answer_logits(k, n),
-        "logsumexp": rows.lse[k] if f.first and r.reads_vocabulary else None,
-        "answer_ranks": rows.ranks[k][:n] if r.ranks else [],
-        "top_ids": own.get("top_ids", []), "top_logits": own.get("top_logits", []),
-        "kl": rows.kl[k] if r.reference is not None else None,
+    return {  # join_forwards reads the last prompt position's fields from the first forward's part alone
+        **rows.first_reads(r, k), "top_ids": own.get("top_ids", []), "top_logits": own.get("top_logits", []),
         "logprobs": None if logprobs is None else decode_tensor(logprobs),
-        "scores": scored, "captures": caps,
+        "scores": dict(zip(f.scores, rows.scored(r, f.scores, k))), "captures": caps,
     }
