@@ -182,10 +182,10 @@ def test_a_whole_patch_needs_the_request_tree_and_crosses_the_wire():
     validate([req], {"src": {"attn_out.1": torch.zeros(7, 128)}}, SHAPE)
     assert from_wire(to_wire(req, "t"))[1].patches == (whole,)
     # the continuation's forward (prompt + 7, 8): positions 0-6 from tree rows 0-4, then 5, 6
-    assert patch_rows(whole, 5, 7, 5) == (list(range(7)), list(range(7)))
-    assert patch_rows(Patch("attn_out", 1, "src", (2, 4)), 5, 7, 5) == ([2, 4], [2, 4])
+    assert patch_rows(whole.positions, whole.whole, 5, 7, 5) == (list(range(7)), list(range(7)))
+    assert patch_rows((2, 4), False, 5, 7, 5) == ([2, 4], [2, 4])
     # with a second answer of several tokens, its forward's inputs past the prompt are stored after the first's
-    assert patch_rows(whole, 5, 7, 7) == (list(range(7)), [0, 1, 2, 3, 4, 7, 8])
+    assert patch_rows(whole.positions, whole.whole, 5, 7, 7) == (list(range(7)), [0, 1, 2, 3, 4, 7, 8])
 
 
 def test_a_layers_neurons_may_be_patched_whole_and_its_heads_may_not():

@@ -235,11 +235,11 @@ class _BatchHooks:
                     self.knockouts[layer].append((b, r.knockout.queries, r.knockout.keys))
             for p in r.patches:
                 if p.site == "pattern":
-                    pos = patch_rows(p, n, len(f.tokens), f.branch)[0]
+                    pos = patch_rows(p.positions, p.whole, n, len(f.tokens), f.branch)[0]
                     weights = sources[p.source][p.key][pos].view(len(pos), shape.n_heads, n)[:, p.head]
                     self.patterns[p.layer].append((b, pos, p.head, weights.to(device, torch.float32)))
                     continue
-                pos, rows = patch_rows(p, n, len(f.tokens), f.branch)
+                pos, rows = patch_rows(p.positions, p.whole, n, len(f.tokens), f.branch)
                 val = sources[p.source][p.key][rows].to(device, dtype)
                 if p.unit is not None:
                     uw = shape.unit_width(p.site)

@@ -17,6 +17,7 @@ def validate(requests, sources, shape: ModelShape) -> None:
     not checked again (`passed`, keyed by the values checked, so a request that fails is always
     named: its first failing check is the one made)."""
     passed: set = set()
+    source_rows: dict = {}
     for i, req in enumerate(requests):
         where = f"request {i}"
         if _unchecked(passed, (req.tokens, req.answers, req.continuations, req.top_k)):
@@ -26,7 +27,7 @@ def validate(requests, sources, shape: ModelShape) -> None:
             _check_reference(where, req, sources, shape)
         _check_captures(where, req, shape)
         for p in req.patches:
-            _check_patch(where, p, req, sources, shape, passed)
+            _check_patch(where, p, req, sources, shape, passed, source_rows)
         _check_noise(where, req)
         _check_knockout(where, req, shape)
         if req.start is not None:
@@ -181,8 +182,9 @@ def _check_positions(where, field_name, positions, n):
             raise PlanError(f"{where}: {field_name} position {pos} is out of range (prompt has {n} tokens)")
 
 
-def _check_patch(where, p: Patch, req: Request, sources, shape: ModelShape, passed: set):
-    """`passed`: the checks this call's earlier patches passed (the site, unit and source's shape)."""
+def _check_patch(where, p: Patch, req: Request, sources, shape: ModelShape, passed: set, source_rows: dict):
+    """`passed`: the checks this call's earlier patches passed (the site and unit); `source_rows`: the
+    rows of each source, key and prompt length checked so far."""
     if _unchecked(passed, ("unit", p.site, p.layer, p.head, p.neuron, p.whole, p.positions is None)):
         site = _check_patch_site(where, p, shape)
         _check_patch_unit(where, p, site, shape)
@@ -192,10 +194,14 @@ def _check_patch(where, p: Patch, req: Request, sources, shape: ModelShape, pass
     n = len(req.tokens)
     if p.positions is not None:
         _check_positions(where, "patch.positions", p.positions, n)
-    # what the source's check reads: its prompt's length and the rows the patch needs
+    # the source's rows, checked once per source, key and prompt length (a pattern's shape depends on it);
+    # then whether they reach as far as this patch reads (each of a grid's positions reads further)
+    held = source_rows.get((p.source, p.key, n))
+    if held is None:
+        held = source_rows[p.source, p.key, n] = _check_patch_source(where, p, sources, n, shape)
     needed = tree_len(req) if p.whole else n if p.positions is None else max(p.positions, default=-1) + 1
-    if _unchecked(passed, ("source", p.source, p.key, n, needed)):
-        _check_patch_source(where, p, req, sources, shape)
+    if held < needed:
+        raise PlanError(f"{where}: patch source {p.source!r} {p.key} has {held} positions, the patch needs {needed}")
 
 
 def _check_patch_site(where, p: Patch, shape: ModelShape):
@@ -230,8 +236,8 @@ def _check_patch_unit(where, p: Patch, site, shape: ModelShape) -> None:
             raise PlanError(f"{where}: patch {field_name} is set for site {p.site}, which has no {field_name}s")
 
 
-def _check_patch_source(where, p: Patch, req: Request, sources, shape: ModelShape) -> None:
-    n = len(req.tokens)
+def _check_patch_source(where, p: Patch, sources, n: int, shape: ModelShape) -> int:
+    """The patch's source holds its key, in the site's shape; how many rows (positions) it holds."""
     if p.source not in sources:
         raise PlanError(f"{where}: patch source {p.source!r} is not among the call's sources")
     src = sources[p.source].get(p.key)
@@ -239,14 +245,11 @@ def _check_patch_source(where, p: Patch, req: Request, sources, shape: ModelShap
         raise PlanError(f"{where}: patch source {p.source!r} holds no {p.key}")
     if p.site == "pattern":
         _check_pattern_source(where, p, src, n, shape)
-        return
+        return n
     if src.dim() != 2 or src.shape[1] != shape.width(p.site):
         raise PlanError(f"{where}: patch source {p.source!r} {p.key} has shape {tuple(src.shape)}, "
                         f"expected [tokens, {shape.width(p.site)}]")
-    needed = tree_len(req) if p.whole else n if p.positions is None else max(p.positions) + 1
-    if src.shape[0] < needed:
-        raise PlanError(f"{where}: patch source {p.source!r} {p.key} has {src.shape[0]} positions, "
-                        f"the patch needs {needed}")
+    return src.shape[0]
 
 
 def _check_pattern_source(where, p: Patch, src, n: int, shape: ModelShape) -> None:

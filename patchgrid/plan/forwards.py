@@ -87,11 +87,12 @@ def resolve_positions(p_positions, n: int) -> list[int]:
     return list(range(n)) if p_positions is None else [int(x) for x in p_positions]
 
 
-def patch_rows(p: Patch, n_prompt: int, n_tokens: int, branch: int) -> tuple[list[int], list[int]]:
-    """(the positions of a forward a patch writes, the rows of its source they take): prompt
-    positions, each from the same row; or with `whole` every position of the forward (`n_tokens`
-    long, its answer inputs stored from tree row `branch` on) from its row of the tree."""
-    if not p.whole:
-        pos = resolve_positions(p.positions, n_prompt)
+def patch_rows(positions, whole: bool, n_prompt: int, n_tokens: int, branch: int) -> tuple[list[int], list[int]]:
+    """(the positions of a forward a patch writes, the rows of its source they take), from the patch's
+    `positions` and `whole` (Patch's fields): prompt positions, each from the same row; or with
+    `whole` every position of the forward (`n_tokens` long, its answer inputs stored from tree row
+    `branch` on) from its row of the tree."""
+    if not whole:
+        pos = resolve_positions(positions, n_prompt)
         return pos, pos
     return list(range(n_tokens)), tree_rows(Forward((0,) * n_tokens, (), branch, True), n_prompt)

@@ -200,15 +200,20 @@ def _rows_read(step: Step):
     firsts, rows, tokens, slots = [], [], [], []
     row = 0
     for r, lo, count in step.reads:
-        last = r.n_prompt - 1
-        if lo == last and r.first:
+        off = lo - r.n_prompt + 1  # this read's first row predicts the tokens of index `off`
+        if off == 0 and r.first:
             firsts.append((row, r))
-        for _, toks, slot in r.scores:
-            # positions lo.. predict tokens lo - last.. of each continuation
-            for i in range(lo - last, min(lo - last + count, len(toks))):
-                rows.append(row + i - (lo - last))
-                tokens.append(toks[i])
-                slots.append(slot + i)
+        index, toks, where = r.scores
+        if off == 0 and r.one_row:  # every token it scores, from this row (a grid's run)
+            rows += [row] * len(toks)
+            tokens += toks
+            slots += where
+        else:
+            for i, t, slot in zip(index, toks, where):
+                if off <= i < off + count:
+                    rows.append(row + i - off)
+                    tokens.append(t)
+                    slots.append(slot)
         row += count
     return firsts, rows, tokens, slots
 

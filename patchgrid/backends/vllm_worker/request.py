@@ -27,7 +27,7 @@ from ...plan import (
     stream_key,
     tree_rows,
 )
-from ...sites import SITES, parse_key
+from ...sites import SITES, parse_key, site_key
 from ...tp import unit_owner
 from .results import CallResults
 
@@ -86,13 +86,15 @@ class Request:
     gathered so far, kept across scheduler steps."""
 
     __slots__ = ("k", "tag", "first", "answers", "top_k", "n_prompt", "n_tokens", "logprobs", "ranks", "reference",
-                 "reads_vocabulary", "scores", "extra", "patches", "pattern_patches", "knockout",
+                 "reads_vocabulary", "scores", "one_row", "extra", "patches", "pattern_patches", "knockout",
                  "held_kv", "noise", "captures", "start_layer", "circuit", "ablated", "tree", "start_rows")
 
     def __init__(self, plan: list, n_tokens: int, sources: Sources, references, widths, dtype, tp=(0, 1), *,
                  k: int, results: CallResults):
         """Plan `k` of the call (request_id), whose numbers the readout writes into `results` (by k)."""
-        # read from the plan as it travels (plan.WirePlan), without building its plan.Request
+        # read from the plan as it travels (plan.WirePlan), without building its plan.Request or a
+        # WirePatch per patch: a grid's run is one of these per run, so the common fields are read
+        # once and the rare ones (noise, captures, patterns, knockouts, circuits) only where present
         w = WirePlan(*plan)
         n_prompt, scores, branch, self.first = w.forward
         self.k = k
@@ -105,34 +107,28 @@ class Request:
         self.ranks = w.ranks
         self.reference = None if w.reference is None else references[w.reference]
         self.reads_vocabulary = w.reads_vocabulary  # False: its answers' logits are all it reads
-        # (continuation index, its tokens, the results' score slot of its first): position n_prompt - 1 + i
-        # predicts token i
-        self.scores = []
+        # every token it scores, flat, in its continuations' order (theirs in the plan's): (its index in its
+        # continuation, the token, the results' score slot it is written to), as three lists; position
+        # n_prompt - 1 + i predicts the token of index i. `one_row`: every one is predicted at the last
+        # prompt position (a grid's answers of one token)
+        self.scores = ([], [], [])
         if scores:
-            counts = [len(w.continuations[j]) for j in scores]
-            slot = results.take(k, sum(counts))
-            for j, count in zip(scores, counts):
-                self.scores.append((j, w.continuations[j], slot))
-                slot += count
-        self.extra: dict = {}  # top_k's ids and logits, the log-probabilities (readout.read)
-        patches = w.wire_patches()
-        self.patches = self._patches(patches, branch, sources, widths, tp) if patches else {}
+            conts = w.continuations
+            tokens = [t for j in scores for t in conts[j]]
+            slot = results.take(k, len(tokens))
+            self.scores = ([i for j in scores for i in range(len(conts[j]))], tokens,
+                           list(range(slot, slot + len(tokens))))
+        self.one_row = not any(self.scores[0])
+        self.extra = {}  # top_k's ids and logits, the log-probabilities (readout.read)
         # heads' outputs recomputed (hooks.SiteHooks._recompute): per layer, its pattern patches (query
         # positions, head, that head's source weights [positions, keys]); the knockout (layers, query
         # positions, key positions); and the keys and values read so far at those layers, kept across
         # the steps chunked prefill splits a prompt into
-        self.pattern_patches: dict[int, list] = {}
-        for p in patches:
-            if p.site == "pattern":
-                pos = list(range(n_prompt)) if p.positions is None else list(p.positions)
-                weights = sources.patterns[(p.source, p.key)][pos].view(len(pos), -1, n_prompt)[:, p.head]
-                self.pattern_patches.setdefault(p.layer, []).append((pos, p.head, weights))
+        self.pattern_patches = {}
+        self.patches = self._patches(w.patches, branch, sources, widths, tp) if w.patches else {}
         self.knockout = None if w.knockout is None else (set(w.knockout[0]), list(w.knockout[1]), list(w.knockout[2]))
-        self.held_kv: dict[int, tuple] = {}
-        self.noise = []
-        for positions, std, seed in w.noise:
-            pos = np.asarray(positions, dtype=np.int64)
-            self.noise.append((pos, gaussian_noise(Noise(tuple(pos), std, seed), widths["d_model"]).to(dtype)))
+        self.held_kv = {}
+        self.noise = [self._noise(positions, std, seed, widths, dtype) for positions, std, seed in w.noise]
         # a pattern: per query position, every head's weights over this forward's positions
         self.captures = {key: torch.empty(n_tokens, widths["head"] // widths["unit_width"]["head"] * n_tokens
                                           if parse_key(key)[0] == "pattern" else widths[parse_key(key)[0]], dtype=dtype)
@@ -150,27 +146,39 @@ class Request:
             first = sources.first[(source, stream_key(self.start_layer))]
             self.start_rows = [first + row for row in _tree(n_tokens, n_prompt, branch)]
 
-    def _patches(self, patches, branch: int, sources: Sources, widths, tp) -> dict:
+    @staticmethod
+    def _noise(positions, std, seed, widths, dtype) -> tuple:
+        pos = np.asarray(positions, dtype=np.int64)
+        return pos, gaussian_noise(Noise(tuple(pos), std, seed), widths["d_model"]).to(dtype)
+
+    def _patches(self, patches: list, branch: int, sources: Sources, widths, tp) -> dict:
         """{(site key, patched by unit): (positions, stacked source rows, units on this rank, units in
-        the model)} as lists; a head or neuron only on the rank that holds it."""
+        the model)} as lists, from the plan's patches (WirePatch's fields); a head or neuron only on
+        the rank that holds it; a pattern patch into `pattern_patches`."""
         rank, tp_size = tp
+        n_prompt = self.n_prompt
+        first_of = sources.first
         out: dict[tuple[str, bool], tuple[list, list, list, list]] = {}
-        for p in patches:
-            if p.site == "pattern":  # recomputed in the attention hook (self.pattern_patches)
+        for site, layer, source, positions, head, neuron, whole in patches:
+            key = site_key(site, layer)
+            if site == "pattern":  # recomputed in the attention hook
+                pos = list(range(n_prompt)) if positions is None else list(positions)
+                weights = sources.patterns[(source, key)][pos].view(len(pos), -1, n_prompt)[:, head]
+                self.pattern_patches.setdefault(layer, []).append((pos, head, weights))
                 continue
-            unit = model_unit = p.unit
+            unit = model_unit = head if head is not None else neuron  # Patch.unit
             if unit is not None and tp_size > 1:
-                owner, unit = unit_owner(model_unit, widths["units"][SITES[p.site].unit], tp_size)
+                owner, unit = unit_owner(model_unit, widths["units"][SITES[site].unit], tp_size)
                 if owner != rank:  # another rank holds this head's slice of z, or this neuron
                     continue
-            pos, rows = patch_rows(p, self.n_prompt, self.n_tokens, branch)
-            key = p.key
-            first = sources.first[(p.source, key)]
+            first = first_of[(source, key)]
+            pos, rows = patch_rows(positions, whole, n_prompt, self.n_tokens, branch)
+            rows = [first + row for row in rows]
             entry = out.get((key, unit is not None))
             if entry is None:
-                entry = out[key, unit is not None] = ([], [], [], [])
+                out[key, unit is not None] = entry = ([], [], [], [])
             entry[0].extend(pos)
-            entry[1].extend([first + row for row in rows])
+            entry[1].extend(rows)
             if unit is not None:
                 entry[2].extend([unit] * len(pos))
                 entry[3].extend([model_unit] * len(pos))
