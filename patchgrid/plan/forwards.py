@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .request import Patch, Request, Result
+from .request import Request, Result
 
 
 @dataclass(frozen=True)
