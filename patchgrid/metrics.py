@@ -35,6 +35,8 @@ import math
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
+from .frozen import frozen
+
 if TYPE_CHECKING:  # imported where it is used: the light commands read METRICS and need no torch
     import torch
 
@@ -81,7 +83,7 @@ def _reads(metrics: tuple[str, ...]) -> frozenset[str]:
     return frozenset(METRICS[m].reads for m in metrics)
 
 
-@dataclass(frozen=True)
+@frozen
 class Reading:
     """One run's value on every metric (a trace row's: the mean over noise samples)."""
 

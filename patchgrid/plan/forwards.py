@@ -2,12 +2,11 @@
 (the prompt's positions, then each such continuation's inputs past it), joined back into one Result."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from ..frozen import frozen
 from .request import Request, Result
 
 
-@dataclass(frozen=True)
+@frozen
 class Forward:
     """One forward pass of a request: the prompt and the inputs of at most one continuation."""
 

@@ -6,13 +6,14 @@ from dataclasses import dataclass, field, fields
 from functools import cached_property
 from typing import TYPE_CHECKING
 
+from ..frozen import frozen
 from ..sites import site_key
 
 if TYPE_CHECKING:  # torch is imported where it is used: the light commands import the plan and need no torch
     import torch
 
 
-@dataclass(frozen=True)
+@frozen
 class Patch:
     site: str
     layer: int | None  # None only for embed
@@ -36,14 +37,14 @@ class Patch:
         return self.head if self.head is not None else self.neuron
 
 
-@dataclass(frozen=True)
+@frozen
 class Noise:
     positions: tuple[int, ...]
     std: float
     seed: int
 
 
-@dataclass(frozen=True)
+@frozen
 class Start:
     """Below `layer` this request computes exactly what the cached run `source` computed (same
     tokens, same noise, no patch there), so its forward may begin at `layer` with `source`'s stream
@@ -57,7 +58,7 @@ class Start:
         return stream_key(self.layer)
 
 
-@dataclass(frozen=True)
+@frozen
 class Circuit:
     """An edge-level intervention (patchgrid.graph's edges; backends.edge_ablation computes it): the
     request runs its own tokens, and every edge outside the circuit carries its sender's output from
@@ -68,7 +69,7 @@ class Circuit:
     kept: tuple[int, ...] = ()
 
 
-@dataclass(frozen=True)
+@frozen
 class Knockout:
     """Attention knockout (Geva et al. 2023): at each of `layers`, every head's attention from the
     prompt positions `queries` to the prompt positions `keys` is blocked, its scores set to minus
@@ -89,7 +90,7 @@ def stream_key(layer: int) -> str:
 LOGPROBS = "logprobs"  # a source's entry holding a run's log-probabilities at its last prompt position [vocab]
 
 
-@dataclass(frozen=True)
+@frozen
 class Request:
     tokens: tuple[int, ...]
     answers: tuple[int, ...] = ()

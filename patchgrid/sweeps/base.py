@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from ..cache import NOISED, CacheSpec
 from ..effects import baseline_columns, effect_row, reading_from
+from ..frozen import frozen
 from ..metrics import METRICS, Reading, reads_of
 from ..plan import Request, Start, latest_start, replaced
 from ..settings import SpecError
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
     from .config import SweepConfig
 
 
-@dataclass(frozen=True)
+@frozen
 class Cell:
     """One patched run of a sweep, by its coordinates (what an effect row is keyed by)."""
 
