@@ -228,7 +228,7 @@ def _read_firsts(firsts, logits, lse, host: ToHost, results: CallResults):
     first_lse = None if lse is None else _selected(lse, rows)
     kls = _kls(firsts, first_logits, first_lse, host)
     lse_read = None if first_lse is None else host.add(first_lse)
-    answers = _answers(firsts, first_logits, host)
+    answers = _answers(firsts, first_logits, host, results.answer_ids[plans])
 
     def done():
         if lse_read is not None:
@@ -260,9 +260,10 @@ def _kls(firsts, first_logits, first_lse, host: ToHost) -> list:
             for ks in by_reference.values()]
 
 
-def _answers(firsts, first_logits, host: ToHost) -> list:
+def _answers(firsts, first_logits, host: ToHost, answer_ids: np.ndarray) -> list:
     """[(the firsts' indices, their number of answers, their answers' logits, their ranks or None where
-    they read none)], one batched read per number of answers and whether ranks are read."""
+    they read none)], one batched read per number of answers and whether ranks are read; `answer_ids`
+    the firsts' answer ids, a row each (CallResults.answer_ids)."""
     by_count = defaultdict(list)
     for k, (_, r) in enumerate(firsts):
         by_count[len(r.answers), r.ranks].append(k)
@@ -271,7 +272,7 @@ def _answers(firsts, first_logits, host: ToHost) -> list:
         if not count:
             continue
         rows = _selected(first_logits, ks)
-        tokens = torch.tensor([firsts[k][1].answers for k in ks], device=first_logits.device)
+        tokens = torch.from_numpy(answer_ids[ks, :count]).to(first_logits.device)
         ranks = host.add(answer_ranks(rows, tokens)) if ranked else None
         answers.append((ks, count, host.add(rows.gather(1, tokens)), ranks))
     return answers

@@ -19,6 +19,7 @@ import torch
 
 from ...plan import WirePlan, decode_tensor, encode_tensor
 
+_ANSWERS = WirePlan._fields.index("answers")  # where a plan (plan.to_wire's list) holds its answer ids
 ARRAYS = ("answers", "ranks", "lse", "kl", "done", "score_start", "scores", "filled")
 
 
@@ -27,7 +28,15 @@ class CallResults:
 
     def __init__(self, plans: list):
         n = len(plans)
-        width = max((len(WirePlan(*p).answers) for p in plans), default=0)
+        ids = [p[_ANSWERS] for p in plans]
+        width = max(map(len, ids), default=0)
+        # each plan's answer ids (padded with 0 past its own), which the readout reads the logits of
+        if all(len(a) == width for a in ids):
+            self.answer_ids = np.array(ids, dtype=np.int64).reshape(n, width)
+        else:
+            self.answer_ids = np.zeros((n, width), dtype=np.int64)
+            for k, a in enumerate(ids):
+                self.answer_ids[k, :len(a)] = a
         self.answers = np.zeros((n, width), dtype=np.float32)
         self.ranks = np.zeros((n, width), dtype=np.int64)
         self.lse = np.zeros(n)
