@@ -28,7 +28,8 @@ def test_a_frozen_class_is_the_dataclass_it_stands_for(args, kwargs):
     plain, quick = _both(BODY)
     p, q = plain(*args, **kwargs), quick(*args, **kwargs)
     assert inspect.signature(quick).parameters.keys() == inspect.signature(plain).parameters.keys()
-    assert [(f.name, f.default) for f in dataclasses.fields(quick)] == [(f.name, f.default) for f in dataclasses.fields(plain)]
+    described = [[(f.name, f.default, f.kw_only) for f in dataclasses.fields(c)] for c in (plain, quick)]
+    assert described[0] == described[1]
     assert dataclasses.astuple(q) == dataclasses.astuple(p)
     assert repr(q) == repr(p)
     assert hash(quick(1)) == hash(quick(1)) and quick(1) == quick(1) and quick(1) != quick(2)
