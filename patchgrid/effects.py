@@ -57,12 +57,13 @@ def effect_row(pair, cell, patched: Reading | None, clean: Reading, corrupt: Rea
     baseline_columns(clean, corrupt), when the caller made it once for the pair's rows."""
     reference = clean if cell.direction == "noise" else corrupt
     value, ref = None if patched is None else patched.value(metric), reference.value(metric)
-    return {
-        **cell_columns(pair, cell), "metric": metric,
-        "effect": None if value is None or ref is None else value - ref,
-        "recovery": recovery(value, clean.value(metric), corrupt.value(metric)),
-        **reading_columns("patched", patched), **(base or baseline_columns(clean, corrupt)),
-    }
+    row = cell_columns(pair, cell)  # the row grows in place: a grid makes one per run
+    row["metric"] = metric
+    row["effect"] = None if value is None or ref is None else value - ref
+    row["recovery"] = recovery(value, clean.value(metric), corrupt.value(metric))
+    row.update(reading_columns("patched", patched))
+    row.update(base or baseline_columns(clean, corrupt))
+    return row
 
 
 def to_table(rows: list[dict]) -> pa.Table:

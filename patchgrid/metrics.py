@@ -107,7 +107,8 @@ class Reading:
         rank = float(result.answer_ranks[0]) if result.answer_ranks else None
         if not result.continuation_logprobs:
             return cls(_difference(result.answer_logits), None, None, None, None, kl, rank)
-        clean, corrupt = (tuple(map(float, c)) for c in result.continuation_logprobs)
+        clean, corrupt = result.continuation_logprobs  # (clean answer, corrupt answer)
+        clean, corrupt = tuple(map(float, clean)), tuple(map(float, corrupt))
         one_token = len(clean) == 1 and len(corrupt) == 1
         logit_diff = _difference(result.answer_logits) if one_token else None
         lp_clean, lp_corrupt = math.fsum(clean), math.fsum(corrupt)

@@ -14,12 +14,12 @@ if TYPE_CHECKING:  # imported where it is used: the light commands import the pl
 
 def to_wire(req: Request, tag: str, fwd: Forward | None = None) -> list:
     """One plan as plain data (no tokens: vLLM holds them). With `fwd`, the forward of `req` that
-    this vLLM request is: the prompt's length, the continuations it scores, its branch row and
-    whether it is the first."""
+    this vLLM request is: the prompt's length, the continuations it scores, its branch row, whether
+    it is the first, and its own length (the prompt and the continuation's inputs past it)."""
     f = fwd or Forward(tuple(req.tokens), tuple(range(len(req.continuations))), len(req.tokens), True)
     return [
         tag,
-        [len(req.tokens), list(f.scores), int(f.branch), bool(f.first)],
+        [len(req.tokens), list(f.scores), int(f.branch), bool(f.first), len(f.tokens)],
         [int(a) for a in req.answers],
         int(req.top_k),
         list(req.capture),
@@ -57,7 +57,7 @@ class WirePlan(NamedTuple):
     without building the Request (from_wire does that)."""
 
     tag: str
-    forward: list  # [prompt length, continuations scored, branch row, first]
+    forward: list  # [prompt length, continuations scored, branch row, first, its length]
     answers: list[int]
     top_k: int
     capture: list[str]
@@ -96,7 +96,7 @@ def from_wire(plan: list) -> tuple[str, Request, tuple[int, Forward]]:
         circuit=None if w.circuit is None else Circuit(w.circuit[0], tuple(w.circuit[1])),
         knockout=None if w.knockout is None else Knockout(*(tuple(xs) for xs in w.knockout)),
     )
-    n_prompt, scores, branch, first = w.forward
+    n_prompt, scores, branch, first, _ = w.forward
     return w.tag, req, (n_prompt, Forward((), tuple(scores), branch, first))
 
 

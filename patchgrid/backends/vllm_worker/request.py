@@ -89,14 +89,14 @@ class Request:
                  "reads_vocabulary", "scores", "one_row", "extra", "patches", "pattern_patches", "knockout",
                  "held_kv", "noise", "captures", "start_layer", "circuit", "ablated", "tree", "start_rows")
 
-    def __init__(self, plan: list, n_tokens: int, sources: Sources, references, widths, dtype, tp=(0, 1), *,
+    def __init__(self, plan: list, sources: Sources, references, widths, dtype, tp=(0, 1), *,
                  k: int, results: CallResults):
         """Plan `k` of the call (request_id), whose numbers the readout writes into `results` (by k)."""
         # read from the plan as it travels (plan.WirePlan), without building its plan.Request or a
         # WirePatch per patch: a grid's run is one of these per run, so the common fields are read
         # once and the rare ones (noise, captures, patterns, knockouts, circuits) only where present
         w = WirePlan(*plan)
-        n_prompt, scores, branch, self.first = w.forward
+        n_prompt, scores, branch, self.first, n_tokens = w.forward
         self.k = k
         self.tag = w.tag
         self.answers = w.answers
