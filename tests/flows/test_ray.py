@@ -233,7 +233,9 @@ class Faults(threading.Thread):
         try:
             first = self._wait_until(lambda served: served[-1] if served else None)
             cores = [pid for pid in _children(first["pid"]) if "EngineCore" in _cmdline(pid)]
-            assert cores, f"no engine core process under actor {first['actor']}"
+            assert cores, (f"no engine core process under actor {first['actor']} (pid {first['pid']}, alive: "
+                           f"{_alive(first['pid'])}; its children: "
+                           f"{[(pid, _cmdline(pid)) for pid in _children(first['pid'])]}; served: {served_by(self)})")
             for pid in cores:
                 os.kill(pid, signal.SIGKILL)
             self.done.append(("engine", first["actor"], len(self._served())))
@@ -249,6 +251,11 @@ class Faults(threading.Thread):
             self.done.append(("node", node_id, len(self._served())))
         except BaseException as exc:  # reported by the test
             self.error = exc
+
+
+def served_by(faults: Faults) -> list[tuple[str, int]]:
+    """Which actor (name, pid) served each shard so far, for a failure's message."""
+    return [(s["actor"], s["pid"]) for s in faults._served()]
 
 
 def _children(pid: int) -> list[int]:
