@@ -8,7 +8,8 @@ whole step planning in vLLM's worker. The class `frozen` makes is the very datac
 equality, hashing, repr, `dataclasses.replace`, pickling, assignment refused), but its `__init__`,
 with the same signature, writes the fields into the instance's dictionary directly, as
 `object.__setattr__` would: 0.6 us for the same cell. A class with `__post_init__`, `slots`, or a
-field outside `__init__` keeps dataclasses' own (refused here: nothing would run them).
+field outside `__init__` is refused: the `__init__` made here would not run the one, has no instance
+dictionary for the other and sets every field; such a class takes `@dataclass(frozen=True)`.
 """
 from __future__ import annotations
 

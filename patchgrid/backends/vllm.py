@@ -202,7 +202,7 @@ class VllmEngine:
         self._refuse_unreadable(requests)
         fwds = [forwards(r) for r in requests]  # a start does not change them: computed once per call
         for i, (r, fs) in enumerate(zip(requests, fwds)):
-            longest = len(fs[0].tokens) if len(fs) == 1 else max(len(f.tokens) for f in fs)
+            longest = max(len(f.tokens) for f in fs)
             if longest > self.max_model_len:
                 what = "tokens" if longest == len(r.tokens) else "tokens and an answer scored after them"
                 raise PlanError(f"request {i}: {what} have {longest} tokens, more than the engine's "
@@ -220,11 +220,9 @@ class VllmEngine:
         for layer, idx in groups.items():
             calls[merged[layer]] += idx
         results: list[Result | None] = [None] * len(requests)
-        circuits = any(r.circuit is not None for r in requests)
         for layer, every in sorted(calls.items()):
             # circuit runs hold their senders' deltas while a step runs them: calls cut to keep those bounded
-            every = sorted(every)
-            for idx in cut_by_deltas(every, lambda i: delta_bytes(requests[i], self.shape)) if circuits else [every]:
+            for idx in cut_by_deltas(sorted(every), lambda i: delta_bytes(requests[i], self.shape)):
                 for i, res in zip(idx, self._generate([_started_at(requests[i], layer) for i in idx], sources, layer,
                                                       [fwds[i] for i in idx])):
                     results[i] = res
@@ -267,14 +265,8 @@ class VllmEngine:
         call = next(self._calls)
         fwds = fwds if fwds is not None else [forwards(r) for r in requests]
         tags = [[f"{call}:{i}:{k}" for k in range(len(f))] for i, f in enumerate(fwds)]
-        keys = set()  # every site key a request of the call patches, captures or recomputes a head at
-        for r in requests:
-            keys.update([p.key for p in r.patches])
-            if r.capture:
-                keys.update(r.capture)
-            if r.knockout is not None or any(p.site == "pattern" for p in r.patches):
-                keys |= recomputed_heads(r)
-        keys = sorted(keys)
+        keys = sorted({p.key for r in requests for p in r.patches} | {k for r in requests for k in r.capture}
+                      | {k for r in requests for k in recomputed_heads(r)})
         wire_sources = _wire_sources(requests, sources, self.shape.n_layers)
         shape = {"vocab_size": self.shape.vocab_size, "d_model": self.shape.d_model,
                  "n_heads": self.shape.n_heads, "head_dim": self.shape.head_dim, "d_mlp": self.shape.d_mlp,

@@ -37,21 +37,6 @@ def to_wire(req: Request, tag: str, fwd: Forward | None = None) -> list:
     ]
 
 
-class WirePatch(NamedTuple):
-    """A patch as it travels (Patch's fields, in order), read without building a Patch."""
-
-    site: str
-    layer: int | None
-    source: str
-    positions: list[int] | None
-    head: int | None
-    neuron: int | None
-    whole: bool
-
-    key = property(Patch.key.func)  # Patch's own definitions, on the same fields
-    unit = property(Patch.unit.fget)
-
-
 class WirePlan(NamedTuple):
     """A plan as it travels (to_wire's list), its fields named; what the worker reads per request
     without building the Request (from_wire does that)."""
@@ -61,7 +46,7 @@ class WirePlan(NamedTuple):
     answers: list[int]
     top_k: int
     capture: list[str]
-    patches: list[list]  # WirePatch's fields, in order
+    patches: list[list]  # Patch's fields, in order
     noise: list[list]  # [positions, std, seed]
     start: list | None  # [layer, source]
     continuations: list[list[int]]
@@ -72,9 +57,6 @@ class WirePlan(NamedTuple):
     knockout: list | None  # [layers, queries, keys]
 
     reads_vocabulary = property(Request.reads_vocabulary.fget)  # Request's own definition
-
-    def wire_patches(self) -> list[WirePatch]:
-        return [WirePatch(*p) for p in self.patches]
 
 
 def from_wire(plan: list) -> tuple[str, Request, tuple[int, Forward]]:

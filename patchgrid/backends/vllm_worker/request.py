@@ -92,9 +92,8 @@ class Request:
     def __init__(self, plan: list, sources: Sources, references, widths, dtype, tp=(0, 1), *,
                  k: int, results: CallResults):
         """Plan `k` of the call (request_id), whose numbers the readout writes into `results` (by k)."""
-        # read from the plan as it travels (plan.WirePlan), without building its plan.Request or a
-        # WirePatch per patch: a grid's run is one of these per run, so the common fields are read
-        # once and the rare ones (noise, captures, patterns, knockouts, circuits) only where present
+        # read from the plan as it travels (plan.WirePlan), without building its plan.Request or an
+        # object per patch: a grid's run is one of these per run
         w = WirePlan(*plan)
         n_prompt, scores, branch, self.first, n_tokens = w.forward
         self.k = k
@@ -153,7 +152,7 @@ class Request:
 
     def _patches(self, patches: list, branch: int, sources: Sources, widths, tp) -> dict:
         """{(site key, patched by unit): (positions, stacked source rows, units on this rank, units in
-        the model)} as lists, from the plan's patches (WirePatch's fields); a head or neuron only on
+        the model)} as lists, from the plan's patches (Patch's fields, in order); a head or neuron only on
         the rank that holds it; a pattern patch into `pattern_patches`."""
         rank, tp_size = tp
         n_prompt = self.n_prompt

@@ -31,12 +31,7 @@ class CallResults:
         ids = [p[_ANSWERS] for p in plans]
         width = max(map(len, ids), default=0)
         # each plan's answer ids (padded with 0 past its own), which the readout reads the logits of
-        if all(len(a) == width for a in ids):
-            self.answer_ids = np.array(ids, dtype=np.int64).reshape(n, width)
-        else:
-            self.answer_ids = np.zeros((n, width), dtype=np.int64)
-            for k, a in enumerate(ids):
-                self.answer_ids[k, :len(a)] = a
+        self.answer_ids = np.array([a + [0] * (width - len(a)) for a in ids], dtype=np.int64).reshape(n, width)
         self.answers = np.zeros((n, width), dtype=np.float32)
         self.ranks = np.zeros((n, width), dtype=np.int64)
         self.lse = np.zeros(n)

@@ -110,9 +110,8 @@ class Session(SiteHooks, MidstackStart, LogitsReadout, CircuitHooks):
     def _new_request(self, rid):
         k = plan_index(rid, self.call)
         r = None if k is None else self.by_plan[k]
-        if r is not None and r.n_tokens != len(self.runner.requests[rid].prompt_token_ids):
-            raise RuntimeError(f"patchgrid worker: request {rid} has {len(self.runner.requests[rid].prompt_token_ids)} "
-                               f"tokens, its plan {r.n_tokens}")
+        if r is not None and r.n_tokens != (n := len(self.runner.requests[rid].prompt_token_ids)):
+            raise RuntimeError(f"patchgrid worker: request {rid} has {n} tokens, its plan {r.n_tokens}")
         if self.start_layer and (r is None or r.start_layer != self.start_layer):
             # every row of a call that starts mid-stack needs its stream; the engine groups calls so
             raise RuntimeError(f"patchgrid worker: request {rid} does not start at layer {self.start_layer}, "
