@@ -11,13 +11,16 @@ superseded, is never read.
 
 patchgrid's own connections take a snapshot when they open (`published` and `runs` are copied into
 the connection), so every query on one connection sees the same set of loads, however many land
-meanwhile. The dashboard file cannot hold a snapshot (it is opened read-only): each of its queries
-lists the loads afresh.
+meanwhile. A query's snapshot creates only the summary views its SQL reads (summary_statements_for).
+The dashboard file cannot hold a snapshot (it is opened read-only): each of its queries lists the
+loads afresh.
 """
 from __future__ import annotations
 
 import hashlib
 import os
+import re
+from functools import cache
 from importlib import resources
 from pathlib import Path
 
@@ -214,17 +217,66 @@ def catalog_is_current(layout: Layout, recorded: tuple | None) -> bool:
                                                         views_fingerprint(layout))
 
 
-def open_snapshot(layout: Layout):
+# The name a summary statement creates (views.sql: views and macros)
+_CREATES = re.compile(r"\bCREATE\s+(?:OR\s+REPLACE\s+)?(?:TEMP(?:ORARY)?\s+)?(?:VIEW|MACRO|FUNCTION|TABLE)\s+"
+                      r"(?:IF\s+NOT\s+EXISTS\s+)?\"?(\w+)", re.IGNORECASE)
+# SQL that reads the catalog itself (SHOW TABLES, DESCRIBE, information_schema, duckdb_views() ...): it is
+# shown every view
+_READS_CATALOG = re.compile(r"information_schema|\bduckdb_\w+|pg_catalog|sqlite_master|\bpragma\b|\bshow\b|"
+                            r"\bdescribe\b", re.IGNORECASE)
+
+
+def _without_comments(sql: str) -> str:
+    return re.sub(r"--[^\n]*", "", sql)
+
+
+@cache
+def summary_statements() -> tuple[tuple[str, str, frozenset], ...]:
+    """The summary views and macros (summary_view_sql), one statement each in creation order: (the
+    name it creates, its SQL, the names of the others it reads)."""
+    import duckdb
+
+    parsed = [(_CREATES.search(_without_comments(st.query)).group(1).lower(), st.query)
+              for st in duckdb.extract_statements(summary_view_sql())]
+    named = _names_pattern(tuple(name for name, _ in parsed))
+    return tuple((name, sql, frozenset(named.findall(_without_comments(sql).lower())) - {name})
+                 for name, sql in parsed)
+
+
+@cache
+def _names_pattern(names: tuple[str, ...]) -> re.Pattern:
+    return re.compile(r"\b(" + "|".join(sorted(names, key=len, reverse=True)) + r")\b", re.IGNORECASE)
+
+
+def summary_statements_for(sql: str | None) -> list[str]:
+    """The summary statements a query needs: those creating the views and macros its text names, and
+    those they read, in creation order; every one for no query or one that reads the catalog itself.
+    (Each view is bound as it is created, and binding the whole stack of them costs most of a
+    snapshot's opening: half a second here, more as a warehouse's files grow.)"""
+    statements = summary_statements()
+    if sql is None or _READS_CATALOG.search(sql):
+        return [text for _, text, _ in statements]
+    reads = {name: needs for name, _, needs in statements}
+    wanted = {name.lower() for name in _names_pattern(tuple(reads)).findall(_without_comments(sql))}
+    todo = list(wanted)
+    while todo:
+        for name in reads[todo.pop()] - wanted:
+            wanted.add(name)
+            todo.append(name)
+    return [text for name, text, _ in statements if name in wanted]
+
+
+def open_snapshot(layout: Layout, query: str | None = None):
     """An in-memory connection whose views read the warehouse's files and nothing else: no other
-    file is read or written through SQL, no extension is loaded, and the settings are locked."""
+    file is read or written through SQL, no extension is loaded, and the settings are locked. With
+    `query` (its SQL), of the summary views only those it reads (summary_statements_for)."""
     import duckdb
 
     con = duckdb.connect(":memory:", config=BASE_CONFIG)
     try:
         con.execute("SET allowed_directories = ?", [[str(layout.data.resolve()) + os.sep]])
-        for sql in base_view_statements(layout, snapshot=True):
+        for sql in base_view_statements(layout, snapshot=True) + summary_statements_for(query):
             con.execute(sql)
-        con.execute(summary_view_sql())
         con.execute("SET enable_external_access = false")
         con.execute("SET lock_configuration = true")
     except Exception:

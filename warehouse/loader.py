@@ -270,8 +270,9 @@ def load_run(path: str | Path, run_id: str, pairs, baselines, effect_files, *, f
     return counts
 
 
-def connect(path: str | Path):
-    """A read-only connection to the warehouse (a snapshot of its published loads; see catalog.py)."""
+def connect(path: str | Path, query: str | None = None):
+    """A read-only connection to the warehouse (a snapshot of its published loads; see catalog.py);
+    made for `query` (its SQL): of the summary views, only those it reads (catalog.open_snapshot)."""
     import duckdb
 
     layout = Layout.of(path)
@@ -288,7 +289,7 @@ def connect(path: str | Path):
         raise WarehouseError(f"warehouse {path}: its data folder {layout.data} is missing")
     _check_version(layout)
     try:
-        return open_snapshot(layout)
+        return open_snapshot(layout, query)
     except duckdb.Error as exc:
         raise WarehouseError(f"warehouse {path} cannot be read: {str(exc).strip().splitlines()[0]}") from None
 
@@ -315,13 +316,16 @@ def query(path: str | Path, sql: str, params=None, *, arrow: bool = False):
     refusal = _refusal(sql)
     if refusal:
         raise WarehouseError(refusal)
-    con = connect(path)
+    con = connect(path, sql)
     try:
-        if arrow:
-            return con.sql(sql, params=params or None).to_arrow_table()
-        cur = con.execute(sql, params or [])
-        cols = [d[0] for d in cur.description] if cur.description else []
-        return cols, cur.fetchall()
+        try:
+            return _run(con, sql, params, arrow)
+        except duckdb.CatalogException:
+            # a view its text does not name, or no such name: asked again with every view, so that it runs,
+            # or fails as it would with them all (DuckDB's suggestions are drawn from the whole catalog)
+            con.close()
+            con = connect(path)
+            return _run(con, sql, params, arrow)
     except duckdb.PermissionException as exc:
         first = str(exc).strip().splitlines()[0]
         raise WarehouseError(f"query refused: {first} (a query reads the warehouse only: no files, no extensions)") \
@@ -330,6 +334,14 @@ def query(path: str | Path, sql: str, params=None, *, arrow: bool = False):
         raise WarehouseError(f"query failed: {_with_hints(exc)}") from exc
     finally:
         con.close()
+
+
+def _run(con, sql: str, params, arrow: bool):
+    if arrow:
+        return con.sql(sql, params=params or None).to_arrow_table()
+    cur = con.execute(sql, params or [])
+    cols = [d[0] for d in cur.description] if cur.description else []
+    return cols, cur.fetchall()
 
 
 # DuckDB's lines that say what was meant, kept beside the first line of its message
