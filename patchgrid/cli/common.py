@@ -16,8 +16,9 @@ def parse_positions(text: str | None):
 
 
 def tokenizer_of(model: str):
-    from transformers import AutoTokenizer
-
     from ..models import prepare
 
-    return AutoTokenizer.from_pretrained(prepare(model), trust_remote_code=False)
+    folder = prepare(model)  # an unknown model is refused before transformers' import (seconds)
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
