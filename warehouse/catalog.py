@@ -238,14 +238,19 @@ def summary_statements() -> tuple[tuple[str, str, frozenset], ...]:
 
     parsed = [(_CREATES.search(_without_comments(st.query)).group(1).lower(), st.query)
               for st in duckdb.extract_statements(summary_view_sql())]
-    named = _names_pattern(tuple(name for name, _ in parsed))
+    named = _names_pattern([name for name, _ in parsed])
     return tuple((name, sql, frozenset(named.findall(_without_comments(sql).lower())) - {name})
                  for name, sql in parsed)
 
 
-@cache
-def _names_pattern(names: tuple[str, ...]) -> re.Pattern:
+def _names_pattern(names: list[str]) -> re.Pattern:
+    """Any of `names` as a whole word, in any case."""
     return re.compile(r"\b(" + "|".join(sorted(names, key=len, reverse=True)) + r")\b", re.IGNORECASE)
+
+
+@cache
+def _summary_names() -> re.Pattern:
+    return _names_pattern([name for name, _, _ in summary_statements()])
 
 
 def summary_statements_for(sql: str | None) -> list[str]:
@@ -257,7 +262,7 @@ def summary_statements_for(sql: str | None) -> list[str]:
     if sql is None or _READS_CATALOG.search(sql):
         return [text for _, text, _ in statements]
     reads = {name: needs for name, _, needs in statements}
-    wanted = {name.lower() for name in _names_pattern(tuple(reads)).findall(_without_comments(sql))}
+    wanted = {name.lower() for name in _summary_names().findall(_without_comments(sql))}
     todo = list(wanted)
     while todo:
         for name in reads[todo.pop()] - wanted:

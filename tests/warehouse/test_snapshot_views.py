@@ -87,8 +87,7 @@ def test_a_query_returns_what_it_returns_with_every_view(warehouse, sql):
                                  "SELECT table_name FROM information_schema.tables",
                                  "SELECT view_name FROM duckdb_views()"])
 def test_a_query_of_the_catalog_sees_every_view(warehouse, sql):
-    got = {str(r[0]).lower() for r in query(warehouse, sql)[1]} | \
-        {str(c).lower() for row in query(warehouse, sql)[1] for c in row}
+    got = {str(c).lower() for row in query(warehouse, sql)[1] for c in row}
     views = {name for name, text, _ in summary_statements()
              if re.search(r"CREATE\s+(OR\s+REPLACE\s+)?VIEW", re.sub(r"--[^\n]*", "", text), re.IGNORECASE)}
     assert len(views) >= 25
