@@ -14,7 +14,6 @@ reference log-probabilities the call's sources hold. Batched over the step's row
 """
 from __future__ import annotations
 
-from collections import defaultdict
 from contextlib import contextmanager
 from functools import partial
 
@@ -24,6 +23,7 @@ import torch
 from ...metrics import answer_ranks
 from ...plan import encode_tensor
 from ..unembed import unembed_float32
+from .columns import Columns, entries
 from .results import CallResults
 from .step import Step
 
@@ -84,7 +84,7 @@ def _zero_column(hidden: torch.Tensor) -> torch.Tensor:
 
 class LogitsReadout:
     """The logits hook of a call (mixed into session.Session, whose state it reads: `model`,
-    `vocab`, `results`, and `step`, the current step's Step)."""
+    `vocab`, `results`, `plans` (the call's columns.Columns) and `step`, the current step's Step)."""
 
     def _idle_sampler(self) -> None:
         """For the call, the model's `compute_logits`, which vLLM's runner calls on each request's
@@ -114,31 +114,32 @@ class LogitsReadout:
         step = self.step
         if step.read_rows is not None:
             hidden = out[0] if isinstance(out, tuple) else out
-            columns = answer_columns(step, hidden.device)
+            columns = answer_columns(step, self.plans, self.results, hidden.device)
             with float32_head(self.model.logits_processor, columns):
                 # every rank joins the gather
                 logits = self._model_logits(hidden.index_select(0, step.read_rows))
             if logits is not None:  # None on tensor-parallel ranks but the first
                 step.logits = logits[:, : self.vocab].float()
-                read(step, step.logits, self.results, vocabulary=columns is None)
-        for r in step.done:
+                read(step, step.logits, self.results, self.plans, vocabulary=columns is None)
+        self.results.done[step.done] = True
+        for r in step.done_special:
             self.results.finished(r.k, r.tag, r.part())
         return None
 
 
-def answer_columns(step: Step, device) -> torch.Tensor | None:
+def answer_columns(step: Step, plans: Columns, results: CallResults, device) -> torch.Tensor | None:
     """The vocabulary ids the step's read rows need when they are only their requests' answers'
-    logits (Request.reads_vocabulary false for every one): the unembedding then computes those
+    logits (plan.Request.reads_vocabulary false for every one): the unembedding then computes those
     columns alone. None: some row needs the whole vocabulary."""
-    ids: set[int] = set()
-    for r, _, _ in step.reads:
-        if r.reads_vocabulary:
-            return None
-        ids.update(r.answers)
-    return torch.tensor(sorted(ids), dtype=torch.long, device=device)
+    ks = step.read_plans
+    if plans.reads_vocabulary[ks].any():
+        return None
+    ids = results.answer_ids[ks]
+    ids = np.unique(ids[np.arange(ids.shape[1]) < plans.n_answers[ks][:, None]])  # each plan's own answers
+    return torch.from_numpy(ids).to(device)
 
 
-def read(step: Step, logits: torch.Tensor, results: CallResults, vocabulary: bool = True) -> None:
+def read(step: Step, logits: torch.Tensor, results: CallResults, plans: Columns, vocabulary: bool = True) -> None:
     """Every read row's log-probabilities of the tokens it predicts; at the last prompt position
     of a request's first forward, the answers' logits and ranks, top_k, the KL divergence from
     its reference and its own log-probabilities (each as its request asks). Batched over the
@@ -147,13 +148,18 @@ def read(step: Step, logits: torch.Tensor, results: CallResults, vocabulary: boo
     assignment per kind of number. `vocabulary` false: `logits` holds only the answers' columns
     (answer_columns), and no request of the step reads more."""
     lse = torch.logsumexp(logits, dim=1) if vocabulary else None
-    firsts, rows, tokens, slots = _rows_read(step)
+    ks, count = step.read_plans, step.read_count
+    row_at = np.cumsum(count) - count  # each read's first row among the read rows
+    off = step.read_first - plans.n_prompt[ks] + 1  # a read's first row predicts the tokens of index `off`
+    rows, tokens, slots = _scored(plans, ks, off, count, row_at)
     host = ToHost()
     scores = None
-    if rows:
-        index = torch.tensor(rows, device=logits.device)
-        scores = host.add(logits[index, torch.tensor(tokens, device=logits.device)] - lse[index])
-    firsts_read = _read_firsts(firsts, logits, lse, host, results) if firsts else None
+    if len(rows):
+        device = logits.device
+        index = torch.from_numpy(rows).to(device)
+        scores = host.add(logits[index, torch.from_numpy(tokens).to(device)] - lse[index])
+    firsts = np.flatnonzero((off == 0) & plans.first[ks])
+    firsts_read = _read_firsts(ks[firsts], row_at[firsts], logits, lse, host, results, plans) if len(firsts) else None
     host.fetch()
     if scores is not None:
         results.scores[slots] = scores.values()
@@ -194,92 +200,74 @@ class _Fetched:
         return self.host.values[self.host.starts[self.index]:self.host.starts[self.index + 1]].reshape(part.shape)
 
 
-def _rows_read(step: Step):
-    """The read rows at a first forward's last prompt position, [(row, request)]; and the rows
-    predicting a continuation's token, with that token and its score slot (results.CallResults)."""
-    firsts, rows, tokens, slots = [], [], [], []
-    row = 0
-    for r, lo, count in step.reads:
-        off = lo - r.n_prompt + 1  # this read's first row predicts the tokens of index `off`
-        if off == 0 and r.first:
-            firsts.append((row, r))
-        index, toks, where = r.scores
-        if off == 0 and r.one_row:  # every token it scores, from this row (a grid's run)
-            rows += [row] * len(toks)
-            tokens += toks
-            slots += where
-        else:
-            for i, t, slot in zip(index, toks, where):
-                if off <= i < off + count:
-                    rows.append(row + i - off)
-                    tokens.append(t)
-                    slots.append(slot)
-        row += count
-    return firsts, rows, tokens, slots
+def _scored(plans: Columns, ks, off, count, row_at) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The read rows predicting a scored token (one whose index in its continuation lies in its read's
+    span: index - off in 0 .. count - 1), with that token and its score slot (results.CallResults)."""
+    entry, owner = entries(plans.score_start[ks], plans.score_count[ks])
+    at = plans.score_index[entry] - off[owner]  # the token's row among its read's
+    kept = (at >= 0) & (at < count[owner])
+    entry = entry[kept]
+    return row_at[owner[kept]] + at[kept], plans.score_token[entry], entry
 
 
-def _read_firsts(firsts, logits, lse, host: ToHost, results: CallResults):
-    """Each first forward's readout at its last prompt position: its tensors added to `host`, and
-    a function that, once it is fetched, writes them into `results` (by plan) and each request's top_k
-    and log-probabilities into its `extra`."""
-    rows = [f[0] for f in firsts]
-    plans = np.fromiter((r.k for _, r in firsts), dtype=np.int64, count=len(firsts))
+def _read_firsts(ks, rows, logits, lse, host: ToHost, results: CallResults, plans: Columns):
+    """The readout at the last prompt position of first forwards (plans `ks`, read rows `rows`): its
+    tensors added to `host`, and a function that, once it is fetched, writes them into `results` (by
+    plan) and each special request's top_k and log-probabilities into its `extra`."""
     first_logits = _selected(logits, rows)
     first_lse = None if lse is None else _selected(lse, rows)
-    kls = _kls(firsts, first_logits, first_lse, host)
+    kls = _kls(ks, first_logits, first_lse, host, plans)
     lse_read = None if first_lse is None else host.add(first_lse)
-    answers = _answers(firsts, first_logits, host, results.answer_ids[plans])
+    answers = _answers(ks, first_logits, host, results.answer_ids[ks], plans)
 
     def done():
         if lse_read is not None:
-            results.lse[plans] = lse_read.values()
-        for ks, fetched in kls:
-            results.kl[plans[ks]] = fetched.values()
-        for ks, count, vals, ranks in answers:
-            results.answers[plans[ks], :count] = vals.values()
+            results.lse[ks] = lse_read.values()
+        for sel, fetched in kls:
+            results.kl[ks[sel]] = fetched.values()
+        for sel, count, vals, ranks in answers:
+            results.answers[ks[sel], :count] = vals.values()
             if ranks is not None:
-                results.ranks[plans[ks], :count] = ranks.values()
-        for k, (_, r) in enumerate(firsts):
+                results.ranks[ks[sel], :count] = ranks.values()
+        for i in np.flatnonzero(plans.extra[ks]).tolist():
+            r = plans.special[int(ks[i])]
             if r.top_k:
-                top, ids = torch.topk(first_logits[k], min(r.top_k, first_logits.shape[1]))
+                top, ids = torch.topk(first_logits[i], min(r.top_k, first_logits.shape[1]))
                 r.extra["top_ids"], r.extra["top_logits"] = ids.tolist(), top.tolist()
             if r.logprobs:
-                r.extra["logprobs"] = encode_tensor(first_logits[k] - first_lse[k])
+                r.extra["logprobs"] = encode_tensor(first_logits[i] - first_lse[i])
 
     return done
 
 
-def _kls(firsts, first_logits, first_lse, host: ToHost) -> list:
-    """[(the firsts' indices measured from one reference, their KL divergences)]: one product per
-    reference with the rows measured from it (metrics.KlReference)."""
-    by_reference = defaultdict(list)
-    for k, (_, r) in enumerate(firsts):
-        if r.reference is not None:
-            by_reference[id(r.reference)].append(k)
-    return [(ks, host.add(firsts[ks[0]][1].reference.kl(_selected(first_logits, ks), _selected(first_lse, ks))))
-            for ks in by_reference.values()]
+def _kls(ks, first_logits, first_lse, host: ToHost, plans: Columns) -> list:
+    """[(the firsts measured from one reference, their KL divergences)]: one product per reference
+    with the rows measured from it (metrics.KlReference)."""
+    refs = plans.reference[ks]
+    return [(sel, host.add(plans.references[ref].kl(_selected(first_logits, sel), _selected(first_lse, sel))))
+            for ref in np.unique(refs[refs >= 0]).tolist() for sel in [np.flatnonzero(refs == ref)]]
 
 
-def _answers(firsts, first_logits, host: ToHost, answer_ids: np.ndarray) -> list:
-    """[(the firsts' indices, their number of answers, their answers' logits, their ranks or None where
-    they read none)], one batched read per number of answers and whether ranks are read; `answer_ids`
-    the firsts' answer ids, a row each (CallResults.answer_ids)."""
-    by_count = defaultdict(list)
-    for k, (_, r) in enumerate(firsts):
-        by_count[len(r.answers), r.ranks].append(k)
+def _answers(ks, first_logits, host: ToHost, answer_ids: np.ndarray, plans: Columns) -> list:
+    """[(the firsts, their number of answers, their answers' logits, their ranks or None where they
+    read none)], one batched read per number of answers and whether ranks are read; `answer_ids` the
+    firsts' answer ids, a row each (CallResults.answer_ids)."""
+    kind = plans.n_answers[ks] * 2 + plans.ranked[ks]  # (number of answers, ranked) as one number
     answers = []
-    for (count, ranked), ks in by_count.items():
+    for each in np.unique(kind).tolist():
+        count, ranked = divmod(each, 2)
         if not count:
             continue
-        rows = _selected(first_logits, ks)
-        tokens = torch.from_numpy(answer_ids[ks, :count]).to(first_logits.device)
+        sel = np.flatnonzero(kind == each)
+        rows = _selected(first_logits, sel)
+        tokens = torch.from_numpy(answer_ids[sel, :count]).to(first_logits.device)
         ranks = host.add(answer_ranks(rows, tokens)) if ranked else None
-        answers.append((ks, count, host.add(rows.gather(1, tokens)), ranks))
+        answers.append((sel, count, host.add(rows.gather(1, tokens)), ranks))
     return answers
 
 
-def _selected(t: torch.Tensor, rows: list[int]) -> torch.Tensor:
+def _selected(t: torch.Tensor, rows: np.ndarray) -> torch.Tensor:
     """t's rows `rows` (ascending, distinct): t itself, uncopied, when they are all of its rows."""
     if len(rows) == t.shape[0]:
         return t
-    return t.index_select(0, torch.tensor(rows, device=t.device))
+    return t.index_select(0, torch.from_numpy(rows).to(t.device))

@@ -46,13 +46,21 @@ class CallResults:
     def take(self, k: int, count: int) -> int:
         """`count` score slots for plan k's continuation tokens: the first one's index."""
         first = self.slots
-        self.slots += count
-        if self.slots > len(self.scores):
-            grow = max(self.slots, 2 * len(self.scores))
-            self.scores = np.concatenate([self.scores, np.zeros(grow - len(self.scores))])
-            self.filled = np.concatenate([self.filled, np.zeros(grow - len(self.filled), dtype=bool)])
+        self._hold(first + count)
         self.score_start[k] = first
         return first
+
+    def hand_out(self, starts: np.ndarray, total: int) -> None:
+        """Every plan's score slots at once: plan k's from `starts[k]` on, `total` in all (columns.Columns)."""
+        self._hold(total)
+        self.score_start[:] = starts
+
+    def _hold(self, slots: int) -> None:
+        self.slots = slots
+        if slots > len(self.scores):
+            grow = max(slots, 2 * len(self.scores))
+            self.scores = np.concatenate([self.scores, np.zeros(grow - len(self.scores))])
+            self.filled = np.concatenate([self.filled, np.zeros(grow - len(self.filled), dtype=bool)])
 
     def finished(self, k: int, tag: str, part: dict | None) -> None:
         self.done[k] = True

@@ -13,10 +13,11 @@ from ...plan import LOGPROBS, decode_tensor
 from ...sites import SITES, Family, get_module
 from ...tp import units_per_rank
 from .circuit import CircuitHooks
+from .columns import Columns
 from .hooks import SiteHooks
 from .midstack import MidstackStart
 from .readout import LogitsReadout
-from .request import Request, Sources, plan_index
+from .request import Sources, plan_index
 from .results import CallResults
 from .step import Step, plan_step
 
@@ -63,13 +64,12 @@ class Session(SiteHooks, MidstackStart, LogitsReadout, CircuitHooks):
         self.tp = tp_rank_and_size()
         self.widths = site_widths(shape, self.tp[1])
         self.results = CallResults(plans)  # what the readout reads, by plan; pg_end returns it
-        # every plan read into the worker's request at once, while the plans the call just brought are
-        # fresh in memory (read inside a step, among vLLM's own work, each cost a third more: 9.8 us a
-        # run against 7.6 on tiny-llama's grid); the vLLM requests seen so far, by id (None: a request
-        # of no patchgrid call)
-        self.by_plan = [Request(p, self.sources, self.references, self.widths, self.dtype, self.tp, k=k,
-                                results=self.results) for k, p in enumerate(plans)]
-        self.requests: dict[str, Request | None] = {}
+        # every plan read into the call's columns at once, while the plans the call just brought are
+        # fresh in memory; the plan each vLLM request seen so far runs, by id (-1: a request of no
+        # patchgrid call)
+        self.plans = Columns(plans, self.sources, self.references, self.widths, self.dtype, self.tp,
+                             results=self.results)
+        self.requests: dict[str, int] = {}
         self.step = Step()
         self.handles = []
         self.pattern_keys = {}  # a pattern capture's buffer (id) -> its request's keys so far, per layer
@@ -80,7 +80,7 @@ class Session(SiteHooks, MidstackStart, LogitsReadout, CircuitHooks):
         self.circuit_layout = None
         self._model_logits = self._own_logits = None  # the model's compute_logits while the sampler idles
         try:
-            if any(r.circuit is not None for r in self.by_plan):
+            if any(r.circuit is not None for r in self.plans.special.values()):
                 self._install_circuit(shape["n_heads"], shape["n_kv_heads"])
             self._install(set(keys))
             self._idle_sampler()
@@ -99,22 +99,23 @@ class Session(SiteHooks, MidstackStart, LogitsReadout, CircuitHooks):
 
     def _begin_step(self, module, args):
         self.step = Step()
-        self.step = plan_step(self.runner, self._request, self.sources, self.start_layer, self.widths, self.device)
+        self.step = plan_step(self.runner, self._plan_of, self.plans, self.sources, self.start_layer, self.widths,
+                              self.device)
         if self.step.circuit_rows:
             self._circuit_begin_step()
 
-    def _request(self, rid: str) -> Request | None:
-        r = self.requests.get(rid, False)
-        return self._new_request(rid) if r is False else r
+    def _plan_of(self, rid: str) -> int:
+        k = self.requests.get(rid)
+        return self._new_request(rid) if k is None else k
 
-    def _new_request(self, rid):
+    def _new_request(self, rid) -> int:
         k = plan_index(rid, self.call)
-        r = None if k is None else self.by_plan[k]
-        if r is not None and r.n_tokens != (n := len(self.runner.requests[rid].prompt_token_ids)):
-            raise RuntimeError(f"patchgrid worker: request {rid} has {n} tokens, its plan {r.n_tokens}")
-        if self.start_layer and (r is None or r.start_layer != self.start_layer):
+        k = -1 if k is None else k
+        if k >= 0 and (want := int(self.plans.n_tokens[k])) != (n := len(self.runner.requests[rid].prompt_token_ids)):
+            raise RuntimeError(f"patchgrid worker: request {rid} has {n} tokens, its plan {want}")
+        if self.start_layer and (k < 0 or self.plans.start_layer[k] != self.start_layer):
             # every row of a call that starts mid-stack needs its stream; the engine groups calls so
             raise RuntimeError(f"patchgrid worker: request {rid} does not start at layer {self.start_layer}, "
                                "as every request of this call must")
-        self.requests[rid] = r
-        return r
+        self.requests[rid] = k
+        return k
