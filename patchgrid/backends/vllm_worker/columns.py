@@ -1,6 +1,6 @@
 """A call's plans as columns: what the step planning and the readout read of every plan, as numpy
 arrays indexed by plan (the k of request.request_id), and the plans' patches, scored tokens and
-start rows as flat tables, each plan's entries together (`*_start[k]`, `*_count[k]`). A step then
+start rows as flat tables, each plan's entries together from `*_start[k]` on. A step then
 plans and reads all its requests in a few array operations (step.plan_step, readout.read), not a
 loop over them: a grid's patched run costs no Python object of its own in the worker.
 
@@ -17,11 +17,15 @@ one by one.
     reference           [plans]  the index of its KL reference in `references`, -1: none
     extra               [plans]  it reads top_k or log-probabilities (special[k] holds where they go)
     is_special          [plans]  special[k] exists
-    patch_*             a patch's written position, its stacked source row (request.Sources), its
-                        group (`groups`: (site key, patched by unit)), its unit on this rank and in the model
-    score_*             a scored token: its index in its continuation (position n_prompt - 1 + index
-                        predicts it) and the token; its entry number is its results' score slot
-    start_src           the stacked source row of the stream entering the start layer, per position
+    patch_start, patch_count         [plans]  where a plan's patch entries begin, and how many
+    patch_pos, patch_src, patch_group, patch_unit, patch_model_unit   [entries]  a patched position, the
+                        stacked source row it takes (request.Sources), its group (`groups`: (site key,
+                        patched by unit)), its unit on this rank and in the model
+    score_start, score_count         [plans]  where a plan's scored tokens begin, and how many
+    score_index, score_token         [entries]  a scored token's index in its continuation (position
+                        n_prompt - 1 + index predicts it) and the token; its entry is its results' score slot
+    start_start         [plans]  where a plan's start rows begin (n_tokens of them, one per position)
+    start_src           [entries]  the stacked source row of the stream entering the start layer
 """
 from __future__ import annotations
 
