@@ -63,10 +63,12 @@ def prefect_server_api(request):
 
 @pytest.fixture(scope="module")
 def prefect_api(prefect_server_api):
-    """The session's Prefect API for the module's flow runs in this process."""
-    from prefect.settings import PREFECT_API_URL, temporary_settings
+    """The session's Prefect API for the module's flow runs in this process. Their heartbeats off:
+    Prefect joins a flow's heartbeat thread as the flow ends, which sleeps in one-second steps (0.5 s a
+    flow on average); no test here reads a heartbeat."""
+    from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
-    with temporary_settings(updates={PREFECT_API_URL: prefect_server_api}):
+    with temporary_settings(updates={PREFECT_API_URL: prefect_server_api, PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
         yield
 
 

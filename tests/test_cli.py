@@ -19,12 +19,30 @@ def run_cli(*args, timeout=300):
                           timeout=timeout)
 
 
+def run_clis(*commands, timeout=300):
+    """Commands independent of one another (each a tuple of arguments), run at once, each in a process
+    of its own, as run_cli runs one: their results, in order. (Their seconds of imports and engine starts
+    overlap.)"""
+    procs = [subprocess.Popen([sys.executable, "-m", "patchgrid", *args], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for args in commands]
+    results = []
+    try:
+        for proc in procs:
+            out, err = proc.communicate(timeout=timeout)
+            results.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return results
+
+
 @needs_vllm
 def test_patch_json_on_vllm_matches_hf():
     args = ["patch", "--model", "tiny-llama", *PAIR, "--site", "resid", "--json"]
-    out_v = run_cli(*args, "--backend", "vllm")
+    out_v, out_h = run_clis((*args, "--backend", "vllm"), (*args, "--backend", "hf"))
     assert out_v.returncode == 0, out_v.stderr
-    out_h = run_cli(*args, "--backend", "hf")
     assert out_h.returncode == 0, out_h.stderr
     v, h = json.loads(out_v.stdout), json.loads(out_h.stdout)
     assert set(v) == {"baseline", "effects"}
@@ -50,11 +68,10 @@ def test_patch_heads_table_on_hf():
 def test_paths_table_and_json_on_hf():
     args = ["paths", "--model", "tiny-llama", *PAIR, "--path-senders", "heads,mlp_out.0",
             "--path-receivers", "logits,head.3.1", "--backend", "hf"]
-    out = run_cli(*args, "--top", "5")
+    out, got = run_clis((*args, "--top", "5"), (*args, "--json", "--path-mlps", "recomputed"))
     assert out.returncode == 0, out.stderr
     assert "paths that move logit_diff most (direct paths: MLPs after the sender frozen)" in out.stdout
     assert "(5 rows)" in out.stdout
-    got = run_cli(*args, "--json", "--path-mlps", "recomputed")
     assert got.returncode == 0, got.stderr
     data = json.loads(got.stdout)
     assert data["mlps"] == "recomputed"
@@ -141,20 +158,22 @@ def test_pairs_check_answer_policy(tmp_path):
             for i, (s, a) in enumerate([("France", "Paris"), ("Germany", "Berlin"), ("Nigeria", "Abuja"),
                                         ("Ghana", "Accra")])]
     src.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    out = tmp_path / "pairs.parquet"
-    base = ["pairs", "check", "--model", "smollm2-135m", "--pairs", str(src), "--out", str(out), "--no-require-known"]
-    res = run_cli(*base)  # full by default: Abuja and Accra (two tokens each) are scored whole
+    base = ["pairs", "check", "--model", "smollm2-135m", "--pairs", str(src), "--no-require-known"]
+    # each policy's table a file of its own: the three commands run at once
+    out, single = tmp_path / "pairs.parquet", tmp_path / "pairs-single.parquet"
+    res, res_single, res_whole = run_clis(
+        (*base, "--out", str(out)),  # full by default: Abuja and Accra (two tokens each) are scored whole
+        (*base, "--out", str(single), "--answer-policy", "single"),
+        (*base, "--out", str(tmp_path / "pairs-whole.parquet"), "--answer-policy", "whole"))
     assert res.returncode == 0, res.stderr
     assert "accepted" in res.stdout and "answer_multi_token" not in res.stdout
     table = pq.read_table(out)
     assert table.column("status").to_pylist() == ["accepted"] * 4
     assert [len(ids) for ids in table.column("clean_answer_ids").to_pylist()] == [1, 1, 2, 2]
-    res = run_cli(*base, "--answer-policy", "single")
-    assert res.returncode == 0, res.stderr
-    assert "answer_multi_token" in res.stdout
-    assert pq.read_table(out).column("reason").to_pylist()[2:] == ["answer_multi_token"] * 2
-    res = run_cli(*base, "--answer-policy", "whole")
-    assert res.returncode == 2 and "invalid choice: 'whole'" in res.stderr
+    assert res_single.returncode == 0, res_single.stderr
+    assert "answer_multi_token" in res_single.stdout
+    assert pq.read_table(single).column("reason").to_pylist()[2:] == ["answer_multi_token"] * 2
+    assert res_whole.returncode == 2 and "invalid choice: 'whole'" in res_whole.stderr
 
 
 def test_a_site_the_family_lacks_is_one_clear_line():
@@ -226,8 +245,8 @@ def test_attention_json_on_vllm_matches_hf():
     text = "The capital of France is Paris, and the capital of Germany is Berlin; the capital of Spain is"
     args = ["attention", "--model", "tiny-gemma2", "--text", text, "--layers", "0,3", "--heads", "1", "--json"]
     got = {}
-    for backend in ("vllm", "hf"):
-        out = run_cli(*args, "--backend", backend, "--dtype", "float32")
+    backends = ("vllm", "hf")
+    for backend, out in zip(backends, run_clis(*((*args, "--backend", b, "--dtype", "float32") for b in backends))):
         assert out.returncode == 0, out.stderr
         got[backend] = json.loads(out.stdout)
     v, h = got["vllm"], got["hf"]

@@ -240,6 +240,20 @@ def _figures(warehouse):
         con.close()
 
 
+@pytest.fixture(scope="module")
+def collected():
+    """Each study's figures and sections (patchgrid.report.collect) read once for the module's tests
+    that only read them; a test that patches what collect reads calls _figures itself."""
+    read = {}
+
+    def figures_of(study):
+        if study not in read:
+            read[study] = _figures(study)
+        return read[study]
+
+    return figures_of
+
+
 def _rows(warehouse, sql):
     cols, rows = query(warehouse, sql)
     return [dict(zip(cols, r)) for r in rows]
@@ -280,8 +294,8 @@ def test_report_files(warehouse, pages):
         assert html.escape(spec.meaning) in text
 
 
-def test_every_metric_has_its_figures_named_by_it(warehouse):
-    data = _figures(warehouse)
+def test_every_metric_has_its_figures_named_by_it(warehouse, collected):
+    data = collected(warehouse)
     assert data["metrics"][0] == data["headline"] == "logprob_diff" and set(data["metrics"]) == set(METRICS)
     switched = [f for f in data["figures"] if f.metric is not None]
     assert {f.metric for f in switched} == set(METRICS)
@@ -456,13 +470,13 @@ def test_page_renders_in_headless_chromium(study, request, pages, chromium):
     assert [u for u in requests if not u.startswith(("file://", "data:"))] == []
 
 
-def test_noising_draws_the_sites_that_carry_the_answer_as_important(warehouse):
+def test_noising_draws_the_sites_that_carry_the_answer_as_important(warehouse, collected):
     """Patching the corrupt run's last-layer state at the last position into the clean run makes it
     the corrupt run (recovery 0): the noising picture must draw that cell as important (full red),
     not pale as a recovery scale would."""
     from patchgrid.report import colour, svg_heatmap
 
-    figures = {f.key: f for f in _figures(warehouse)["figures"]}
+    figures = {f.key: f for f in collected(warehouse)["figures"]}
     noise = figures["resid-noise-logit_diff"]
     last = max(r for r in noise.rows if r != "embedding")
     assert noise.values[noise.rows.index(last)][noise.cols.index("last")] == pytest.approx(1.0, abs=1e-3)
@@ -472,23 +486,23 @@ def test_noising_draws_the_sites_that_carry_the_answer_as_important(warehouse):
     assert "1 − mean recovery (logit_diff)" in svg
 
 
-def test_head_panels_scale_to_their_own_largest_effect(warehouse):
-    heads = [f for f in _figures(warehouse)["figures"] if f.key.startswith("heads-")]
+def test_head_panels_scale_to_their_own_largest_effect(warehouse, collected):
+    heads = [f for f in collected(warehouse)["figures"] if f.key.startswith("heads-")]
     assert len(heads) == 2 * len(METRICS)
     for fig in heads:
         largest = max(abs(v) for row in fig.values for v in row if v is not None)
         assert fig.limit == pytest.approx(largest)
 
 
-def test_a_run_without_atp_rows_has_no_atp_section(warehouse, pages):
-    data = _figures(warehouse)
+def test_a_run_without_atp_rows_has_no_atp_section(warehouse, pages, collected):
+    data = collected(warehouse)
     assert data["sections"]["atp"] is None
     text = pages(warehouse).read_text()
     assert "AtP" not in text and "atp" not in text and not list(pages(warehouse).parent.glob("atp-*.png"))
 
 
-def test_atp_figures_draw_the_estimates_labelled_by_their_metric(atp_warehouse):
-    data = _figures(atp_warehouse)
+def test_atp_figures_draw_the_estimates_labelled_by_their_metric(atp_warehouse, collected):
+    data = collected(atp_warehouse)
     atp = data["sections"]["atp"]
     assert atp["metrics"] == ["logit_diff"]
     figures = {f.key: f for f in atp["figures"]}
@@ -520,8 +534,8 @@ def test_atp_figures_draw_the_estimates_labelled_by_their_metric(atp_warehouse):
     assert not any(f.key.startswith("atp") for f in data["figures"])
 
 
-def test_atp_scatter_plots_and_tables(atp_warehouse):
-    atp = _figures(atp_warehouse)["sections"]["atp"]
+def test_atp_scatter_plots_and_tables(atp_warehouse, collected):
+    atp = collected(atp_warehouse)["sections"]["atp"]
     verified = _rows(atp_warehouse, "SELECT site, verify, estimate, effect FROM effects WHERE sweep = 'atp' "
                                     "AND verify IS NOT NULL")
     agreement = {(a["site"], a["scope"]): a for a in atp["agreement"]}
@@ -551,7 +565,7 @@ def test_atp_scatter_plots_and_tables(atp_warehouse):
         assert [r["neuron"] for r in n["top"]] == [r["neuron"] for r in layer[:5]] and n["metric"] == "logit_diff"
 
 
-def test_atp_section_on_the_page(atp_warehouse, pages):
+def test_atp_section_on_the_page(atp_warehouse, pages, collected):
     text = pages(atp_warehouse).read_text()
     pngs = sorted(p.name for p in pages(atp_warehouse).parent.glob("*.png"))
     assert text.count("<figure") == len(pngs)
@@ -559,7 +573,7 @@ def test_atp_section_on_the_page(atp_warehouse, pages):
         assert f"{key}.png" in pngs
     section = text[text.index("<h2>Attribution patching"):text.index("<h2>By relation")]
     assert "Estimate against exact patching" in section and "Top neurons per layer" in section
-    agreement = {(a["site"], a["scope"]): a for a in _figures(atp_warehouse)["sections"]["atp"]["agreement"]}
+    agreement = {(a["site"], a["scope"]): a for a in collected(atp_warehouse)["sections"]["atp"]["agreement"]}
     table = section[section.index("<table class='atp-agreement'>"):]
     for (site, where), a in agreement.items():
         cells = f"<tr><td>{site}</td><td>{where}</td><td>logit_diff</td><td>{a['n_pairs']}</td><td>{a['n_sites']}</td>"
@@ -590,8 +604,8 @@ def test_atp_scatter_shows_a_fixed_sample_of_many_points(atp_warehouse, monkeypa
         assert f"10 of the {6 * (ATP_K + ATP_R) * scopes} verified sites are shown" in s.caption
 
 
-def test_a_run_without_paths_rows_has_no_path_section(warehouse, pages):
-    data = _figures(warehouse)
+def test_a_run_without_paths_rows_has_no_path_section(warehouse, pages, collected):
+    data = collected(warehouse)
     assert data["sections"]["paths"] is None
     text = pages(warehouse).read_text()
     out = pages(warehouse).parent
@@ -603,8 +617,8 @@ def _flat(values):
     return [float("nan") if v is None else v for r in values for v in r]
 
 
-def test_resid_pre_resid_mid_and_qkv_draw_like_their_kin(paths_warehouse, warehouse):
-    data = _figures(paths_warehouse)
+def test_resid_pre_resid_mid_and_qkv_draw_like_their_kin(paths_warehouse, warehouse, collected):
+    data = collected(paths_warehouse)
     figures = {f.key: f for f in data["figures"]}
     for metric in METRICS:
         for sweep in ("resid_pre", "resid_mid"):
@@ -624,7 +638,7 @@ def test_resid_pre_resid_mid_and_qkv_draw_like_their_kin(paths_warehouse, wareho
     assert v.values[-1][-1] == pytest.approx(-0.25 * head_importance(N_LAYERS - 1, N_HEADS - 1), abs=1e-4)
     # the heads, resid and position figures are those of the run without the new sweeps: paths rows
     # (sites head, attn_out, mlp_out) leak into none of them
-    before = {f.key: f for f in _figures(warehouse)["figures"]}
+    before = {f.key: f for f in collected(warehouse)["figures"]}
     assert set(before) < set(figures)
     for key, f in before.items():
         assert (figures[key].rows, figures[key].cols) == (f.rows, f.cols), key
@@ -634,8 +648,8 @@ def test_resid_pre_resid_mid_and_qkv_draw_like_their_kin(paths_warehouse, wareho
     assert not any(k.startswith("paths") for k in figures)
 
 
-def test_path_matrices(paths_warehouse):
-    data = _figures(paths_warehouse)
+def test_path_matrices(paths_warehouse, collected):
+    data = collected(paths_warehouse)
     paths = data["sections"]["paths"]
     figures = {f.key: f for f in paths["figures"]}
     # per metric (the page's order, the headline first) and position role
@@ -709,8 +723,8 @@ def test_a_cell_of_one_pair_says_1_pair():
     assert note(row).endswith(", 1 pair")
 
 
-def test_cells_of_few_pairs_are_faded_and_dotted_and_their_counts_said(warehouse):
-    data = _figures(warehouse)
+def test_cells_of_few_pairs_are_faded_and_dotted_and_their_counts_said(warehouse, collected):
+    data = collected(warehouse)
     figure = next(f for f in data["figures"] if f.key == "resid-denoise-logprob_diff")
     # six pairs behind every cell: none marked, the caption gives the count
     assert {n for r in figure.counts for n in r} == {6} and not figure.few(0, 0)
@@ -727,8 +741,8 @@ def test_cells_of_few_pairs_are_faded_and_dotted_and_their_counts_said(warehouse
         assert all(n.endswith(", 3 pairs") for r in m.notes for n in r if n)
 
 
-def test_small_multiples_have_their_own_colour_bar_and_every_layer(warehouse):
-    for m in _figures(warehouse)["multiples"]:
+def test_small_multiples_have_their_own_colour_bar_and_every_layer(warehouse, collected):
+    for m in collected(warehouse)["multiples"]:
         svg = svg_heatmap(m)
         assert re.findall(r'class="tick-y"[^>]*>([^<]*)<', svg) == [str(layer) for layer in range(N_LAYERS)]
         assert re.findall(r'class="bar-tick"[^>]*>([^<]*)<', svg) == ["+1", "0", "-1"]
@@ -769,10 +783,10 @@ def figure_faults(fig) -> list:
 
 
 @pytest.mark.engine  # every figure of two reports drawn: seconds, as an engine test takes
-def test_figure_files_have_no_label_clipped_or_over_another(paths_warehouse, atp_warehouse):
+def test_figure_files_have_no_label_clipped_or_over_another(paths_warehouse, atp_warehouse, collected):
     figures = []
     for warehouse in (paths_warehouse, atp_warehouse):
-        data = _figures(warehouse)
+        data = collected(warehouse)
         figures += [f for f in data["figures"] if f.metric in (None, data["headline"])] + data["multiples"]
         for drawing in ("paths", "atp"):
             if data["sections"][drawing]:

@@ -31,7 +31,10 @@ ANSWERS = (5, 77)
 # Families vLLM runs through its Transformers backend (sites.Family.vllm_transformers): transformers'
 # own modules, in an engine process of their own, started mid-stack by stand-ins for the layers below.
 TRANSFORMERS_BACKEND = ["tiny-neox", "tiny-olmo2"]
-FAMILY_MODELS = ["tiny-phi3", "tiny-qwen3-moe", "tiny-gemma2", "tiny-gemma3", "tiny-gptj"] + TRANSFORMERS_BACKEND
+# In this order, the tests below start each vLLM engine once (the session's pool keeps three alive,
+# closing the one used least recently): the plain engines of the three families the next tests use
+# again (the mixture of experts, Gemma 2, GPT-J) are the last three started here.
+FAMILY_MODELS = ["tiny-phi3", "tiny-gemma3"] + TRANSFORMERS_BACKEND + ["tiny-qwen3-moe", "tiny-gemma2", "tiny-gptj"]
 # A step holds at most 32 tokens: every 40-token prompt is split across steps, and steps mix requests.
 CHUNKED_MULTIPROCESS = dict(multiprocess=True, max_num_seqs=8, max_num_batched_tokens=32, enable_chunked_prefill=True,
                             max_model_len=512)
@@ -61,30 +64,50 @@ def test_every_site_of_the_family_matches_hf(engines, model):
     assert_results_close(hf.run(started, sources), vl.run(started, sources))
 
 
-# Chunked prefill and the multiprocess executor are the engine's, not a family's: run once per kind of
-# attention and layer that could meet them differently (sliding and global layers, experts) and on the
-# transformers-backend families, whose engines the tests below reuse; every family runs the test above.
-CHUNKED_FAMILIES = ["tiny-gemma2", "tiny-qwen3-moe"] + TRANSFORMERS_BACKEND
+def test_a_mixture_of_experts_routes_to_several_experts_and_has_no_neuron_site(engines):
+    hf = engines.get("tiny-qwen3-moe", "hf", dtype="float32")
+    vl = engines.get("tiny-qwen3-moe", "vllm", dtype="float32")
+    layer = hf.model.model.layers[1].mlp
+    seen = []
+    handle = layer.gate.register_forward_hook(lambda m, a, out: seen.append(out[2]))  # (logits, weights, experts)
+    try:
+        hf.run([Request(tokens=CLEAN, answers=ANSWERS)])
+    finally:
+        handle.remove()
+    assert len(torch.unique(seen[0])) > 1, "the tiny MoE routes every token to the same experts"
+    for engine in (hf, vl):
+        with pytest.raises(PlanError, match="site neuron: the qwen3_moe MLP is a mixture of experts"):
+            engine.run([Request(tokens=CORRUPT, capture=("neuron.0",))])
 
 
-@pytest.mark.parametrize("model", CHUNKED_FAMILIES)
-def test_every_site_matches_hf_under_chunked_prefill_and_the_multiprocess_executor(engines, model):
+# The plain engines the first test left, then the chunked multiprocess engines the tests after it reuse.
+@pytest.mark.parametrize(("model", "options"), [("tiny-gemma2", {}), ("tiny-gptj", {}),
+                                               ("tiny-neox", CHUNKED_MULTIPROCESS),
+                                               ("tiny-olmo2", CHUNKED_MULTIPROCESS)])
+def test_attn_out_and_mlp_out_are_what_the_stream_receives(engines, model, options):
+    """Gemma, OLMo 2: the post-norms' outputs (resid_mid = resid_pre + attn_out, resid = resid_mid + mlp_out).
+    GPT-J, GPT-NeoX, parallel blocks: resid = resid_pre + attn_out + mlp_out, and resid_mid does not exist.
+    (Each on the engine an earlier test left, or one a later test reuses.)"""
     hf = engines.get(model, "hf", dtype="float32")
-    vl = engines.get(model, "vllm", dtype="float32", **CHUNKED_MULTIPROCESS)
-    cap = Request(tokens=CLEAN, answers=ANSWERS, capture=tuple(all_keys(hf.shape)))
-    clean = hf.run([cap])
-    read = vl.run([cap])
-    assert_results_close(clean, read)  # captures stitched from several steps, across processes
-    assert_patterns_close(clean, read, hf.shape.n_heads)  # the keys of earlier steps kept by the worker
-    # every site kind, at a sliding and a global layer (Gemma 2), the first and the last
-    reqs = every_site_requests(hf.shape, CORRUPT, ANSWERS, layers=(0, hf.shape.n_layers - 1))
-    sources = {"clean": clean[0].captures}
-    got = vl.run(reqs, sources)
-    assert_results_close(hf.run(reqs, sources), got)
-    assert effect_spread(got) > 0.05
+    vl = engines.get(model, "vllm", dtype="float32", **options)
+    parallel = hf.shape.family.missing("resid_mid") is not None
+    sites = ("resid_pre", "attn_out", "mlp_out", "resid") + (() if parallel else ("resid_mid",))
+    c = vl.run([Request(tokens=CLEAN, capture=tuple(f"{s}.{layer}" for s in sites for layer in (1, 3)))])[0].captures
+    for layer in (1, 3):
+        pre, attn, mlp, out = (c[f"{s}.{layer}"] for s in ("resid_pre", "attn_out", "mlp_out", "resid"))
+        if parallel:
+            assert torch.allclose(out, pre + attn + mlp, atol=1e-4)
+        else:
+            assert torch.allclose(c[f"resid_mid.{layer}"], pre + attn, atol=1e-4)
+            assert torch.allclose(out, c[f"resid_mid.{layer}"] + mlp, atol=1e-4)
+    if parallel:
+        for engine in (hf, vl):
+            with pytest.raises(PlanError, match=f"site resid_mid: the {hf.shape.family.name} block is parallel"):
+                engine.run([Request(tokens=CLEAN, capture=("resid_mid.1",))])
 
 
-# The tests below run on the engines the test above left (multiprocess is inherent to these families).
+# The tests below run on the chunked multiprocess engines the test above started (multiprocess is inherent
+# to these families); the test after them reuses them.
 @pytest.mark.parametrize("model", TRANSFORMERS_BACKEND)
 def test_a_transformers_backend_family_scores_answers_whole_under_chunked_prefill(engines, model):
     """Answers of several tokens, split across steps, with a KL divergence: the rows before a
@@ -121,6 +144,30 @@ def test_a_transformers_backend_family_leaves_transformers_models_of_the_family_
         after.close()
 
 
+# Chunked prefill and the multiprocess executor are the engine's, not a family's: run once per kind of
+# attention and layer that could meet them differently (sliding and global layers, experts) and on the
+# transformers-backend families, whose engines the tests above started; every family runs the first test.
+# (The transformers-backend families first: their engines are alive from the tests above.)
+CHUNKED_FAMILIES = TRANSFORMERS_BACKEND + ["tiny-gemma2", "tiny-qwen3-moe"]
+
+
+@pytest.mark.parametrize("model", CHUNKED_FAMILIES)
+def test_every_site_matches_hf_under_chunked_prefill_and_the_multiprocess_executor(engines, model):
+    hf = engines.get(model, "hf", dtype="float32")
+    vl = engines.get(model, "vllm", dtype="float32", **CHUNKED_MULTIPROCESS)
+    cap = Request(tokens=CLEAN, answers=ANSWERS, capture=tuple(all_keys(hf.shape)))
+    clean = hf.run([cap])
+    read = vl.run([cap])
+    assert_results_close(clean, read)  # captures stitched from several steps, across processes
+    assert_patterns_close(clean, read, hf.shape.n_heads)  # the keys of earlier steps kept by the worker
+    # every site kind, at a sliding and a global layer (Gemma 2), the first and the last
+    reqs = every_site_requests(hf.shape, CORRUPT, ANSWERS, layers=(0, hf.shape.n_layers - 1))
+    sources = {"clean": clean[0].captures}
+    got = vl.run(reqs, sources)
+    assert_results_close(hf.run(reqs, sources), got)
+    assert effect_spread(got) > 0.05
+
+
 def test_a_sequential_gpt_neox_is_refused_by_name():
     """sites.GPT_NEOX maps the parallel block (every Pythia); a sequential one has a resid_mid it would miss."""
     from transformers import GPTNeoXConfig
@@ -153,44 +200,3 @@ def test_gemma_sliding_windows_and_soft_caps_are_active_and_the_hf_backend_keeps
     if model == "tiny-gemma2":
         assert (_logits(hf.folder, CLEAN, attn_logit_softcapping=None) - want).abs().max() > 0.05
         assert want.abs().max() <= 3.0 < _logits(hf.folder, CLEAN, final_logit_softcapping=None).abs().max()
-
-
-@pytest.mark.parametrize(("model", "options"), [("tiny-neox", CHUNKED_MULTIPROCESS),
-                                               ("tiny-olmo2", CHUNKED_MULTIPROCESS),
-                                               ("tiny-gemma2", {}), ("tiny-gptj", {})])
-def test_attn_out_and_mlp_out_are_what_the_stream_receives(engines, model, options):
-    """Gemma, OLMo 2: the post-norms' outputs (resid_mid = resid_pre + attn_out, resid = resid_mid + mlp_out).
-    GPT-J, GPT-NeoX, parallel blocks: resid = resid_pre + attn_out + mlp_out, and resid_mid does not exist.
-    (Each on the engine an earlier test left.)"""
-    hf = engines.get(model, "hf", dtype="float32")
-    vl = engines.get(model, "vllm", dtype="float32", **options)
-    parallel = hf.shape.family.missing("resid_mid") is not None
-    sites = ("resid_pre", "attn_out", "mlp_out", "resid") + (() if parallel else ("resid_mid",))
-    c = vl.run([Request(tokens=CLEAN, capture=tuple(f"{s}.{layer}" for s in sites for layer in (1, 3)))])[0].captures
-    for layer in (1, 3):
-        pre, attn, mlp, out = (c[f"{s}.{layer}"] for s in ("resid_pre", "attn_out", "mlp_out", "resid"))
-        if parallel:
-            assert torch.allclose(out, pre + attn + mlp, atol=1e-4)
-        else:
-            assert torch.allclose(c[f"resid_mid.{layer}"], pre + attn, atol=1e-4)
-            assert torch.allclose(out, c[f"resid_mid.{layer}"] + mlp, atol=1e-4)
-    if parallel:
-        for engine in (hf, vl):
-            with pytest.raises(PlanError, match=f"site resid_mid: the {hf.shape.family.name} block is parallel"):
-                engine.run([Request(tokens=CLEAN, capture=("resid_mid.1",))])
-
-
-def test_a_mixture_of_experts_routes_to_several_experts_and_has_no_neuron_site(engines):
-    hf = engines.get("tiny-qwen3-moe", "hf", dtype="float32")
-    vl = engines.get("tiny-qwen3-moe", "vllm", dtype="float32")
-    layer = hf.model.model.layers[1].mlp
-    seen = []
-    handle = layer.gate.register_forward_hook(lambda m, a, out: seen.append(out[2]))  # (logits, weights, experts)
-    try:
-        hf.run([Request(tokens=CLEAN, answers=ANSWERS)])
-    finally:
-        handle.remove()
-    assert len(torch.unique(seen[0])) > 1, "the tiny MoE routes every token to the same experts"
-    for engine in (hf, vl):
-        with pytest.raises(PlanError, match="site neuron: the qwen3_moe MLP is a mixture of experts"):
-            engine.run([Request(tokens=CORRUPT, capture=("neuron.0",))])

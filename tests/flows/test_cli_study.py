@@ -87,8 +87,10 @@ def test_a_data_set_with_no_accepted_pair_says_why_and_loads_its_rejections(tmp_
     source.write_text("".join(json.dumps(dict(zip(("clean_prompt", "corrupt_prompt", "clean_answer",
                                                    "corrupt_answer"), r))) + "\n" for r in records))
     wh = tmp_path / "w.duckdb"
-    res = cli("study", "--model", "tiny-llama", "--pairs", str(source), "--sweeps", "resid", "--warehouse", str(wh),
-              "--workdir", str(tmp_path / "work"), cwd=tmp_path)
+    # the hf backend: pairing still asks the model (require-known, the default), whose engine starts in a
+    # second on hf; what the refusal says is the point here, not the engine
+    res = cli("study", "--model", "tiny-llama", "--pairs", str(source), "--sweeps", "resid", "--backend", "hf",
+              "--warehouse", str(wh), "--workdir", str(tmp_path / "work"), cwd=tmp_path)
     assert res.returncode == 2 and "Traceback" not in res.stderr
     last = res.stderr.strip().splitlines()[-1]
     assert last.startswith(f"patchgrid: error: no accepted pairs in {source} (0 of 3 records accepted: "

@@ -140,6 +140,11 @@ def _failing(*, engine):
     raise RuntimeError("this engine's work failed")
 
 
+# The bound on every wait of the test below, which its stuck call waits out: several times what an actor's
+# start or an hf engine's start (the longest of its other waits) takes on a busy 2-core machine (3 s).
+STUCK_TIMEOUT_S = 20
+
+
 def test_a_stuck_call_times_out_and_a_failed_engine_is_replaced(cluster, tmp_path):
     """Every wait on Ray is bounded: a call past timeout_s kills its actor, which a new one replaces;
     a work that fails leaves its actor standing, and the actor's next work starts a fresh engine."""
@@ -154,10 +159,10 @@ def test_a_stuck_call_times_out_and_a_failed_engine_is_replaced(cluster, tmp_pat
     try:
         with pytest.raises(RuntimeError, match="the caller's own error"):
             with RayEngines("run-faults", "tiny-llama", "0" * 64, "hf", "test", workers=1, address=c.address,
-                            timeout_s=30) as engines:
+                            timeout_s=STUCK_TIMEOUT_S) as engines:
                 layers = engines.run(using_engine(_slow, 0))
                 assert layers > 0
-                with pytest.raises(TimeoutError, match="ray_timeout_s 30 s"):
+                with pytest.raises(TimeoutError, match=f"ray_timeout_s {STUCK_TIMEOUT_S} s"):
                     engines.run(using_engine(_slow, 60))
                 assert engines.names()[0].endswith("-0.2"), "the stuck actor was not replaced"
                 with pytest.raises(RuntimeError, match="this engine's work failed"):
