@@ -35,9 +35,10 @@ STUDY = {"model": "tiny-llama", "pairs": str(DATA), "limit": 1, "require_known":
 UP_TIMEOUT_S = 120  # a server answering, a deployment registered
 START_TIMEOUT_S = 150  # from registration to the first run starting: the next minute boundary, and polling
 RUN_TIMEOUT_S = 240  # the study itself
-# A run of the served deployment that outlasts the one-minute interval on any machine here (one pair per sweep
-# task, far more pairs than a minute takes); it is cancelled once the run due while it runs has been settled.
-LONG_RUN = {"limit": 400, "shard_size": 1}
+# A run of the served deployment that outlasts the one-minute interval on any machine here (every pair of the
+# data set, three sweeps, one pair per sweep task: minutes where a minute has to pass; 400 pairs of one sweep
+# once ended within the minute on a quicker CPU); it is cancelled once the run due while it runs has been settled.
+LONG_RUN = {"limit": None, "shard_size": 1, "sweep": {"sweeps": ["resid", "attn_out", "mlp_out"]}}
 LATE_TIMEOUT_S = 150  # from the schedule's resumption to the next due run settled: a minute boundary, polling
 LIMIT_REACHED = "Deployment concurrency limit reached."
 
@@ -270,7 +271,11 @@ def skip_a_run_due_while_a_long_one_runs(client, deployment, processes: Processe
 
     late = wait_for("the next run due to be settled", next_one_settled, LATE_TIMEOUT_S, processes)
     client.pause_deployment(deployment.id)
-    # the long run has shown what it had to: it is cancelled (the runner stops its process)
+    # the long run has shown what it had to: it is cancelled (the runner stops its process); one that has
+    # already ended would be forced back to cancelling with no process left to stop
+    ended = client.read_flow_run(long_run.id)
+    assert not ended.state.is_final(), \
+        f"the long run ended ({ended.state.type.value}) before the next run was settled: make LONG_RUN longer"
     client.set_flow_run_state(long_run.id, Cancelling(), force=True)
 
     def stopped():
