@@ -53,8 +53,10 @@ def served(tmp_path_factory):
     """Two `serve` commands, each serving its deployment, the second with a run in flight (mid-sweep), with the
     sessions of everything they started."""
     tmp_path = tmp_path_factory.mktemp("serve")
+    # the run in flight must outlast the Ctrl-C test that goes first (up to STOP_S) on a quick CPU too: 16 pairs
+    # once ended before its SIGTERM came
     both = {"ctrl_c": _serve(tmp_path, "ctrl_c", "--limit", "1", "--sweeps", "resid"),
-            "sigterm": _serve(tmp_path, "sigterm", "--limit", "16", "--sweeps", "resid,heads")}
+            "sigterm": _serve(tmp_path, "sigterm", "--limit", "64", "--sweeps", "resid,heads")}
     sessions = {}
     try:
         for how, (proc, log, _, _) in both.items():
