@@ -98,7 +98,8 @@ def plan_step(runner, plan_of, columns: Columns, sources: Sources, start_layer: 
     step = Step()
     pin = staged(device)
     _reads(step, columns, plans, pos0, pos1, shift)
-    step.done = plans[pos1 >= columns.n_tokens[plans]]
+    done = pos1 >= columns.n_tokens[plans]  # the plans whose last position this step computes
+    step.done = plans[done]
     if len(columns.patch_pos):
         _patch_writes(step, columns, plans, pos0, pos1, shift, sources, widths, pin)
     if start_layer:
@@ -107,7 +108,7 @@ def plan_step(runner, plan_of, columns: Columns, sources: Sources, start_layer: 
         src = torch.from_numpy(columns.start_src[_spanned(first + pos0, first + pos1)])
         step.start = (torch.from_numpy(rows), _gather(sources.rows[stream_key(start_layer)], src, pin))
     if columns.special:
-        _add_special(step, columns, plans, row0, pos0, pos1)
+        _add_special(step, columns, plans, row0, pos0, pos1, done)
     step.to(device)
     return step
 
@@ -156,11 +157,10 @@ def _patch_writes(step: Step, columns: Columns, plans, pos0, pos1, shift, source
                            _gather(sources.rows[key].view(-1, uw), index, pin))
 
 
-def _add_special(step: Step, columns: Columns, plans, row0, pos0, pos1) -> None:
+def _add_special(step: Step, columns: Columns, plans, row0, pos0, pos1, done) -> None:
     """What the step's requests that hold more (request.Request) add: noise at the positions it
     computes, their circuit and recomputed heads' rows, their captures' buffers; and those that finish."""
     noise = []
-    done = pos1 >= columns.n_tokens[plans]
     for i in np.flatnonzero(columns.is_special[plans]).tolist():
         r = columns.special[int(plans[i])]
         a, b, row = int(pos0[i]), int(pos1[i]), int(row0[i])
