@@ -123,9 +123,15 @@ class TimedEngine:
         return getattr(self.engine, name)
 
     def run(self, requests, sources=None):
+        return self._timed(self.engine.run, requests, sources)
+
+    def readings(self, requests, sources=None):
+        return self._timed(self.engine.readings, requests, sources)
+
+    def _timed(self, call, requests, sources):
         t0 = time.perf_counter()
         try:
-            return self.engine.run(requests, sources)
+            return call(requests, sources)
         finally:
             self.seconds += time.perf_counter() - t0
 

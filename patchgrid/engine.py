@@ -1,7 +1,7 @@
 """One way to get an engine, whatever the backend: `load_engine(model, backend=...)`.
 
 Every backend implements `Engine`: it takes the same `Request`s (patchgrid.plan) and returns
-`Result`s in order.
+`Result`s in order, or their `Reading`s (patchgrid.metrics).
 """
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ from .sites import ModelShape, shape_of
 if TYPE_CHECKING:  # the command line starts without torch (seconds of its start-up)
     import torch
 
+    from .metrics import Reading
+
 BACKENDS = ("vllm", "hf")
 DEFAULT_BACKEND = "vllm"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -30,6 +32,11 @@ class Engine(Protocol):
     dtype: torch.dtype  # the dtype its activations (and so its captures) are in
 
     def run(self, requests: list[Request], sources: dict | None = None) -> list[Result]: ...
+
+    def readings(self, requests: list[Request], sources: dict | None = None) -> list[Reading]:
+        """metrics.Reading.of of each request's Result (a sweep's runs: answers and continuations the
+        clean and the corrupt one); an engine may read them without making the Results."""
+        ...
 
     def close(self) -> None: ...
 

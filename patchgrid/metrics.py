@@ -106,14 +106,24 @@ class Reading:
         kl = result.kl if result.kl is not None else kl
         rank = float(result.answer_ranks[0]) if result.answer_ranks else None
         if not result.continuation_logprobs:
-            return cls(_difference(result.answer_logits), None, None, None, None, kl, rank)
+            return cls.one_token(_difference(result.answer_logits), None, None, kl, rank)
         clean, corrupt = result.continuation_logprobs  # (clean answer, corrupt answer)
         clean, corrupt = tuple(map(float, clean)), tuple(map(float, corrupt))
-        one_token = len(clean) == 1 and len(corrupt) == 1
-        logit_diff = _difference(result.answer_logits) if one_token else None
+        if len(clean) == 1 and len(corrupt) == 1:
+            return cls.one_token(_difference(result.answer_logits), clean[0], corrupt[0], kl, rank)
         lp_clean, lp_corrupt = math.fsum(clean), math.fsum(corrupt)
-        return cls(logit_diff, lp_clean - lp_corrupt, lp_clean, lp_corrupt, math.exp(lp_clean), kl, rank, clean,
-                   corrupt)
+        return cls(None, lp_clean - lp_corrupt, lp_clean, lp_corrupt, math.exp(lp_clean), kl, rank, clean, corrupt)
+
+    @classmethod
+    def one_token(cls, logit_diff: float, clean: float | None, corrupt: float | None, kl: float | None,
+                  rank: float | None) -> Reading:
+        """The reading of a run whose answers are one token each: `logit_diff` (their logits'
+        difference, in float32), their log-probabilities `clean` and `corrupt` (None: the run scored
+        no continuation), `kl` and `rank` (None: not read). What `of` makes of such a run's Result,
+        from its numbers alone (backends.vllm_results reads many at once from a call's arrays)."""
+        if clean is None:
+            return cls(logit_diff, None, None, None, None, kl, rank)
+        return cls(logit_diff, clean - corrupt, clean, corrupt, math.exp(clean), kl, rank, (clean,), (corrupt,))
 
     def only(self, metrics) -> Reading:
         """This reading with every metric but `metrics` None (a per-token list with its metric)."""

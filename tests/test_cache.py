@@ -20,11 +20,18 @@ class Counting:
         self.shape, self.folder, self.dtype = engine.shape, engine.folder, engine.dtype
 
     def run(self, requests, sources=None):
+        self._count(requests)
+        return self.engine.run(requests, sources)
+
+    def readings(self, requests, sources=None):
+        self._count(requests)
+        return self.engine.readings(requests, sources)
+
+    def _count(self, requests):
         self.calls += 1
         if self.fail_on_call == self.calls:
             raise RuntimeError("engine died")
         self.requests += len(requests)
-        return self.engine.run(requests, sources)
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from ..metrics import answer_ranks, kl_divergence
+from ..metrics import Reading, answer_ranks, kl_divergence
 from ..plan import LOGPROBS, Result, forwards, gaussian_noise, join_forwards, patch_rows, recomputed_heads, validate
 from ..sites import QKV, SITES, get_module, parse_key, site_module
 from .edge_ablation import Layout, check_circuits, cut_by_deltas, delta_bytes
@@ -125,6 +125,10 @@ class HFEngine:
         self.dtype = next(self.model.parameters()).dtype
         cap = shape.family.final_softcap
         self.final_softcap = getattr(self.model.config, cap, None) if cap else None
+
+    def readings(self, requests, sources=None) -> list[Reading]:
+        """metrics.Reading.of of each request's Result (Engine.readings)."""
+        return [Reading.of(r) for r in self.run(requests, sources)]
 
     def run(self, requests, sources=None) -> list[Result]:
         sources = sources or {}

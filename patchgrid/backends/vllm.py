@@ -23,6 +23,7 @@ from pathlib import Path
 
 from ..collector import cyclic_gc_paused
 from ..graph import circuit_keys
+from ..metrics import Reading
 from ..plan import (
     LOGPROBS,
     PlanError,
@@ -37,7 +38,7 @@ from ..plan import (
 from ..sites import SITES, parse_key
 from ..stopping import stopped_for_good
 from .edge_ablation import check_circuits, cut_by_deltas, delta_bytes
-from .vllm_results import call_results
+from .vllm_results import call_readings, call_results
 from .vllm_worker.request import request_id
 
 WORKER_EXTENSION = "patchgrid.backends.vllm_worker.extension.PatchgridWorker"
@@ -191,7 +192,14 @@ class VllmEngine:
         with cyclic_gc_paused():
             return self._run(requests, sources)
 
-    def _run(self, requests, sources=None) -> list[Result]:
+    def readings(self, requests, sources=None) -> list[Reading]:
+        """metrics.Reading.of of each request's Result (Engine.readings): a grid's runs read straight from the
+        call's arrays (vllm_results.call_readings), no Result made."""
+        with cyclic_gc_paused():
+            return self._run(requests, sources, call_readings)
+
+    def _run(self, requests, sources=None, read=call_results) -> list:
+        """run(), or with `read` (call_readings) readings(): what each generate call's outputs are read as."""
         if self._failed:
             raise RuntimeError(f"this vLLM engine failed in an earlier call ({self._failed}) and cannot run "
                                "another: start a new one")
@@ -224,7 +232,7 @@ class VllmEngine:
             # circuit runs hold their senders' deltas while a step runs them: calls cut to keep those bounded
             for idx in cut_by_deltas(sorted(every), lambda i: delta_bytes(requests[i], self.shape)):
                 for i, res in zip(idx, self._generate([_started_at(requests[i], layer) for i in idx], sources, layer,
-                                                      [fwds[i] for i in idx])):
+                                                      [fwds[i] for i in idx], read)):
                     results[i] = res
         return results
 
@@ -255,13 +263,14 @@ class VllmEngine:
                     raise PlanError(f"request {i}: {key}: the model's {self.shape.kv_heads} key/value heads do not "
                                     f"split over tensor_parallel_size {tp} (vLLM replicates them)")
 
-    def _generate(self, requests, sources, start_layer: int, fwds=None) -> list[Result]:
+    def _generate(self, requests, sources, start_layer: int, fwds=None, read=call_results) -> list:
         """One generate call; every request starts at `start_layer` (0: at the embedding) and runs
-        as its forwards `fwds` (plan.forwards; computed here when not given)."""
+        as its forwards `fwds` (plan.forwards; computed here when not given); its outputs read by `read`
+        (vllm_results: as Results, or as Readings)."""
         with self._woken_if_the_core_dies():
-            return self._generate_watched(requests, sources, start_layer, fwds)
+            return self._generate_watched(requests, sources, start_layer, fwds, read)
 
-    def _generate_watched(self, requests, sources, start_layer: int, fwds=None) -> list[Result]:
+    def _generate_watched(self, requests, sources, start_layer: int, fwds=None, read=call_results) -> list:
         call = next(self._calls)
         fwds = fwds if fwds is not None else [forwards(r) for r in requests]
         tags = [[f"{call}:{i}:{k}" for k in range(len(f))] for i, f in enumerate(fwds)]
@@ -286,7 +295,7 @@ class VllmEngine:
             # an RPC to a dead core can wait for ever: a failed engine runs no further call anyway.
             if not self._failed or self._inprocess:
                 per_rank = self.llm.collective_rpc("pg_end")
-        return call_results(requests, fwds, tags, per_rank)
+        return read(requests, fwds, tags, per_rank)
 
     def _prefill(self, call: int, prompts: list) -> None:
         """vLLM prefills every forward of call `call` and samples nothing of use: one SamplingParams

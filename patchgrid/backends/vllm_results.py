@@ -2,11 +2,17 @@
 arrays by plan, vllm_worker.results.CallResults, and the parts of the forwards that read more). A
 request run as one forward that captures nothing and asks for neither top_k nor log-probabilities,
 a grid's patched run, has its Result read straight from its row of the arrays; any other is joined
-from its forwards' parts as the hf backend joins them (plan.join_forwards)."""
+from its forwards' parts as the hf backend joins them (plan.join_forwards).
+
+`call_readings` reads a sweep's Readings instead (metrics.Reading.of of each Result): those of the
+grid's runs, whose answers are one token each, straight from the arrays, many at once and with no
+Result made; any other from its Result."""
 from __future__ import annotations
 
+import numpy as np
 import torch
 
+from ..metrics import Reading
 from ..plan import Result, decode_tensor, join_forwards
 from ..tp import merge_rank_captures
 from .vllm_worker.results import decoded
@@ -17,6 +23,63 @@ def call_results(requests, fwds, tags: list[list[str]], per_rank: list) -> list[
     every request's forwards in order, plan k the k-th: request.request_id), `per_rank` what pg_end
     returned on each tensor-parallel rank (rank 0 reads the logits; every rank holds its own slice of
     a capture)."""
+    rows = _Rows(_checked(per_rank, fwds))
+    parts = [rank["parts"] for rank in per_rank]
+    out, k = [], 0
+    for r, fs, ts in zip(requests, fwds, tags):
+        out.append(_result(r, fs, ts, k, rows, parts))
+        k += len(fs)
+    return out
+
+
+def call_readings(requests, fwds, tags: list[list[str]], per_rank: list) -> list[Reading]:
+    """Each request's Reading, metrics.Reading.of of its Result (call_results' arguments). A request
+    run as one forward read from its row alone (`_plain`) whose two answers are one token each, and
+    which scores them as its two continuations or scores none, is read from its row of the arrays with
+    the others of its kind at once (Reading.one_token: the numbers Reading.of reads of its Result); any
+    other from its Result."""
+    arrays = _checked(per_rank, fwds)
+    plan_of = np.cumsum([0] + [len(fs) for fs in fwds[:-1]])  # each request's first forward's plan
+    quick, scored, referenced, ranked = [], [], [], []
+    for i, (r, fs) in enumerate(zip(requests, fwds)):
+        cs = r.continuations
+        if (len(fs) == 1 and _plain(r) and len(r.answers) == 2
+                and (not cs or (len(cs) == 2 and len(cs[0]) == 1 and len(cs[1]) == 1))):
+            quick.append(i)
+            scored.append(bool(cs))
+            referenced.append(r.reference is not None)
+            ranked.append(r.ranks)
+    out: list = [None] * len(requests)
+    if quick:
+        ks = plan_of[quick]
+        answers = arrays["answers"][ks]
+        diffs = (answers[:, 0] - answers[:, 1]).tolist()  # in float32, as Reading.of subtracts them
+        kls, ranks = arrays["kl"][ks].tolist(), arrays["ranks"][ks, 0].tolist()
+        at = np.where(scored, arrays["score_start"][ks], -1)  # a clean answer's slot; the corrupt one's next
+        scores = np.append(arrays["scores"], [np.nan, np.nan])  # slots -1 and 0 of a run that scores none
+        cleans, corrupts = scores[at].tolist(), scores[at + 1].tolist()
+        one_token = Reading.one_token
+        for i, d, s, clean, corrupt, ref, kl, rk, rank in zip(quick, diffs, scored, cleans, corrupts, referenced, kls,
+                                                                ranked, ranks):
+            out[i] = one_token(d, clean if s else None, corrupt if s else None, kl if ref else None,
+                               float(rank) if rk else None)
+    if len(quick) < len(requests):
+        rows = _Rows(arrays)
+        parts = [rank["parts"] for rank in per_rank]
+        for i, r in enumerate(requests):
+            if out[i] is None:
+                out[i] = Reading.of(_result(r, fwds[i], tags[i], int(plan_of[i]), rows, parts))
+    return out
+
+
+def _plain(r) -> bool:
+    """Whether request `r`, run as one forward, has its Result read from its row of the arrays alone."""
+    return not r.capture and not r.top_k and not r.logprobs
+
+
+def _checked(per_rank: list, fwds) -> dict[str, np.ndarray]:
+    """The call's arrays (rank 0's), refused unless every forward finished and every continuation token
+    was scored."""
     if per_rank[0] is None:
         raise RuntimeError("vLLM's worker returned no results: the call had not begun there")
     arrays = decoded(per_rank[0])
@@ -28,17 +91,14 @@ def call_results(requests, fwds, tags: list[list[str]], per_rank: list) -> list[
         missing = int((~arrays["filled"]).sum())
         raise RuntimeError(f"vLLM's worker scored {missing} of the call's {len(arrays['filled'])} continuation tokens "
                            "nowhere: their requests' answers were not scored in full")
-    rows = _Rows(arrays)
-    parts = [rank["parts"] for rank in per_rank]
-    out, k = [], 0
-    for r, fs, ts in zip(requests, fwds, tags):
-        if len(fs) == 1 and not r.capture and not r.top_k and not r.logprobs:
-            out.append(rows.result(r, k))
-        else:
-            out.append(join_forwards(r, fs, [_part(r, f, k + i, t, rows, parts)
-                                             for i, (f, t) in enumerate(zip(fs, ts))]))
-        k += len(fs)
-    return out
+    return arrays
+
+
+def _result(r, fs, ts, k: int, rows, parts: list[dict]) -> Result:
+    """The Result of request `r`, whose forwards `fs` (tags `ts`) are the call's plans from k on."""
+    if len(fs) == 1 and _plain(r):
+        return rows.result(r, k)
+    return join_forwards(r, fs, [_part(r, f, k + i, t, rows, parts) for i, (f, t) in enumerate(zip(fs, ts))])
 
 
 class _Rows:

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from ..cache import CacheError, CacheSpec
 from ..collector import cyclic_gc_paused
 from ..graph import circuit_keys
-from ..metrics import METRICS, Reading
+from ..metrics import METRICS
 from ..plan import LOGPROBS, Request
 from .ablated import AblatedSources
 from .base import Cell, SweepContext, SweepKind, SweepRun, as_run, baselines
@@ -76,10 +76,12 @@ class _Calls:
         if report and self.progress:
             self.progress(self.done, self.total)
 
-    def run(self, runs, read, ctx: SweepContext, counted: bool = True) -> None:
-        """Each result handed to `read`. `counted`: runs that are cells of the grid (a phase's are
-        not). In engine calls of at most max_requests runs (a shard's requests are small, its
-        results are not), cut by start_layer_calls."""
+    def run(self, runs, read, ctx: SweepContext, counted: bool = True, readings: bool = False) -> None:
+        """Each result handed to `read`, or with `readings` its Reading (Engine.readings: what
+        Reading.of reads of it). `counted`: runs that are cells of the grid (a phase's are not). In
+        engine calls of at most max_requests runs (a shard's requests are small, its results are
+        not), cut by start_layer_calls."""
+        call = self.engine.readings if readings else self.engine.run
         for buffer in start_layer_calls(runs, self.max_requests):
             sources, wanted = {}, defaultdict(set)  # wanted: the site keys read of each source
             for *_, req in buffer:
@@ -91,7 +93,7 @@ class _Calls:
                     wanted.setdefault(name, set())
             for name, keys in wanted.items():
                 sources[name] = self.ablated.get(name, keys) or _source(self.store, ctx, self.pairs, name)
-            for run, res in zip(buffer, self.engine.run([req for *_, req in buffer], sources)):
+            for run, res in zip(buffer, call([req for *_, req in buffer], sources)):
                 read(run, res)
             if counted:
                 self.counted(len(buffer))
@@ -155,7 +157,8 @@ def run_sweeps(engine, pairs, store, config: SweepConfig, progress: Progress | N
     with cyclic_gc_paused():  # the grid's requests, results, readings and rows make no reference cycles
         runs, unchanged, order = _sorted_cells(pairs, ctx, readings)
         calls.counted(sum(len(got) for got in readings.values()), report=False)  # read by a phase
-        calls.run(runs, lambda run, res: readings[(run[0], run[1].name)].append((run[2], Reading.of(res))), ctx)
+        calls.run(runs, lambda run, reading: readings[(run[0], run[1].name)].append((run[2], reading)), ctx,
+                  readings=True)
         if unchanged:
             _fill_unchanged(unchanged, readings, pairs, store)
             calls.counted(len(unchanged))

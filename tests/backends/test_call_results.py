@@ -9,9 +9,10 @@ import msgspec
 import pytest
 import torch
 
-from patchgrid.backends.vllm_results import call_results
+from patchgrid.backends.vllm_results import call_readings, call_results
 from patchgrid.backends.vllm_worker.results import CallResults
-from patchgrid.plan import Patch, Request, forwards, to_wire
+from patchgrid.metrics import Reading
+from patchgrid.plan import Patch, Request, encode_tensor, forwards, to_wire
 
 GRID = Request(tokens=(3, 4, 5), answers=(7, 8), patches=(Patch("resid", 1, "0:clean", (1,)),),
                continuations=((7,), (8,)), reference="0:clean")
@@ -80,3 +81,33 @@ def test_a_forward_never_finished_or_a_token_never_scored_is_an_error():
         call_results(requests, fwds, tags, [res.wire()])
     with pytest.raises(RuntimeError, match="the call had not begun"):
         call_results(requests, fwds, tags, [None])
+
+
+def test_readings_read_from_the_arrays_are_reading_of_each_result():
+    """call_readings reads a grid's runs (two one-token answers, scored as continuations or not) from
+    the arrays at once, and any other run from its Result: every reading is Reading.of of the run's
+    Result, bit for bit, on numbers whose float32 difference rounds (random logits)."""
+    requests = [GRID, LOGIT_DIFF_ONLY, WHOLE,
+                Request(tokens=(3, 4, 5), answers=(7, 8), continuations=((7,), (8,))),  # no reference
+                Request(tokens=(3, 4, 5), answers=(7, 8), continuations=((7,), (8,)), ranks=False),
+                Request(tokens=(3, 4, 5), answers=(8, 7), reference="0:clean"),  # answers only, KL
+                Request(tokens=(3, 4, 5), answers=(7, 8, 9), continuations=((7,), (8,))),  # three answers
+                Request(tokens=(3, 4, 5), answers=(7, 8), continuations=((7,), (8,)), capture=("resid.0",)),
+                GRID]
+    fwds, tags, plans = _call(requests)
+    res = _filled(plans)
+    g = torch.Generator().manual_seed(0)
+    res.answers[:] = (torch.randn(res.answers.shape, generator=g) * 7).numpy()
+    res.scores[:res.slots] = (-torch.rand(res.slots, generator=g, dtype=torch.float64) * 9).numpy()
+    res.kl[:] = torch.rand(len(res.kl), generator=g, dtype=torch.float64).numpy()
+    for plan in plans:
+        if plan[4]:  # the capturing run's own part
+            res.parts[plan[0]] = {"captures": {"resid.0": encode_tensor(torch.zeros(3, 2))}}
+    wired = _across_processes(res.wire())
+    want = [Reading.of(r) for r in call_results(requests, fwds, tags, [wired])]
+    got = call_readings(requests, fwds, tags, [wired])
+    assert got == want
+    assert got[0].logit_diff == float(res.answers[0, 0] - res.answers[0, 1]) and got[0].kl == res.kl[0]
+    assert got[1].logprob_diff is None and got[1].rank is None and got[1].kl is None
+    assert got[4].rank is None and got[4].p is not None and got[5].logprob_diff is None
+    assert got[2].logit_diff is None and len(got[2].logp_clean_tokens) == 3  # scored whole: from its Result

@@ -21,11 +21,18 @@ class DyingEngine:
         self.shape, self.folder, self.dtype = engine.shape, engine.folder, engine.dtype
 
     def run(self, requests, sources=None):
+        self._call()
+        return self.engine.run(requests, sources)
+
+    def readings(self, requests, sources=None):
+        self._call()
+        return self.engine.readings(requests, sources)
+
+    def _call(self):
         self.calls += 1
         if self.calls == self.die_on_call:
             self.engine.close()
             raise RuntimeError("EngineCore died unexpectedly")
-        return self.engine.run(requests, sources)
 
     def close(self):
         self.engine.close()
