@@ -210,7 +210,7 @@ class VllmEngine:
         self._refuse_unreadable(requests)
         fwds = [forwards(r) for r in requests]  # a start does not change them: computed once per call
         for i, (r, fs) in enumerate(zip(requests, fwds)):
-            longest = max(len(f.tokens) for f in fs)
+            longest = len(fs[0].tokens) if len(fs) == 1 else max(len(f.tokens) for f in fs)
             if longest > self.max_model_len:
                 what = "tokens" if longest == len(r.tokens) else "tokens and an answer scored after them"
                 raise PlanError(f"request {i}: {what} have {longest} tokens, more than the engine's "
@@ -274,9 +274,7 @@ class VllmEngine:
         call = next(self._calls)
         fwds = fwds if fwds is not None else [forwards(r) for r in requests]
         tags = [[f"{call}:{i}:{k}" for k in range(len(f))] for i, f in enumerate(fwds)]
-        keys = sorted({p.key for r in requests for p in r.patches} | {k for r in requests for k in r.capture}
-                      | {k for r in requests for k in recomputed_heads(r)})
-        wire_sources = _wire_sources(requests, sources, self.shape.n_layers)
+        keys, wire_sources = _keys_and_sources(requests, sources, self.shape.n_layers)
         shape = {"vocab_size": self.shape.vocab_size, "d_model": self.shape.d_model,
                  "n_heads": self.shape.n_heads, "head_dim": self.shape.head_dim, "d_mlp": self.shape.d_mlp,
                  "n_kv_heads": self.shape.kv_heads}
@@ -381,19 +379,31 @@ class VllmEngine:
         gc.collect()
 
 
-def _wire_sources(requests, sources, n_layers: int) -> dict:
-    """Only what the patches, starts, references and circuits read crosses to the worker, as plain data."""
-    used: dict[str, set[str]] = {}
+def _keys_and_sources(requests, sources, n_layers: int) -> tuple[list[str], dict]:
+    """The site keys the call reads or writes (their hooks go on: patches, captures, the heads' outputs its
+    attention interventions recompute), and what its patches, starts, references and circuits read of
+    `sources`, which alone crosses to the worker, as plain data; in one pass over the requests."""
+    keys: set[str] = set()
+    used: dict[str, set[str]] = defaultdict(set)
     for r in requests:
-        if r.circuit is not None:
-            used.setdefault(r.circuit.source, set()).update(circuit_keys(n_layers))
+        recomputes = r.knockout is not None
         for p in r.patches:
-            used.setdefault(p.source, set()).add(p.key)
+            key = p.key
+            keys.add(key)
+            used[p.source].add(key)
+            recomputes = recomputes or p.site == "pattern"
+        if recomputes:
+            keys.update(recomputed_heads(r))
+        if r.capture:
+            keys.update(r.capture)
+        if r.circuit is not None:
+            used[r.circuit.source].update(circuit_keys(n_layers))
         if r.start is not None:
-            used.setdefault(r.start.source, set()).add(r.start.key)
+            used[r.start.source].add(r.start.key)
         if r.reference is not None:
-            used.setdefault(r.reference, set()).add(LOGPROBS)
-    return {name: {k: encode_tensor(sources[name][k]) for k in ks} for name, ks in used.items()}
+            used[r.reference].add(LOGPROBS)
+    wired = {name: {k: encode_tensor(sources[name][k]) for k in ks} for name, ks in used.items()}
+    return sorted(keys), wired
 
 
 def merge_starts(tokens: dict[int, int], n_layers: int, call_cost: int) -> dict[int, int]:

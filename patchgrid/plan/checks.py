@@ -25,11 +25,14 @@ def validate(requests, sources, shape: ModelShape) -> None:
             _check_continuations(where, req, shape)
         if _unchecked(passed, ("reference", req.reference)):
             _check_reference(where, req, sources, shape)
-        _check_captures(where, req, shape)
+        if req.capture:
+            _check_captures(where, req, shape)
         for p in req.patches:
             _check_patch(where, p, req, sources, shape, passed, source_rows)
-        _check_noise(where, req)
-        _check_knockout(where, req, shape)
+        if req.noise:
+            _check_noise(where, req)
+        if req.knockout is not None:
+            _check_knockout(where, req, shape)
         if req.start is not None:
             _check_start(where, req, sources, shape)
 

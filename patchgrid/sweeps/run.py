@@ -89,8 +89,9 @@ class _Calls:
                     wanted[p.source].add(p.key)
                 if req.circuit is not None:
                     wanted[req.circuit.source].update(circuit_keys(self.engine.shape.n_layers))
-                for name in {req.reference, req.start and req.start.source} - {None}:
-                    wanted.setdefault(name, set())
+                for name in (req.reference, req.start.source if req.start is not None else None):
+                    if name is not None and name not in wanted:  # a source named, whatever keys it is read for
+                        wanted[name] = set()
             for name, keys in wanted.items():
                 sources[name] = self.ablated.get(name, keys) or _source(self.store, ctx, self.pairs, name)
             for run, res in zip(buffer, call([req for *_, req in buffer], sources)):
