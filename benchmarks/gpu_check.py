@@ -330,7 +330,7 @@ def _runner(model, requests):
     import numpy as np
 
     from patchgrid.backends.vllm_worker.request import request_id
-    from patchgrid.plan import forwards, to_wire
+    from patchgrid.plan import forwards, to_columns
 
     fwds = [(r, f) for r in requests for f in forwards(r)]
     # vLLM's ids: the one given (which names the call's plan k) and a random suffix
@@ -343,7 +343,7 @@ def _runner(model, requests):
                                                                                                      dtype=np.int64)),
         query_start_loc=SimpleNamespace(np=np.cumsum([0] + lengths)),
         requests={rid: SimpleNamespace(prompt_token_ids=list(f.tokens)) for rid, _, f in vllm_requests},
-    ), sum(lengths), [to_wire(r, rid, f) for rid, r, f in vllm_requests]
+    ), sum(lengths), to_columns(requests, [forwards(r) for r in requests])
 
 
 class _Activations:

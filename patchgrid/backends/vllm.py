@@ -32,7 +32,7 @@ from ..plan import (
     encode_tensor,
     forwards,
     recomputed_heads,
-    to_wire,
+    to_columns,
     validate,
 )
 from ..sites import SITES, parse_key
@@ -273,12 +273,11 @@ class VllmEngine:
     def _generate_watched(self, requests, sources, start_layer: int, fwds=None, read=call_results) -> list:
         call = next(self._calls)
         fwds = fwds if fwds is not None else [forwards(r) for r in requests]
-        tags = [[f"{call}:{i}:{k}" for k in range(len(f))] for i, f in enumerate(fwds)]
         keys, wire_sources = _keys_and_sources(requests, sources, self.shape.n_layers)
         shape = {"vocab_size": self.shape.vocab_size, "d_model": self.shape.d_model,
                  "n_heads": self.shape.n_heads, "head_dim": self.shape.head_dim, "d_mlp": self.shape.d_mlp,
                  "n_kv_heads": self.shape.kv_heads}
-        plans = [to_wire(r, tag, f) for r, fs, ts in zip(requests, fwds, tags) for f, tag in zip(fs, ts)]
+        plans = to_columns(requests, fwds)
         self.llm.collective_rpc("pg_begin", args=(wire_sources, keys, self.shape.family.name, shape, start_layer,
                                                   call, plans))
         try:
@@ -293,7 +292,7 @@ class VllmEngine:
             # an RPC to a dead core can wait for ever: a failed engine runs no further call anyway.
             if not self._failed or self._inprocess:
                 per_rank = self.llm.collective_rpc("pg_end")
-        return read(requests, fwds, tags, per_rank)
+        return read(requests, fwds, per_rank)
 
     def _prefill(self, call: int, prompts: list) -> None:
         """vLLM prefills every forward of call `call` and samples nothing of use: one SamplingParams

@@ -18,21 +18,21 @@ from ..tp import merge_rank_captures
 from .vllm_worker.results import decoded
 
 
-def call_results(requests, fwds, tags: list[list[str]], per_rank: list) -> list[Result]:
-    """Each request's Result: `fwds` its forwards (plan.forwards), `tags` theirs (the call's plans are
-    every request's forwards in order, plan k the k-th: request.request_id), `per_rank` what pg_end
-    returned on each tensor-parallel rank (rank 0 reads the logits; every rank holds its own slice of
-    a capture)."""
+def call_results(requests, fwds, per_rank: list) -> list[Result]:
+    """Each request's Result: `fwds` its forwards (plan.forwards; the call's plans are every request's
+    forwards in order, plan k the k-th: request.request_id), `per_rank` what pg_end returned on each
+    tensor-parallel rank (rank 0 reads the logits; every rank holds its own slice of a capture, in
+    the forward's part under its plan index)."""
     rows = _Rows(_checked(per_rank, fwds))
     parts = [rank["parts"] for rank in per_rank]
     out, k = [], 0
-    for r, fs, ts in zip(requests, fwds, tags):
-        out.append(_result(r, fs, ts, k, rows, parts))
+    for r, fs in zip(requests, fwds):
+        out.append(_result(r, fs, k, rows, parts))
         k += len(fs)
     return out
 
 
-def call_readings(requests, fwds, tags: list[list[str]], per_rank: list) -> list[Reading]:
+def call_readings(requests, fwds, per_rank: list) -> list[Reading]:
     """Each request's Reading, metrics.Reading.of of its Result (call_results' arguments). A request
     run as one forward read from its row alone (`_plain`) whose two answers are one token each, and
     which scores them as its two continuations or scores none, is read from its row of the arrays with
@@ -68,7 +68,7 @@ def call_readings(requests, fwds, tags: list[list[str]], per_rank: list) -> list
         parts = [rank["parts"] for rank in per_rank]
         for i, r in enumerate(requests):
             if out[i] is None:
-                out[i] = Reading.of(_result(r, fwds[i], tags[i], int(plan_of[i]), rows, parts))
+                out[i] = Reading.of(_result(r, fwds[i], int(plan_of[i]), rows, parts))
     return out
 
 
@@ -94,11 +94,11 @@ def _checked(per_rank: list, fwds) -> dict[str, np.ndarray]:
     return arrays
 
 
-def _result(r, fs, ts, k: int, rows, parts: list[dict]) -> Result:
-    """The Result of request `r`, whose forwards `fs` (tags `ts`) are the call's plans from k on."""
+def _result(r, fs, k: int, rows, parts: list[dict]) -> Result:
+    """The Result of request `r`, whose forwards `fs` are the call's plans from k on."""
     if len(fs) == 1 and _plain(r):
         return rows.result(r, k)
-    return join_forwards(r, fs, [_part(r, f, k + i, t, rows, parts) for i, (f, t) in enumerate(zip(fs, ts))])
+    return join_forwards(r, fs, [_part(r, f, k + i, rows, parts) for i, f in enumerate(fs)])
 
 
 class _Rows:
@@ -135,9 +135,10 @@ class _Rows:
         return Result(continuation_logprobs=self.scored(r, range(len(r.continuations)), k), **self.first_reads(r, k))
 
 
-def _part(r, f, k: int, tag: str, rows: _Rows, parts: list[dict]) -> dict:
+def _part(r, f, k: int, rows: _Rows, parts: list[dict]) -> dict:
     """Forward k's part of its request's Result (plan.join_forwards): the arrays' row k, and what the
-    forward's own part (`tag`'s) holds, its captures joined over tensor-parallel ranks."""
+    forward's own part (its tag: k, as text) holds, its captures joined over tensor-parallel ranks."""
+    tag = str(k)
     own = parts[0].get(tag, {})
     caps = {key: decode_tensor(v) for key, v in own.get("captures", {}).items()}
     if caps and len(parts) > 1:  # tensor parallel: each rank read its own slice of z

@@ -50,11 +50,20 @@ from .request import (
     stream_key,
     trace_seed,
 )
-from .wire import WirePlan, decode_tensor, encode_tensor, from_wire, to_wire
+from .wire import (
+    WirePlan,
+    decode_array,
+    decode_tensor,
+    encode_array,
+    encode_tensor,
+    from_wire,
+    to_columns,
+    to_wire,
+)
 
 __all__ = [
-    "LOGPROBS", "Circuit", "Forward", "Knockout", "Noise", "Patch", "PlanError", "Request", "Result", "Start",
-    "WirePlan", "decode_tensor", "encode_tensor", "forwards", "from_wire", "gaussian_noise", "join_forwards",
-    "latest_start", "patch_rows", "recomputed_heads", "replaced", "resolve_positions", "stream_key", "to_wire",
-    "trace_seed", "tree_len", "tree_rows", "validate",
+    "LOGPROBS", "Circuit", "Forward", "Knockout", "Noise", "Patch", "PlanError", "Request", "Result",
+    "Start", "WirePlan", "decode_array", "decode_tensor", "encode_array", "encode_tensor", "forwards", "from_wire",
+    "gaussian_noise", "join_forwards", "latest_start", "patch_rows", "recomputed_heads", "replaced",
+    "resolve_positions", "stream_key", "to_columns", "to_wire", "trace_seed", "tree_len", "tree_rows", "validate",
 ]

@@ -18,7 +18,7 @@ from patchgrid.backends.vllm_worker.hooks import put
 from patchgrid.backends.vllm_worker.request import plan_index, request_id
 from patchgrid.backends.vllm_worker.session import Session as _Session
 from patchgrid.models import prepare
-from patchgrid.plan import Noise, Patch, Request, Start, encode_tensor, to_wire
+from patchgrid.plan import Noise, Patch, Request, Start, encode_tensor, forwards, to_columns
 from patchgrid.sites import LLAMA
 from tests.support.engines import needs_vllm
 
@@ -37,7 +37,7 @@ def _runner(model, requests):
                                     num_computed_tokens_cpu=np.zeros(len(requests), dtype=np.int64)),
         query_start_loc=SimpleNamespace(np=np.cumsum([0] + lengths)),
         requests={rid: SimpleNamespace(prompt_token_ids=list(r.tokens)) for rid, r in zip(ids, requests)},
-    ), sum(lengths), [to_wire(r, rid) for rid, r in zip(ids, requests)]
+    ), sum(lengths), to_columns(requests, [forwards(r) for r in requests])
 
 
 def test_a_vllm_request_id_names_its_call_and_plan():

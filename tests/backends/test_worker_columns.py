@@ -4,6 +4,7 @@ plans that hold more; without vLLM. The engine's numbers against hf's are held b
 tests/backends/test_vllm_matches_hf.py, test_families.py and test_start_midstack.py."""
 from __future__ import annotations
 
+import msgspec
 import numpy as np
 import pytest
 import torch
@@ -12,7 +13,7 @@ from patchgrid.backends.vllm_worker.columns import Columns, entries
 from patchgrid.backends.vllm_worker.request import Sources
 from patchgrid.backends.vllm_worker.results import CallResults
 from patchgrid.backends.vllm_worker.session import site_widths
-from patchgrid.plan import Noise, Patch, Request, Start, encode_tensor, forwards, to_wire
+from patchgrid.plan import Noise, Patch, Request, Start, encode_tensor, forwards, to_columns
 
 SHAPE = {"vocab_size": 50, "d_model": 8, "n_heads": 2, "head_dim": 4, "d_mlp": 16, "n_kv_heads": 2}
 
@@ -24,14 +25,22 @@ def test_entries_lays_items_out_one_after_another():
     assert entry.tolist() == [] and owner.tolist() == []
 
 
-def _columns(requests, tp=(0, 1)):
+def _columns(requests, tp=(0, 1), patterns=False):
     wire = {"clean": {"resid.1": encode_tensor(torch.randn(6, 8)), "head.0": encode_tensor(torch.randn(6, 8))},
             "corrupt": {"resid.1": encode_tensor(torch.randn(6, 8))}}
-    plans = [to_wire(r, f"0:{i}:{j}", f) for i, r in enumerate(requests) for j, f in enumerate(forwards(r))]
-    sources = Sources(wire, torch.float32)
-    results = CallResults(plans)
-    return Columns(plans, sources, {"clean": object()}, site_widths(SHAPE, tp[1]), torch.float32, tp,
-                   results=results), sources, results
+    if patterns:  # the pattern of a 3-token prompt: [queries, heads x keys]
+        wire["clean"]["pattern.0"] = encode_tensor(torch.rand(3, 2 * 3))
+    plans = to_columns(requests, [forwards(r) for r in requests])
+    sources = Sources(_across_processes(wire), torch.float32)
+    cols = Columns(_across_processes(plans), sources, {"clean": object()}, site_widths(SHAPE, tp[1]), torch.float32,
+                   tp)
+    results = CallResults(cols.answer_ids)
+    results.hand_out(cols.score_start, len(cols.score_token))
+    return cols, sources, results
+
+
+def _across_processes(wired: dict) -> dict:
+    return msgspec.msgpack.decode(msgspec.msgpack.encode(wired))
 
 
 def test_a_grid_plan_is_columns_only_and_a_plan_that_holds_more_is_a_request_too():
@@ -76,3 +85,27 @@ def test_under_tensor_parallelism_a_head_is_patched_on_the_rank_that_holds_it(ra
         assert cols.patch_model_unit[0] == 1
     else:
         assert held == [("resid.1", False)]
+
+
+def test_a_whole_patch_reads_each_forwards_tree_rows_and_a_pattern_patch_travels_whole():
+    """A whole patch (every row of the request) writes each forward's positions from its rows of the
+    tree: the prompt's, then its own continuation's inputs from its branch on; a pattern patch is not
+    a column (the attention hook recomputes the head) and its plan travels whole, a Request."""
+    whole = Request(tokens=(1, 2), answers=(7, 9), continuations=((7, 1, 2), (9, 6)),
+                    patches=(Patch("resid", 1, "clean", whole=True),))
+    pattern = Request(tokens=(1, 2, 3), answers=(7, 8), patches=(Patch("pattern", 0, "clean", (2,), 1),
+                                                                 Patch("resid", 1, "corrupt", (0,))))
+    cols, sources, _ = _columns([whole, pattern], patterns=True)
+    row = sources.first[("clean", "resid.1")]
+    spans = [(int(a), int(a + n)) for a, n in zip(cols.patch_start, cols.patch_count)]
+    assert [cols.patch_pos[a:b].tolist() for a, b in spans] == [[0, 1, 2, 3], [0, 1, 2], [0]]
+    assert cols.patch_src[spans[0][0]:spans[0][1]].tolist() == [row + r for r in (0, 1, 2, 3)]
+    assert cols.patch_src[spans[1][0]:spans[1][1]].tolist() == [row + r for r in (0, 1, 4)]  # branch 4
+    assert cols.patch_src[spans[2][0]].tolist() == sources.first[("corrupt", "resid.1")]
+    assert sorted(cols.special) == [2] and cols.special[2].pattern_patches[0][0][1] == 1
+
+
+def test_a_patch_whose_source_the_call_lacks_is_named():
+    req = Request(tokens=(1, 2, 3), answers=(7,), patches=(Patch("resid", 1, "elsewhere", (0,)),))
+    with pytest.raises(RuntimeError, match="patch source 'elsewhere' holds no resid.1"):
+        _columns([req])

@@ -2,7 +2,10 @@
 arrays indexed by plan (the k of request.request_id), and the plans' patches, scored tokens and
 start rows as flat tables, each plan's entries together from `*_start[k]` on. A step then
 plans and reads all its requests in a few array operations (step.plan_step, readout.read), not a
-loop over them: a grid's patched run costs no Python object of its own in the worker.
+loop over them: a grid's patched run costs no Python object of its own in the worker. The host
+sends them as columns (plan.to_columns); here they are completed with what only the worker knows:
+each patch's and start's rows in the stacked sources (request.Sources), which tensor-parallel rank
+holds a head or neuron, and the KL references' order.
 
 What few plans hold beyond these (noise, captures, circuits, pattern patches, knockouts, top_k,
 log-probabilities) is a request.Request each, `special[k]`, which the step and the readout visit
@@ -14,6 +17,7 @@ one by one.
     start_layer         [plans]  the layer it starts at (plan.Start), -1 from the embedding
     reads_vocabulary    [plans]  its readout needs the vocabulary's logsumexp (plan.Request.reads_vocabulary)
     ranked, n_answers   [plans]  it reads its answers' ranks; how many answers it has
+    answer_ids          [plans, most answers]  its answer ids (0 past its own)
     reference           [plans]  the index of its KL reference in `references`, -1: none
     extra               [plans]  it reads top_k or log-probabilities (special[k] holds where they go)
     is_special          [plans]  special[k] exists
@@ -31,109 +35,101 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...plan import patch_rows, stream_key
-from ...sites import SITES, site_key
-from ...tp import unit_owner
-from .request import Request, Sources, tree
-from .results import CallResults
+from ...plan import decode_array
+from ...sites import SITES, parse_key
+from ...tp import units_per_rank
+from .request import Request, Sources
 
 
 class Columns:
-    def __init__(self, plans: list, sources: Sources, references: dict, widths: dict, dtype, tp=(0, 1), *,
-                 results: CallResults):
-        self.first_of, self.widths, self.tp = sources.first, widths, tp
-        first_of = sources.first
+    def __init__(self, wired: dict, sources: Sources, references: dict, widths: dict, dtype, tp=(0, 1)):
+        """`wired`: plan.to_columns' columns; `references` the call's KL references by source name."""
+        a = {name: decode_array(enc) for name, enc in wired["arrays"].items()}
+        names, keys = wired["names"], wired["keys"]
+        n = len(a["n_prompt"])
+        self.n_prompt, self.n_tokens, self.start_layer = a["n_prompt"], a["n_tokens"], a["start_layer"]
+        self.first, self.ranked = a["first"].astype(bool), a["ranked"].astype(bool)
+        self.reads_vocabulary, self.extra = a["reads_vocabulary"].astype(bool), a["extra"].astype(bool)
+        self.n_answers, self.answer_ids = a["n_answers"], a["answers"]
+        branch = a["branch"]
         self.references = list(references.values())
-        ref_index = {name: i for i, name in enumerate(references)}
-        self.groups: list[tuple[str, bool]] = []  # a patch group's (site key, patched by unit)
-        self._group_of: dict[tuple[str, bool], int] = {}
-        self._keys: dict[tuple[str, int], str] = {}
-        self.special: dict[int, Request] = {}
-        n = len(plans)
-        n_prompt, n_tokens, first, start_layer = [0] * n, [0] * n, [False] * n, [-1] * n
-        reads_vocabulary, ranked, n_answers, reference, extra = [False] * n, [False] * n, [0] * n, [-1] * n, [False] * n
-        patch_start = [0] * n
-        patch_columns = patch_pos, patch_src, patch_group, patch_unit, patch_model_unit = [], [], [], [], []
-        score_start, score_index, score_token = [0] * n, [], []
-        start_start, start_src = [0] * n, []
-        for k, plan in enumerate(plans):
-            (_, (prompt, scores, branch, is_first, length), answers, top_k, capture, patches, noise, start,
-             continuations, ref, logprobs, ranks, circuit, knockout) = plan
-            n_prompt[k], n_tokens[k], first[k] = prompt, length, is_first
-            reads_vocabulary[k] = bool(continuations or ref is not None or ranks or top_k or logprobs)
-            ranked[k], n_answers[k], extra[k] = ranks, len(answers), bool(top_k or logprobs)
-            if ref is not None:
-                reference[k] = ref_index[ref]
-            score_start[k] = len(score_token)
-            for j in scores:
-                score_index.extend(range(len(continuations[j])))
-                score_token.extend(continuations[j])
-            patch_start[k] = len(patch_pos)
-            pattern = self._patches(patches, prompt, length, branch, patch_columns)
-            if start is not None:
-                start_layer[k] = start[0]
-                row = first_of[(start[1], stream_key(start[0]))]
-                start_start[k] = len(start_src)
-                start_src.extend(range(row, row + length) if length == prompt
-                                 else [row + r for r in tree(length, prompt, branch)])
-            if noise or capture or pattern or circuit is not None or knockout is not None or top_k or logprobs:
-                self.special[k] = Request(plan, sources, widths, dtype, k=k)
-        i64 = np.int64
-        self.n_prompt, self.n_tokens = np.array(n_prompt, dtype=i64), np.array(n_tokens, dtype=i64)
-        self.first, self.start_layer = np.array(first, dtype=bool), np.array(start_layer, dtype=i64)
-        self.reads_vocabulary, self.ranked = np.array(reads_vocabulary, dtype=bool), np.array(ranked, dtype=bool)
-        self.n_answers, self.reference = np.array(n_answers, dtype=i64), np.array(reference, dtype=i64)
-        self.extra = np.array(extra, dtype=bool)
+        ref_of = np.array([list(references).index(name) if name in references else -1 for name in names] + [-1],
+                          dtype=np.int64)  # by source number; -1 (no reference) reads the last
+        self.reference = ref_of[a["reference"]]
+        if (self.reference[a["reference"] >= 0] < 0).any():
+            missing = names[int(a["reference"][(a["reference"] >= 0) & (self.reference < 0)][0])]
+            raise RuntimeError(f"patchgrid worker: KL reference {missing!r} holds no log-probabilities in this call")
+        first_row = _first_rows(sources, names, keys)
+        self.special = {int(k): Request(plan, sources, widths, dtype, k=int(k)) for k, plan in wired["special"]}
         self.is_special = np.zeros(n, dtype=bool)
         self.is_special[list(self.special)] = True
-        self.patch_start = np.array(patch_start, dtype=i64)
-        self.patch_count = np.diff(np.append(self.patch_start, len(patch_pos)))
-        self.patch_pos, self.patch_src = np.array(patch_pos, dtype=i64), np.array(patch_src, dtype=i64)
-        self.patch_group = np.array(patch_group, dtype=i64)
-        self.patch_unit, self.patch_model_unit = np.array(patch_unit, dtype=i64), np.array(patch_model_unit, dtype=i64)
-        self.score_start = np.array(score_start, dtype=i64)
-        self.score_count = np.diff(np.append(self.score_start, len(score_token)))
-        self.score_index, self.score_token = np.array(score_index, dtype=i64), np.array(score_token, dtype=i64)
-        self.start_start, self.start_src = np.array(start_start, dtype=i64), np.array(start_src, dtype=i64)
-        results.hand_out(self.score_start, len(score_token))
 
-    def _patches(self, patches: list, prompt: int, length: int, branch: int, out: tuple) -> bool:
-        """A plan's patches (Patch's fields, as they travel) onto the patch columns `out` (positions,
-        source rows, groups, units on this rank, units in the model); a head or neuron only on the rank
-        that holds it. Whether it holds a pattern patch (recomputed in the attention hook: the
-        request's own, request.Request)."""
-        positions_out, src_out, group_out, unit_out, model_unit_out = out
-        rank, tp_size = self.tp
-        pattern = False
-        for site, layer, source, positions, head, neuron, whole in patches:
-            if site == "pattern":
-                pattern = True
-                continue
-            key = self._keys.get((site, layer))
-            if key is None:
-                key = self._keys[site, layer] = site_key(site, layer)
-            model_unit = head if head is not None else neuron  # Patch.unit
-            unit = model_unit
-            if unit is not None and tp_size > 1:
-                owner, unit = unit_owner(model_unit, self.widths["units"][SITES[site].unit], tp_size)
-                if owner != rank:  # another rank holds this head's slice of z, or this neuron
-                    continue
-            group = self._group_of.get((key, unit is not None))
-            if group is None:
-                group = self._group_of[key, unit is not None] = len(self.groups)
-                self.groups.append((key, unit is not None))
-            row = self.first_of[(source, key)]
-            if whole or positions is None:
-                positions, rows = patch_rows(positions, whole, prompt, length, branch)
-                src_out.extend([row + r for r in rows])
-            else:
-                src_out.extend([row + p for p in positions])
-            positions_out.extend(positions)
-            m = len(positions)
-            group_out.extend([group] * m)
-            unit_out.extend([unit or 0] * m)
-            model_unit_out.extend([model_unit or 0] * m)
-        return pattern
+        # patches: each entry a position of a patch, its plan's entries together
+        patch = np.repeat(np.arange(len(a["patch_npos"])), a["patch_npos"])
+        owner = np.repeat(np.repeat(np.arange(n), a["patch_count"]), a["patch_npos"])
+        pos, name, key, unit = a["patch_pos"], a["patch_name"][patch], a["patch_key"][patch], a["patch_unit"][patch]
+        src = _rows_of(first_row, name, key, names, keys, "patch") + _tree_rows(pos, self.n_prompt[owner],
+                                                                                  branch[owner])
+        by_unit = unit >= 0
+        local = unit
+        rank, tp_size = tp
+        if tp_size > 1 and by_unit.any():  # a head or neuron only on the rank that holds it
+            per_key = np.ones(len(keys), dtype=np.int64)
+            for j in np.unique(key[by_unit]).tolist():
+                per_key[j] = _per_rank(keys[j], widths, tp_size)
+            per = per_key[key]
+            kept = ~by_unit | (unit // per == rank)
+            local = np.where(by_unit, unit % per, unit)
+            pos, src, key, unit, local, by_unit, owner = (x[kept] for x in (pos, src, key, unit, local, by_unit, owner))
+        group, self.patch_group = np.unique(key * 2 + by_unit, return_inverse=True)
+        self.patch_group = self.patch_group.reshape(-1).astype(np.int64)
+        self.groups: list[tuple[str, bool]] = [(keys[g // 2], bool(g % 2)) for g in group.tolist()]
+        self.patch_pos, self.patch_src = pos, src
+        self.patch_unit, self.patch_model_unit = np.where(by_unit, local, 0), np.where(by_unit, unit, 0)
+        self.patch_count = np.bincount(owner, minlength=n).astype(np.int64)
+        self.patch_start = np.cumsum(self.patch_count) - self.patch_count
+
+        self.score_count = a["score_count"]
+        self.score_start = np.cumsum(self.score_count) - self.score_count
+        self.score_index, self.score_token = a["score_index"], a["score_token"]
+
+        # start rows: every position of a plan that starts mid-stack reads the stream entering its layer
+        count = np.where(self.start_layer >= 0, self.n_tokens, 0)
+        self.start_start = np.cumsum(count) - count
+        entry, owner = entries(self.start_start, count)
+        at = entry - self.start_start[owner]
+        self.start_src = (_rows_of(first_row, a["start_name"][owner], a["start_key"][owner], names, keys, "start")
+                          + _tree_rows(at, self.n_prompt[owner], branch[owner]))
+
+
+def _first_rows(sources: Sources, names: list, keys: list) -> np.ndarray:
+    """[sources, keys]: the stacked row each source's rows of each key start at (-1: it holds none)."""
+    name_of, key_of = {name: i for i, name in enumerate(names)}, {key: j for j, key in enumerate(keys)}
+    table = np.full((len(names), len(keys)), -1, dtype=np.int64)
+    for (name, key), row in sources.first.items():
+        if name in name_of and key in key_of:
+            table[name_of[name], key_of[key]] = row
+    return table
+
+
+def _rows_of(table: np.ndarray, name: np.ndarray, key: np.ndarray, names: list, keys: list, what: str) -> np.ndarray:
+    base = table[name, key]
+    if (base < 0).any():
+        i = int(np.flatnonzero(base < 0)[0])
+        raise RuntimeError(f"patchgrid worker: {what} source {names[int(name[i])]!r} holds no {keys[int(key[i])]} "
+                           "in this call's sources")
+    return base
+
+
+def _tree_rows(pos: np.ndarray, n_prompt: np.ndarray, branch: np.ndarray) -> np.ndarray:
+    """A forward's positions' rows in its request's tree (plan.tree_rows): the prompt's, then from its branch on."""
+    return np.where(pos < n_prompt, pos, branch + pos - n_prompt)
+
+
+def _per_rank(key: str, widths: dict, tp_size: int) -> int:
+    """How many of a key's units (heads, key/value heads or neurons) each tensor-parallel rank holds."""
+    unit = SITES[parse_key(key)[0]].unit
+    return units_per_rank(widths["units"][unit], tp_size, f"{unit}s")
 
 
 def entries(starts: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

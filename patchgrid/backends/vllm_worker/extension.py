@@ -15,10 +15,10 @@ class PatchgridWorker:
     """Mixed into vLLM's worker class via LLM(worker_extension_cls=...)."""
 
     def pg_begin(self, sources: dict, keys: list, family: str, shape: dict, start_layer: int = 0, call: int = 0,
-                 plans: list = ()) -> bool:
+                 plans: dict | None = None) -> bool:
         """Start a call: the sources its patches, starts and references read, the site keys it reads
-        or writes (their hooks go on now), the layer every request of it starts at, and its plans,
-        one per vLLM request (request.request_id(call, k) runs plans[k])."""
+        or writes (their hooks go on now), the layer every request of it starts at, and its plans as
+        columns (plan.to_columns), one per vLLM request (request.request_id(call, k) runs plan k)."""
         old = getattr(self, "_pg_session", None)
         if old is not None:
             old.remove()

@@ -2,7 +2,7 @@
 
 A patchgrid request whose answers are scored whole is several vLLM requests, one per forward
 (plan.forwards): the prompt followed by one continuation's inputs. Patches and noise address the
-prompt's positions only. A call's plans travel as plain data (`plan.to_wire`) with its sources,
+prompt's positions only. A call's plans travel as plain data (`plan.to_columns`) with its sources,
 once per call (`pg_begin`); each vLLM request's id names its plan (`request_id`), so that every
 forward shares one SamplingParams. The values the plans patch in are the call's sources, held in
 the worker and named by the plan: a plan names the rows of the stacked sources (`Sources`) each

@@ -2,7 +2,7 @@
 step's numbers into them with one indexed assignment per kind of number, not a dictionary per
 request, and `pg_end` returns them once (`wire`); the host reads every request's Result from them
 (backends.vllm). What few runs read beyond them (captures, top_k, the last position's
-log-probabilities) travels as the forward's own part, keyed by its tag.
+log-probabilities) travels as the forward's own part, keyed by its tag (its plan index, as text).
 
     answers   [plans, most answers] float32   the answers' logits at the last prompt position
     ranks     [plans, most answers] int64      their ranks over the vocabulary (where read)
@@ -17,21 +17,18 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ...plan import WirePlan, decode_tensor, encode_tensor
+from ...plan import decode_tensor, encode_tensor
 
-_ANSWERS = WirePlan._fields.index("answers")  # where a plan (plan.to_wire's list) holds its answer ids
 ARRAYS = ("answers", "ranks", "lse", "kl", "done", "score_start", "scores", "filled")
 
 
 class CallResults:
-    """One call's arrays (the table above), sized by its plans (plan.to_wire's lists)."""
+    """One call's arrays (the table above), sized by its plans' answer ids [plans, most answers] (0 past
+    a plan's own: columns.Columns.answer_ids), which the readout reads the logits of."""
 
-    def __init__(self, plans: list):
-        n = len(plans)
-        ids = [p[_ANSWERS] for p in plans]
-        width = max(map(len, ids), default=0)
-        # each plan's answer ids (padded with 0 past its own), which the readout reads the logits of
-        self.answer_ids = np.array([a + [0] * (width - len(a)) for a in ids], dtype=np.int64).reshape(n, width)
+    def __init__(self, answer_ids: np.ndarray):
+        n, width = answer_ids.shape
+        self.answer_ids = answer_ids
         self.answers = np.zeros((n, width), dtype=np.float32)
         self.ranks = np.zeros((n, width), dtype=np.int64)
         self.lse = np.zeros(n)

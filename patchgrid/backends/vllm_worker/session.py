@@ -9,7 +9,7 @@ and moved to the activations' device once per step; captures go to the CPU.
 from __future__ import annotations
 
 from ...metrics import KlReference
-from ...plan import LOGPROBS, decode_tensor
+from ...plan import LOGPROBS, decode_tensor, to_columns
 from ...sites import SITES, Family, get_module
 from ...tp import units_per_rank
 from .circuit import CircuitHooks
@@ -48,9 +48,9 @@ def tp_rank_and_size() -> tuple[int, int]:
 
 class Session(SiteHooks, MidstackStart, LogitsReadout, CircuitHooks):
     def __init__(self, runner, sources, keys, family: Family, shape: dict, start_layer: int = 0, call: int = 0,
-                 plans: list = ()):
+                 plans: dict | None = None):
         self.runner = runner
-        self.call = call  # its plans (plan.to_wire) are by vLLM request: request_id(call, k) runs plans[k]
+        self.call = call  # its plans (plan.to_columns) are by vLLM request: request_id(call, k) runs plan k
         self.model = runner.get_model()
         self.family = family
         self.vocab = shape["vocab_size"]
@@ -63,12 +63,13 @@ class Session(SiteHooks, MidstackStart, LogitsReadout, CircuitHooks):
                            for name, caps in sources.items() if LOGPROBS in caps}
         self.tp = tp_rank_and_size()
         self.widths = site_widths(shape, self.tp[1])
-        self.results = CallResults(plans)  # what the readout reads, by plan; pg_end returns it
-        # every plan read into the call's columns at once, while the plans the call just brought are
-        # fresh in memory; the plan each vLLM request seen so far runs, by id (-1: a request of no
-        # patchgrid call)
-        self.plans = Columns(plans, self.sources, self.references, self.widths, self.dtype, self.tp,
-                             results=self.results)
+        # the call's plans, as columns (plan.to_columns) completed with what only the worker knows
+        self.plans = Columns(plans if plans is not None else to_columns([], []), self.sources, self.references,
+                             self.widths, self.dtype, self.tp)
+        # what the readout reads, by plan; pg_end returns it
+        self.results = CallResults(self.plans.answer_ids)
+        self.results.hand_out(self.plans.score_start, len(self.plans.score_token))
+        # the plan each vLLM request seen so far runs, by id (-1: a request of no patchgrid call)
         self.requests: dict[str, int] = {}
         self.step = Step()
         self.handles = []
