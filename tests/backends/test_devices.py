@@ -98,6 +98,43 @@ def test_every_write_of_a_step_is_on_the_activations_device():
     assert model.model.start_layer == 0
 
 
+def test_a_request_whose_length_is_not_its_plans_or_of_no_plan_in_a_started_call_is_refused():
+    """The plan a vLLM request's id names is checked the first time a step sees it: its length is the
+    request's, and in a call that starts mid-stack every request is one of the call's, starting there."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from patchgrid.sites import shape_of
+
+    folder = prepare("tiny-llama")
+    shape = shape_of(AutoConfig.from_pretrained(folder))
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to("meta")
+    model.logits_processor = torch.nn.Identity()
+    model.model.start_layer = 0
+    dims = {"vocab_size": shape.vocab_size, "d_model": shape.d_model, "n_heads": shape.n_heads,
+            "head_dim": shape.head_dim, "d_mlp": shape.d_mlp}
+    wire = {"corrupt": {"resid.1": encode_tensor(torch.randn(8, shape.d_model))}}
+    requests = [Request(tokens=CORRUPT, answers=ANSWERS), Request(tokens=CORRUPT[:6], answers=ANSWERS)]
+    runner, _, plans = _runner(model, requests)
+    runner.requests[runner.input_batch.req_ids[1]].prompt_token_ids = list(CORRUPT)  # 8 tokens, its plan 6
+    session = _Session(runner, wire, [], LLAMA, dims, call=0, plans=plans)
+    try:
+        with pytest.raises(RuntimeError, match=r"request pg0\.1-0a1b2c3d has 8 tokens, its plan 6"):
+            session._begin_step(None, ())
+    finally:
+        session.remove()
+    started = [Request(tokens=CORRUPT, answers=ANSWERS, start=Start(2, "corrupt"))] * 2
+    runner, _, plans = _runner(model, started)
+    runner.input_batch.req_ids[1] = "another-0a1b2c3d"  # a request of no patchgrid call
+    runner.requests["another-0a1b2c3d"] = runner.requests.pop(f"{request_id(0, 1)}-0a1b2c3d")
+    session = _Session(runner, wire, [], LLAMA, dims, start_layer=2, call=0, plans=plans)
+    try:
+        with pytest.raises(RuntimeError, match="request another-0a1b2c3d does not start at layer 2"):
+            session._begin_step(None, ())
+    finally:
+        session.remove()
+    assert model.model.start_layer == 0
+
+
 def test_a_write_from_another_device_is_refused():
     with pytest.raises(RuntimeError, match="writes a tensor on cpu into activations on meta"):
         put(torch.zeros(4, 2, device="meta"), torch.tensor([0]), torch.zeros(1, 2), "resid.1")

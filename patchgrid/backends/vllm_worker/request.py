@@ -27,11 +27,20 @@ def request_id(call: int, k: int) -> str:
 def plan_index(rid: str, call: int) -> int | None:
     """Which of call `call`'s plans the vLLM request `rid` runs (vLLM appends `-<random>` to the id
     it was given); None: a request of no patchgrid call, or of another."""
-    given = rid.partition("-")[0]
+    k = plan_indices([rid], call)[0]
+    return None if k < 0 else k
+
+
+def plan_indices(rids, call: int) -> list[int]:
+    """plan_index of each of `rids`, -1 where it is None."""
     prefix = f"pg{call}."
-    if not given.startswith(prefix) or not given[len(prefix):].isdigit():
-        return None
-    return int(given[len(prefix):])
+    cut = len(prefix)
+    out = []
+    for rid in rids:
+        given = rid.partition("-")[0]
+        k = given[cut:]
+        out.append(int(k) if given.startswith(prefix) and k.isdigit() else -1)
+    return out
 
 
 class Sources:

@@ -8,6 +8,8 @@ and moved to the activations' device once per step; captures go to the CPU.
 """
 from __future__ import annotations
 
+import numpy as np
+
 from ...metrics import KlReference
 from ...plan import LOGPROBS, decode_tensor, to_columns
 from ...sites import SITES, Family, get_module
@@ -17,7 +19,7 @@ from .columns import Columns
 from .hooks import SiteHooks
 from .midstack import MidstackStart
 from .readout import LogitsReadout
-from .request import Sources, plan_index
+from .request import Sources, plan_indices
 from .results import CallResults
 from .step import Step, plan_step
 
@@ -100,23 +102,38 @@ class Session(SiteHooks, MidstackStart, LogitsReadout, CircuitHooks):
 
     def _begin_step(self, module, args):
         self.step = Step()
-        self.step = plan_step(self.runner, self._plan_of, self.plans, self.sources, self.start_layer, self.widths,
+        self.step = plan_step(self.runner, self._plans_of, self.plans, self.sources, self.start_layer, self.widths,
                               self.device)
         if self.step.circuit_rows:
             self._circuit_begin_step()
 
-    def _plan_of(self, rid: str) -> int:
-        k = self.requests.get(rid)
-        return self._new_request(rid) if k is None else k
+    def _plans_of(self, rids: list) -> np.ndarray:
+        """The plan each of a step's vLLM requests runs (-1: a request of no patchgrid call); those seen
+        for the first time checked: a plan's length is its request's, and in a call that starts
+        mid-stack every request starts there."""
+        seen = self.requests
+        ks = [seen.get(rid, -2) for rid in rids]
+        if -2 in ks:
+            new = [i for i, k in enumerate(ks) if k == -2]
+            fresh = [rids[i] for i in new]
+            got = plan_indices(fresh, self.call)
+            self._check_new(fresh, np.array(got, dtype=np.int64))
+            for i, rid, k in zip(new, fresh, got):
+                seen[rid] = ks[i] = k
+        return np.array(ks, dtype=np.int64)
 
-    def _new_request(self, rid) -> int:
-        k = plan_index(rid, self.call)
-        k = -1 if k is None else k
-        if k >= 0 and (want := int(self.plans.n_tokens[k])) != (n := len(self.runner.requests[rid].prompt_token_ids)):
-            raise RuntimeError(f"patchgrid worker: request {rid} has {n} tokens, its plan {want}")
-        if self.start_layer and (k < 0 or self.plans.start_layer[k] != self.start_layer):
+    def _check_new(self, rids: list, ks: np.ndarray) -> None:
+        ours = ks >= 0
+        if ours.any():
+            want = self.plans.n_tokens[ks[ours]]
+            have = np.array([len(self.runner.requests[rid].prompt_token_ids) for rid, o in zip(rids, ours) if o])
+            if (want != have).any():
+                i = int(np.flatnonzero(want != have)[0])
+                rid = [rid for rid, o in zip(rids, ours) if o][i]
+                raise RuntimeError(f"patchgrid worker: request {rid} has {have[i]} tokens, its plan {want[i]}")
+        if self.start_layer:
             # every row of a call that starts mid-stack needs its stream; the engine groups calls so
-            raise RuntimeError(f"patchgrid worker: request {rid} does not start at layer {self.start_layer}, "
-                               "as every request of this call must")
-        self.requests[rid] = k
-        return k
+            wrong = ~ours | (self.plans.start_layer[np.where(ours, ks, 0)] != self.start_layer)
+            if wrong.any():
+                raise RuntimeError(f"patchgrid worker: request {rids[int(np.flatnonzero(wrong)[0])]} does not start at "
+                                   f"layer {self.start_layer}, as every request of this call must")

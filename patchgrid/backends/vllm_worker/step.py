@@ -79,14 +79,14 @@ def _gather(source: torch.Tensor, index: torch.Tensor, pin: bool) -> torch.Tenso
     return torch.index_select(source, 0, index, out=out)
 
 
-def plan_step(runner, plan_of, columns: Columns, sources: Sources, start_layer: int, widths: dict, device) -> Step:
-    """This step's Step, from vLLM's V1 runner: `plan_of(req_id)` is the plan (k) a vLLM request runs
-    (-1: one of no patchgrid call); with `start_layer`, every row's start stream."""
+def plan_step(runner, plans_of, columns: Columns, sources: Sources, start_layer: int, widths: dict, device) -> Step:
+    """This step's Step, from vLLM's V1 runner: `plans_of(req_ids)` are the plans (k) its vLLM requests
+    run (-1: one of no patchgrid call); with `start_layer`, every row's start stream."""
     batch = runner.input_batch
     n = batch.num_reqs
     if n == 0:  # profiling and dummy runs
         return Step()
-    plans = np.fromiter(map(plan_of, batch.req_ids[:n]), dtype=np.int64, count=n)
+    plans = plans_of(batch.req_ids[:n])
     qsl = runner.query_start_loc.np[:n + 1].astype(np.int64)
     computed = batch.num_computed_tokens_cpu[:n].astype(np.int64)
     ours = plans >= 0
