@@ -130,10 +130,11 @@ class StudySpec:
         "own on a GPU, lowered by the atp memory plan to make room for the gradient model; 0.3 of the host's on "
         "CPU); how an engine is sized, not its numbers: recorded, not in the run id", check=_fraction,
         record="noted")
-    max_num_seqs: int | None = setting(None, "vllm: sequences per engine step (default: vLLM's own on a GPU, 256 on "
-                                       "CPU); recorded, not in the run id", check=at_least(1), record="noted")
-    max_num_batched_tokens: int | None = setting(None, "vllm: tokens per engine step (default: vLLM's own); recorded, "
-                                                 "not in the run id", check=at_least(1), record="noted")
+    max_num_seqs: int | None = setting(None, "vllm: sequences per engine step (default: vLLM's own on a GPU, 1024 "
+                                       "on CPU); recorded, not in the run id", check=at_least(1), record="noted")
+    max_num_batched_tokens: int | None = setting(None, "vllm: tokens per engine step (default: vLLM's own on a GPU, "
+                                                 "16384 on CPU); recorded, not in the run id", check=at_least(1),
+                                                 record="noted")
     atp_device: str | None = setting(None, "atp: where the gradient model runs: cpu, cuda or cuda:N (default: the "
                                      "engine's GPU when there is one, else cpu); its numbers agree within float "
                                      "noise on any device: recorded, not in the run id", check=_device,

@@ -222,7 +222,8 @@ def test_engine_sizes_left_unset_suit_the_device():
 
     unset = dict.fromkeys(ENGINE_SIZES)
     assert engine_sizes(unset, on_cpu=False) == {}
-    assert engine_sizes(unset, on_cpu=True) == CPU_SIZES == {"gpu_memory_utilization": 0.3, "max_num_seqs": 256}
+    assert engine_sizes(unset, on_cpu=True) == CPU_SIZES == {"gpu_memory_utilization": 0.3, "max_num_seqs": 1024,
+                                                             "max_num_batched_tokens": 16384}
     assert engine_sizes(ENGINE_SIZES, on_cpu=True) == engine_sizes(ENGINE_SIZES, on_cpu=False) == ENGINE_SIZES
 
 

@@ -58,8 +58,12 @@ def check_vllm_version(version: str) -> None:
 
 
 # What an engine is sized by where a study leaves it unset (None) on CPU: there the memory fraction is
-# of the NUMA node's memory, and vLLM's 0.92 fails at start. On a GPU vLLM's own defaults stand.
-CPU_SIZES = {"gpu_memory_utilization": 0.3, "max_num_seqs": 256}
+# of the NUMA node's memory, and vLLM's 0.92 fails at start; a scheduler step holds as many sequences
+# and tokens as vLLM's own defaults on a large GPU (vLLM-CPU's are 256 and 4,096): a step's planning
+# and readout cost about the same whatever it holds, and a study's prefills have nobody waiting on
+# them (docs/benchmarks.md: the patched run's overhead and smollm2's skip / full, measured). On a GPU
+# vLLM's own defaults stand.
+CPU_SIZES = {"gpu_memory_utilization": 0.3, "max_num_seqs": 1024, "max_num_batched_tokens": 16384}
 
 
 def engine_sizes(sizes: dict, *, on_cpu: bool) -> dict:
