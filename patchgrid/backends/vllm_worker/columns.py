@@ -81,8 +81,8 @@ class Columns:
             kept = ~by_unit | (unit // per == rank)
             local = np.where(by_unit, unit % per, unit)
             pos, src, key, unit, local, by_unit, owner = (x[kept] for x in (pos, src, key, unit, local, by_unit, owner))
-        group, self.patch_group = np.unique(key * 2 + by_unit, return_inverse=True)
-        self.patch_group = self.patch_group.reshape(-1).astype(np.int64)
+        group, inverse = np.unique(key * 2 + by_unit, return_inverse=True)  # (site key, patched by unit)
+        self.patch_group = inverse.reshape(-1).astype(np.int64)
         self.groups: list[tuple[str, bool]] = [(keys[g // 2], bool(g % 2)) for g in group.tolist()]
         self.patch_pos, self.patch_src = pos, src
         self.patch_unit, self.patch_model_unit = np.where(by_unit, local, 0), np.where(by_unit, unit, 0)
