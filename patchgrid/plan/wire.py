@@ -97,8 +97,10 @@ def to_columns(requests, fwds) -> dict:
                                   "score_count")}
     (n_prompt, n_tokens, branch, first, start_layer, start_name, start_key, reference, vocabulary, ranked, extra,
      n_answers, patch_count, score_count) = plan.values()
-    patch_name, patch_key, patch_unit, patch_npos, patch_pos = [], [], [], [], []
-    score_index, score_token, answers, special = [], [], [], []
+    flat = {name: [] for name in ("patch_name", "patch_key", "patch_unit", "patch_npos", "patch_pos", "score_index",
+                                  "score_token")}
+    patch_name, patch_key, patch_unit, patch_npos, patch_pos, score_index, score_token = flat.values()
+    answers, special = [], []
     k = 0
     for r, fs in zip(requests, fwds):
         n = len(r.tokens)
@@ -152,12 +154,8 @@ def to_columns(requests, fwds) -> dict:
     width = max(map(len, answers), default=0)
     if any(len(a) != width for a in answers):
         answers = [tuple(a) + (0,) * (width - len(a)) for a in answers]
-    arrays = {name: np.array(values, dtype=np.int64) for name, values in plan.items()}
-    arrays.update(answers=np.array(answers, dtype=np.int64).reshape(k, width),
-                  patch_name=np.array(patch_name, dtype=np.int64), patch_key=np.array(patch_key, dtype=np.int64),
-                  patch_unit=np.array(patch_unit, dtype=np.int64), patch_npos=np.array(patch_npos, dtype=np.int64),
-                  patch_pos=np.array(patch_pos, dtype=np.int64), score_index=np.array(score_index, dtype=np.int64),
-                  score_token=np.array(score_token, dtype=np.int64))
+    arrays = {name: np.array(values, dtype=np.int64) for name, values in {**plan, **flat}.items()}
+    arrays["answers"] = np.array(answers, dtype=np.int64).reshape(k, width)
     return {"names": list(names), "keys": list(keys), "special": special,
             "arrays": {name: encode_array(a) for name, a in arrays.items()}}
 

@@ -125,12 +125,12 @@ class Session(SiteHooks, MidstackStart, LogitsReadout, CircuitHooks):
     def _check_new(self, rids: list, ks: np.ndarray) -> None:
         ours = ks >= 0
         if ours.any():
+            mine = [rid for rid, o in zip(rids, ours) if o]
             want = self.plans.n_tokens[ks[ours]]
-            have = np.array([len(self.runner.requests[rid].prompt_token_ids) for rid, o in zip(rids, ours) if o])
+            have = np.array([len(self.runner.requests[rid].prompt_token_ids) for rid in mine])
             if (want != have).any():
                 i = int(np.flatnonzero(want != have)[0])
-                rid = [rid for rid, o in zip(rids, ours) if o][i]
-                raise RuntimeError(f"patchgrid worker: request {rid} has {have[i]} tokens, its plan {want[i]}")
+                raise RuntimeError(f"patchgrid worker: request {mine[i]} has {have[i]} tokens, its plan {want[i]}")
         if self.start_layer:
             # every row of a call that starts mid-stack needs its stream; the engine groups calls so
             wrong = ~ours | (self.plans.start_layer[np.where(ours, ks, 0)] != self.start_layer)
