@@ -181,7 +181,8 @@ class KlReference:
     many rows from it: KL(ref || lp) = sum p (ref - lp) with p = exp(ref) taken once, not once per
     row, and the sum one float64 product per row. The rows' log-probabilities are rounded to float32
     first, as a Result's are, and every term is kl_divergence's, so the two agree to float32's last
-    bit, and a row equal to the reference reads exactly 0."""
+    bit, and a row equal to the reference reads exactly 0. Worked through a few rows at a time
+    (`row_chunks`)."""
 
     def __init__(self, logprobs: torch.Tensor):
         self.ref = logprobs.double()
@@ -189,16 +190,62 @@ class KlReference:
 
     def kl(self, logits: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
         """logits [rows, vocab] float32 and their logsumexp [rows] -> KL [rows] float32."""
-        d = (logits - lse[:, None]).double()
-        d.neg_().add_(self.ref)  # ref - lp, in place: no second [rows, vocab] float64 tensor
-        return (d @ self.p).float()
+        import torch
+
+        out = torch.empty(logits.shape[0], dtype=torch.float64, device=logits.device)
+        for rows in row_chunks(logits):
+            d = (logits[rows] - lse[rows, None]).double()
+            d.neg_().add_(self.ref)  # ref - lp, in place: no second float64 tensor
+            torch.mv(d, self.p, out=out[rows])
+        return out.float()
 
 
 def answer_ranks(logits: torch.Tensor, tokens) -> torch.Tensor:
     """Per token, how many entries of `logits` are larger than its own (0: the top one):
-    logits [..., vocab], tokens [..., k] -> [..., k]. One comparison per answer over the vocabulary."""
+    logits [..., vocab], tokens [..., k] -> [..., k]. One comparison per answer over the vocabulary,
+    a few rows at a time (`row_chunks`) for logits [rows, vocab]."""
     import torch
 
     tokens = torch.as_tensor(tokens, device=logits.device)
     vals = logits.gather(-1, tokens)
-    return torch.stack([(logits > vals[..., k:k + 1]).sum(-1, dtype=torch.int32) for k in range(tokens.shape[-1])], -1)
+    if logits.dim() != 2:
+        return torch.stack([(logits > vals[..., k:k + 1]).sum(-1, dtype=torch.int32)
+                            for k in range(tokens.shape[-1])], -1)
+    out = torch.empty(vals.shape, dtype=torch.int32, device=logits.device)
+    for rows in row_chunks(logits):
+        for k in range(tokens.shape[-1]):
+            torch.sum(logits[rows] > vals[rows, k:k + 1], -1, dtype=torch.int32, out=out[rows, k])
+    return out
+
+
+def logsumexp_rows(logits: torch.Tensor) -> torch.Tensor:
+    """logits [rows, vocab] -> the logsumexp of each row [rows], a few rows at a time (`row_chunks`).
+    A lone row is reduced beside a copy of itself: torch splits a reduction with a single output
+    across its threads, which rounds it otherwise, so a row's logsumexp would depend on whether it
+    was read alone."""
+    import torch
+
+    parts = []
+    for rows in row_chunks(logits):
+        x = logits[rows]
+        parts.append(torch.logsumexp(x.repeat(2, 1) if x.shape[0] == 1 else x, 1)[: x.shape[0]])
+    return torch.cat(parts)
+
+
+CPU_CHUNK_BYTES = 2 * 2**20  # on a CPU, the float64 rows the readout's reductions take at once
+
+
+def row_chunks(logits: torch.Tensor) -> list[slice]:
+    """Slices of the rows of logits [rows, vocab] to reduce one after another. On a CPU, each about
+    CPU_CHUNK_BYTES of float64 (two rows at least, a lone last row joined to the one before): a
+    few rows of a large vocabulary, whose temporaries stay in the core's cache through an operation's
+    passes, where those of a whole step's rows would go to memory (and, past glibc's mmap
+    threshold, be mapped afresh at every step). Elsewhere (a GPU) one slice of every row."""
+    n = logits.shape[0]
+    if logits.device.type != "cpu" or n <= 2:
+        return [slice(0, n)]
+    per = max(2, CPU_CHUNK_BYTES // (8 * logits.shape[-1]))
+    starts = list(range(0, n, per))
+    if n - starts[-1] == 1:
+        starts.pop()
+    return [slice(lo, hi) for lo, hi in zip(starts, starts[1:] + [n])]

@@ -16,6 +16,7 @@ from patchgrid.metrics import (
     Reading,
     answer_ranks,
     kl_divergence,
+    logsumexp_rows,
     reads_of,
     recovery,
 )
@@ -81,6 +82,32 @@ def test_answer_ranks_count_the_strictly_larger_logits():
 def _result(answer_logits, clean, corrupt, kl=None, ranks=(0, 1)):
     return SimpleNamespace(answer_logits=torch.tensor(answer_logits), continuation_logprobs=(clean, corrupt), kl=kl,
                            answer_ranks=list(ranks))
+
+
+def test_the_readouts_reductions_taken_a_few_rows_at_a_time_are_each_rows_own(monkeypatch):
+    """logsumexp_rows, KlReference.kl and answer_ranks work through a step's rows in chunks
+    (row_chunks); each row's number is what that row alone gives by the definition: torch's
+    logsumexp of it beside other rows, kl_divergence, a count of the larger logits. A row read alone
+    gets the logsumexp it gets among others (torch reduces a lone row otherwise)."""
+    import patchgrid.metrics as metrics
+
+    monkeypatch.setattr(metrics, "CPU_CHUNK_BYTES", 3 * 8 * 50000)  # three rows a chunk
+    assert [(s.start, s.stop) for s in metrics.row_chunks(torch.zeros(7, 50000))] == [(0, 3), (3, 7)]
+    assert [(s.start, s.stop) for s in metrics.row_chunks(torch.zeros(1, 50000))] == [(0, 1)]
+    g = torch.Generator().manual_seed(2)
+    logits = 5 * torch.randn(64, 50000, generator=g)  # wide enough for torch to split a lone row
+    reference = torch.log_softmax(logits[3].double(), 0).float()
+    lse = logsumexp_rows(logits)
+    assert torch.equal(lse, torch.logsumexp(logits, 1))
+    assert all(torch.equal(logsumexp_rows(logits[i:i + 1]), lse[i:i + 1]) for i in range(64))  # 1 differs alone
+    kl = KlReference(reference).kl(logits, lse)
+    assert torch.equal(kl, torch.stack([KlReference(reference).kl(logits[i:i + 2], lse[i:i + 2])[0]
+                                        for i in range(64)]))
+    torch.testing.assert_close(kl, kl_divergence(reference.expand(64, -1), logits - lse[:, None]),
+                               rtol=1e-6, atol=1e-6)
+    tokens = torch.randint(0, 50000, (64, 2), generator=g)
+    want = [[int((logits[i] > logits[i, t]).sum()) for t in tokens[i].tolist()] for i in range(64)]
+    assert answer_ranks(logits, tokens).tolist() == want
 
 
 def test_a_reading_of_one_token_answers():

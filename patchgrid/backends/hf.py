@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from ..metrics import Reading, answer_ranks, kl_divergence
+from ..metrics import Reading, answer_ranks, kl_divergence, logsumexp_rows
 from ..plan import LOGPROBS, Result, forwards, gaussian_noise, join_forwards, patch_rows, recomputed_heads, validate
 from ..sites import QKV, SITES, get_module, parse_key, site_module
 from .edge_ablation import Layout, check_circuits, cut_by_deltas, delta_bytes
@@ -206,7 +206,7 @@ class HFEngine:
 def _first_readout(r, lg, logprobs, sources) -> dict:
     """A request's readout at its last prompt position, from its logits `lg` there."""
     part = dict(answer_logits=lg[list(r.answers)].clone(),
-                logsumexp=float(torch.logsumexp(lg, 0)) if r.reads_vocabulary else None,
+                logsumexp=float(logsumexp_rows(lg[None])[0]) if r.reads_vocabulary else None,
                 answer_ranks=answer_ranks(lg, list(r.answers)).tolist() if r.answers and r.ranks else [], top_ids=[],
                 top_logits=[],
                 kl=None if r.reference is None else float(kl_divergence(sources[r.reference][LOGPROBS], logprobs)),

@@ -3,60 +3,85 @@
 A row's logits are the final norm's output cast to float32 times the unembedding weight cast to
 float32, plus the head's bias where it has one (GPT-J's lm_head), then the family's soft-cap where it
 has one (Gemma 2's `final_logit_softcapping`: `sites.Family.final_softcap`). Only the read rows are
-unembedded (one per request, plus the rows predicting a continuation's tokens), so the products are
-cheap. A small unembedding's float64 copy is kept with the weight (at most `KEEP_BYTES`: smollm2-135m's
-is 226 MB), since casting it again at every scheduler step costs more than the products; a larger one
-is cast one slice of the vocabulary at a time, so that no wide copy of it is ever held: a call
-then holds its float32 logits [rows, vocab] and one float64 slice of at most `SLICE_BYTES`. The product is
-accumulated in float64 and rounded to float32: a float32 matrix product's rounding depends on how
-many rows it multiplies at once (a step's read rows vary with the batch), float64's does only below
-float32's last bit, so a row's logits do not depend on what else the step read (a study on Ray equals
-the local run to the last bit). The tensors stay on the device the hidden state is on.
+unembedded (one per request, plus the rows predicting a continuation's tokens). A model in bf16 or
+float16 computes its own logits in its dtype; these are finer (its bf16 inputs multiply exactly in
+float32, and the sum keeps float32's precision).
+
+The product is taken `BLOCK_ROWS` rows at a time, the last block filled up with zero rows, so that
+every product has the same shape whatever the number of rows read: a matrix product's rounding
+depends on its shape (a float32 BLAS takes another path for one row, or a few, than for many), not on
+a row's place in it, so a row's logits do not depend on what else its step read, and a study on Ray
+equals the local run to the last bit. Likewise the answers' columns alone (`columns`) are computed
+as at least `MIN_COLUMNS` columns (a product of one column is a matrix-vector product, rounded
+otherwise). This is checked on the machine that runs the tests
+(tests/backends/test_float32_logits.py), not promised by BLAS.
+
+A small unembedding's float32 copy is kept with the weight (at most `KEEP_BYTES`: smollm2-135m's is
+113 MB), since casting it again at every scheduler step costs more than the products; a larger one
+is cast one slice of the vocabulary at a time (`SLICE_BYTES`, the same slices at every call), so that
+no wide copy of it is ever held. The tensors stay on the device the hidden state is on.
 """
 from __future__ import annotations
 
 import torch
 
-SLICE_BYTES = 64 * 2**20  # the float64 copy of a large weight held at once: one slice of its rows
-KEEP_BYTES = 256 * 2**20  # a weight whose float64 copy is at most this keeps it (an attribute of the weight)
+BLOCK_ROWS = 128  # rows unembedded by one product (the last block filled up with zero rows)
+MIN_COLUMNS = 8  # the answers' columns alone are computed as at least this many (the first repeated)
+SLICE_BYTES = 64 * 2**20  # the float32 copy of a large weight held at once: one slice of its rows
+KEEP_BYTES = 256 * 2**20  # a weight whose float32 copy is at most this keeps it (an attribute of the weight)
 
 
 def unembed_float32(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                     columns: torch.Tensor | None = None) -> torch.Tensor:
-    """hidden [rows, d] (any dtype) @ weight [vocab, d].T (+ bias [vocab]), accumulated in float64:
-    [rows, vocab] float32 on hidden's device; with `columns` (vocabulary ids), those columns alone:
-    [rows, len(columns)]."""
-    h = hidden.double()
+    """hidden [rows, d] (any dtype) @ weight [vocab, d].T (+ bias [vocab]) in float32, BLOCK_ROWS rows
+    a product: [rows, vocab] float32 on hidden's device; with `columns` (vocabulary ids), those
+    columns alone: [rows, len(columns)]."""
+    h = _blocks(hidden.float())
     if columns is not None:
-        out = h @ weight[columns].double().T
-        if bias is not None:
-            out += bias[columns].double()
-        return out.float()
-    kept = _kept_wide(weight)
+        n = len(columns)
+        wide = torch.cat([columns, columns[:1].expand(max(0, MIN_COLUMNS - n))]) if n else columns
+        out = _product(h, weight[wide].float(), None if bias is None else bias[wide].float())[:, :n]
+        return out[: hidden.shape[0]]
+    kept = _kept_float32(weight)
     if kept is not None:
-        out = h @ kept.T if bias is None else torch.addmm(bias.double(), h, kept.T)
-        return out.float()
+        return _product(h, kept, None if bias is None else bias.float())[: hidden.shape[0]]
     vocab, d = weight.shape
     out = torch.empty(h.shape[0], vocab, dtype=torch.float32, device=h.device)
-    step = max(1, SLICE_BYTES // (8 * d))
+    step = max(1, SLICE_BYTES // (4 * d))
     for lo in range(0, vocab, step):
-        part = h @ weight[lo:lo + step].double().T
-        if bias is not None:
-            part += bias[lo:lo + step].double()
-        out[:, lo:lo + step] = part.float()
+        out[:, lo:lo + step] = _product(h, weight[lo:lo + step].float(),
+                                        None if bias is None else bias[lo:lo + step].float())
+    return out[: hidden.shape[0]]
+
+
+def _blocks(h: torch.Tensor) -> torch.Tensor:
+    """h [rows, d] with zero rows appended up to a multiple of BLOCK_ROWS."""
+    pad = -h.shape[0] % BLOCK_ROWS
+    return torch.cat([h, h.new_zeros(pad, h.shape[1])]) if pad else h
+
+
+def _product(h: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """h [k * BLOCK_ROWS, d] @ w [n, d].T (+ bias [n]), one BLOCK_ROWS-row product at a time."""
+    out = torch.empty(h.shape[0], w.shape[0], dtype=torch.float32, device=h.device)
+    wt = w.T
+    for lo in range(0, h.shape[0], BLOCK_ROWS):
+        if bias is None:
+            torch.mm(h[lo:lo + BLOCK_ROWS], wt, out=out[lo:lo + BLOCK_ROWS])
+        else:
+            torch.addmm(bias, h[lo:lo + BLOCK_ROWS], wt, out=out[lo:lo + BLOCK_ROWS])
     return out
 
 
-def _kept_wide(weight: torch.Tensor) -> torch.Tensor | None:
-    """The weight in float64, kept with it while it is unchanged; None for a weight too large to keep."""
-    if weight.dtype == torch.float64:
+def _kept_float32(weight: torch.Tensor) -> torch.Tensor | None:
+    """The weight in float32, kept with it while it is unchanged; None for a weight too large to keep."""
+    if weight.dtype == torch.float32:
         return weight
-    if weight.numel() * 8 > KEEP_BYTES:
+    if weight.numel() * 4 > KEEP_BYTES:
         return None
-    kept = getattr(weight, "_patchgrid_float64", None)
+    kept = getattr(weight, "_patchgrid_float32", None)
     if kept is None or kept[0] != weight._version:
-        kept = (weight._version, weight.detach().double())
-        weight._patchgrid_float64 = kept
+        kept = (weight._version, weight.detach().float())
+        weight._patchgrid_float32 = kept
     return kept[1]
 
 

@@ -179,26 +179,37 @@ def test_a_large_unembedding_is_cast_slice_by_slice_to_the_same_logits(monkeypat
     g = torch.Generator().manual_seed(0)
     weight = torch.randn(1000, 64, generator=g).to(torch.bfloat16)
     hidden, bias = torch.randn(3, 64, generator=g).to(torch.bfloat16), torch.randn(1000, generator=g)
-    want = hidden.float() @ weight.float().T + bias
+    want = hidden.double() @ weight.double().T + bias.double()
     kept = unembed.unembed_float32(hidden, weight, bias)
-    assert weight._patchgrid_float64[1].dtype == torch.float64
+    assert weight._patchgrid_float32[1].dtype == torch.float32
     monkeypatch.setattr(unembed, "KEEP_BYTES", 0)
-    monkeypatch.setattr(unembed, "SLICE_BYTES", 64 * 8 * 300)  # 300 rows a slice: 4 slices, the last short
-    sliced = unembed.unembed_float32(hidden, weight.clone(), bias)
-    assert torch.allclose(kept, want, atol=1e-5) and torch.allclose(sliced, want, atol=1e-5)
-    assert sliced.dtype == torch.float32 and kept.dtype == torch.float32
+    monkeypatch.setattr(unembed, "SLICE_BYTES", 64 * 4 * 300)  # 300 rows a slice: 4 slices, the last short
+    copy = weight.clone()
+    sliced = unembed.unembed_float32(hidden, copy, bias)
+    assert not hasattr(copy, "_patchgrid_float32")  # no float32 copy of it kept
+    torch.testing.assert_close(kept.double(), want, rtol=0, atol=1e-5)
+    torch.testing.assert_close(sliced.double(), want, rtol=0, atol=1e-5)
+    assert sliced.dtype == torch.float32 and kept.dtype == torch.float32 and sliced.shape == (3, 1000)
 
 
 def test_a_rows_logits_do_not_depend_on_the_other_rows_unembedded_with_it():
     """A float32 product's rounding changes with the number of rows multiplied at once (plain float32
-    matmul here: row 0 alone differs from row 0 of two or more rows); the unembedding's does not, so a
-    request's readings do not depend on what else its step read."""
+    matmul here: row 0 alone differs from row 0 of two or more rows); the unembedding multiplies
+    BLOCK_ROWS rows at a time, so a row's logits are the same whether it is read alone, with a few
+    others or with hundreds, first or last; the answers' columns alone are the same numbers."""
     from patchgrid.backends import unembed
 
     g = torch.Generator().manual_seed(1)
-    weight, hidden = torch.randn(4096, 576, generator=g), torch.randn(40, 576, generator=g)
-    plain = [(hidden[:m] @ weight.T)[0] for m in (1, 2, 5, 40)]
+    weight = (0.05 * torch.randn(4096, 576, generator=g)).to(torch.bfloat16)
+    hidden = torch.randn(300, 576, generator=g).to(torch.bfloat16)
+    plain = [(hidden[:m].float() @ weight.float().T)[0] for m in (1, 2, 5, 300)]
     assert not all(torch.equal(p, plain[0]) for p in plain)  # the float32 product alone would differ
-    rows = [unembed.unembed_float32(hidden[:m], weight)[0] for m in (1, 2, 5, 40)]
-    assert all(torch.equal(r, rows[0]) for r in rows)
-    assert torch.allclose(rows[0], (hidden[:1].double() @ weight.double().T)[0].float(), rtol=0, atol=0)
+    every = unembed.unembed_float32(hidden, weight)
+    for m in (1, 2, 5, 40, 129):
+        assert torch.equal(unembed.unembed_float32(hidden[:m], weight), every[:m]), f"{m} rows"
+    order = torch.randperm(300, generator=g)
+    assert torch.equal(unembed.unembed_float32(hidden[order], weight), every[order])
+    answers = torch.tensor([17, 4000])
+    assert torch.equal(unembed.unembed_float32(hidden[:3], weight, columns=answers), every[:3, answers])
+    assert torch.equal(unembed.unembed_float32(hidden[:1], weight, columns=answers[:1]), every[:1, answers[:1]])
+    torch.testing.assert_close(every.double(), hidden.double() @ weight.double().T, rtol=0, atol=1e-5)

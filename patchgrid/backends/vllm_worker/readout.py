@@ -20,7 +20,7 @@ from functools import partial
 import numpy as np
 import torch
 
-from ...metrics import answer_ranks
+from ...metrics import answer_ranks, logsumexp_rows
 from ...plan import encode_tensor
 from ..unembed import unembed_float32
 from .columns import Columns, entries
@@ -147,7 +147,7 @@ def read(step: Step, logits: torch.Tensor, results: CallResults, plans: Columns,
     some unpatched runs ask for, apart) and written into the call's `results` by plan, one indexed
     assignment per kind of number. `vocabulary` false: `logits` holds only the answers' columns
     (answer_columns), and no request of the step reads more."""
-    lse = torch.logsumexp(logits, dim=1) if vocabulary else None
+    lse = logsumexp_rows(logits) if vocabulary else None
     ks, count = step.read_plans, step.read_count
     row_at = np.cumsum(count) - count  # each read's first row among the read rows
     off = step.read_first - plans.n_prompt[ks] + 1  # a read's first row predicts the tokens of index `off`
