@@ -191,7 +191,7 @@ class HFEngine:
         final norm's output `hidden` [batch, tokens, d_model] (the decoder's last hidden state)."""
         head = self.model.get_output_embeddings()
         rows = hidden[:, -keep:]
-        logits = unembed_float32(rows.reshape(-1, rows.shape[-1]), head.weight, head.bias)
+        logits = unembed_float32(rows.reshape(-1, rows.shape[-1]), head.weight, head.bias, block_rows=None)
         logits = soft_capped(logits[:, : self.shape.vocab_size], self.final_softcap)
         return logits.reshape(rows.shape[0], keep, -1).cpu()
 

@@ -7,14 +7,16 @@ unembedded (one per request, plus the rows predicting a continuation's tokens). 
 float16 computes its own logits in its dtype; these are finer (its bf16 inputs multiply exactly in
 float32, and the sum keeps float32's precision).
 
-The product is taken `BLOCK_ROWS` rows at a time, the last block filled up with zero rows, so that
-every product has the same shape whatever the number of rows read: a matrix product's rounding
-depends on its shape (a float32 BLAS takes another path for one row, or a few, than for many), not on
-a row's place in it, so a row's logits do not depend on what else its step read, and a study on Ray
-equals the local run to the last bit. Likewise the answers' columns alone (`columns`) are computed
-as at least `MIN_COLUMNS` columns (a product of one column is a matrix-vector product, rounded
-otherwise). This is checked on the machine that runs the tests
-(tests/backends/test_float32_logits.py), not promised by BLAS.
+On vLLM the product is taken `BLOCK_ROWS` rows at a time, the last block filled up with zero rows,
+so that every product has the same shape whatever the number of rows a step reads: a matrix
+product's rounding depends on its shape (a float32 BLAS takes another path for one row, or a few,
+than for many), not on a row's place in it, so a row's logits do not depend on what else its step
+read, and a study on Ray equals the local run to the last bit. Likewise the answers' columns alone
+(`columns`) are computed as at least `MIN_COLUMNS` columns (a product of one column is a
+matrix-vector product, rounded otherwise). This is checked on the machine that runs the tests
+(tests/backends/test_float32_logits.py), not promised by BLAS. The Hugging Face backend multiplies a
+forward's rows at once (`block_rows=None`): its forward's own rounding already depends on its batch,
+and a block would make its one-request forwards pay for 128 rows.
 
 A small unembedding's float32 copy is kept with the weight (at most `KEEP_BYTES`: smollm2-135m's is
 113 MB), since casting it again at every scheduler step costs more than the products; a larger one
@@ -32,43 +34,44 @@ KEEP_BYTES = 256 * 2**20  # a weight whose float32 copy is at most this keeps it
 
 
 def unembed_float32(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                    columns: torch.Tensor | None = None) -> torch.Tensor:
-    """hidden [rows, d] (any dtype) @ weight [vocab, d].T (+ bias [vocab]) in float32, BLOCK_ROWS rows
-    a product: [rows, vocab] float32 on hidden's device; with `columns` (vocabulary ids), those
-    columns alone: [rows, len(columns)]."""
-    h = _blocks(hidden.float())
+                    columns: torch.Tensor | None = None, block_rows: int | None = BLOCK_ROWS) -> torch.Tensor:
+    """hidden [rows, d] (any dtype) @ weight [vocab, d].T (+ bias [vocab]) in float32, `block_rows`
+    rows a product (None: every row in one): [rows, vocab] float32 on hidden's device; with `columns`
+    (vocabulary ids), those columns alone: [rows, len(columns)]."""
+    block = block_rows or max(1, hidden.shape[0])
+    h = _blocks(hidden.float(), block)
     if columns is not None:
         n = len(columns)
         wide = torch.cat([columns, columns[:1].expand(max(0, MIN_COLUMNS - n))]) if n else columns
-        out = _product(h, weight[wide].float(), None if bias is None else bias[wide].float())[:, :n]
+        out = _product(h, weight[wide].float(), None if bias is None else bias[wide].float(), block)[:, :n]
         return out[: hidden.shape[0]]
     kept = _kept_float32(weight)
     if kept is not None:
-        return _product(h, kept, None if bias is None else bias.float())[: hidden.shape[0]]
+        return _product(h, kept, None if bias is None else bias.float(), block)[: hidden.shape[0]]
     vocab, d = weight.shape
     out = torch.empty(h.shape[0], vocab, dtype=torch.float32, device=h.device)
     step = max(1, SLICE_BYTES // (4 * d))
     for lo in range(0, vocab, step):
         out[:, lo:lo + step] = _product(h, weight[lo:lo + step].float(),
-                                        None if bias is None else bias[lo:lo + step].float())
+                                        None if bias is None else bias[lo:lo + step].float(), block)
     return out[: hidden.shape[0]]
 
 
-def _blocks(h: torch.Tensor) -> torch.Tensor:
-    """h [rows, d] with zero rows appended up to a multiple of BLOCK_ROWS."""
-    pad = -h.shape[0] % BLOCK_ROWS
+def _blocks(h: torch.Tensor, block: int) -> torch.Tensor:
+    """h [rows, d] with zero rows appended up to a multiple of `block`."""
+    pad = -h.shape[0] % block
     return torch.cat([h, h.new_zeros(pad, h.shape[1])]) if pad else h
 
 
-def _product(h: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """h [k * BLOCK_ROWS, d] @ w [n, d].T (+ bias [n]), one BLOCK_ROWS-row product at a time."""
+def _product(h: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, block: int) -> torch.Tensor:
+    """h [k * block, d] @ w [n, d].T (+ bias [n]), one `block`-row product at a time."""
     out = torch.empty(h.shape[0], w.shape[0], dtype=torch.float32, device=h.device)
     wt = w.T
-    for lo in range(0, h.shape[0], BLOCK_ROWS):
+    for lo in range(0, h.shape[0], block):
         if bias is None:
-            torch.mm(h[lo:lo + BLOCK_ROWS], wt, out=out[lo:lo + BLOCK_ROWS])
+            torch.mm(h[lo:lo + block], wt, out=out[lo:lo + block])
         else:
-            torch.addmm(bias, h[lo:lo + BLOCK_ROWS], wt, out=out[lo:lo + BLOCK_ROWS])
+            torch.addmm(bias, h[lo:lo + block], wt, out=out[lo:lo + block])
     return out
 
 
