@@ -37,7 +37,8 @@ def unembed_float32(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
                     columns: torch.Tensor | None = None, block_rows: int | None = BLOCK_ROWS) -> torch.Tensor:
     """hidden [rows, d] (any dtype) @ weight [vocab, d].T (+ bias [vocab]) in float32, `block_rows`
     rows a product (None: every row in one): [rows, vocab] float32 on hidden's device; with `columns`
-    (vocabulary ids), those columns alone: [rows, len(columns)]."""
+    (vocabulary ids), those columns alone: [rows, len(columns)]. Read, not differentiated: no
+    gradient flows through it, even from a weight that requires one."""
     block = block_rows or max(1, hidden.shape[0])
     h = _blocks(hidden.float(), block)
     if columns is not None:
@@ -66,7 +67,8 @@ def _blocks(h: torch.Tensor, block: int) -> torch.Tensor:
 def _product(h: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, block: int) -> torch.Tensor:
     """h [k * block, d] @ w [n, d].T (+ bias [n]), one `block`-row product at a time."""
     out = torch.empty(h.shape[0], w.shape[0], dtype=torch.float32, device=h.device)
-    wt = w.T
+    h, wt = h.detach(), w.detach().T  # torch's out= products take no tensor that requires a gradient
+    bias = None if bias is None else bias.detach()
     for lo in range(0, h.shape[0], block):
         if bias is None:
             torch.mm(h[lo:lo + block], wt, out=out[lo:lo + block])

@@ -213,3 +213,17 @@ def test_a_rows_logits_do_not_depend_on_the_other_rows_unembedded_with_it():
     assert torch.equal(unembed.unembed_float32(hidden[:3], weight, columns=answers), every[:3, answers])
     assert torch.equal(unembed.unembed_float32(hidden[:1], weight, columns=answers[:1]), every[:1, answers[:1]])
     torch.testing.assert_close(every.double(), hidden.double() @ weight.double().T, rtol=0, atol=1e-5)
+
+
+def test_a_weight_that_requires_a_gradient_is_read_without_one():
+    """A plain module's weight (benchmarks/gpu_check's stand-in, a transformers model outside
+    inference mode) requires a gradient; the read logits are numbers, not a graph."""
+    from patchgrid.backends import unembed
+
+    g = torch.Generator().manual_seed(3)
+    head = torch.nn.Linear(16, 50)
+    hidden = torch.randn(3, 16, generator=g)
+    got = unembed.unembed_float32(hidden, head.weight, head.bias)
+    assert not got.requires_grad
+    torch.testing.assert_close(got, (hidden @ head.weight.T + head.bias).detach(), rtol=0, atol=1e-6)
+    assert unembed.unembed_float32(hidden, head.weight, head.bias, columns=torch.tensor([4, 9])).shape == (3, 2)
