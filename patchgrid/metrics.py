@@ -203,19 +203,17 @@ class KlReference:
 def answer_ranks(logits: torch.Tensor, tokens) -> torch.Tensor:
     """Per token, how many entries of `logits` are larger than its own (0: the top one):
     logits [..., vocab], tokens [..., k] -> [..., k]. One comparison per answer over the vocabulary,
-    a few rows at a time (`row_chunks`) for logits [rows, vocab]."""
+    a few rows at a time (`row_chunks`)."""
     import torch
 
     tokens = torch.as_tensor(tokens, device=logits.device)
-    vals = logits.gather(-1, tokens)
-    if logits.dim() != 2:
-        return torch.stack([(logits > vals[..., k:k + 1]).sum(-1, dtype=torch.int32)
-                            for k in range(tokens.shape[-1])], -1)
+    flat = logits.reshape(-1, logits.shape[-1])  # the leading dimensions as rows
+    vals = flat.gather(-1, tokens.reshape(flat.shape[0], -1))
     out = torch.empty(vals.shape, dtype=torch.int32, device=logits.device)
-    for rows in row_chunks(logits):
-        for k in range(tokens.shape[-1]):
-            torch.sum(logits[rows] > vals[rows, k:k + 1], -1, dtype=torch.int32, out=out[rows, k])
-    return out
+    for rows in row_chunks(flat):
+        for k in range(vals.shape[1]):
+            torch.sum(flat[rows] > vals[rows, k:k + 1], -1, dtype=torch.int32, out=out[rows, k])
+    return out.reshape(tokens.shape)
 
 
 def logsumexp_rows(logits: torch.Tensor) -> torch.Tensor:
