@@ -5,7 +5,9 @@ float32, plus the head's bias where it has one (GPT-J's lm_head), then the famil
 has one (Gemma 2's `final_logit_softcapping`: `sites.Family.final_softcap`). Only the read rows are
 unembedded (one per request, plus the rows predicting a continuation's tokens). A model in bf16 or
 float16 computes its own logits in its dtype; these are finer (its bf16 inputs multiply exactly in
-float32, and the sum keeps float32's precision).
+float32, and the sum keeps float32's precision). Where the hidden state and the weight are both bf16,
+a CPU with bf16 units (AMX, AVX-512 BF16) multiplies them on those units into float32 sums
+(`_bf16_units`): the same exact products, about three times as fast as the float32 product on AMX.
 
 On vLLM the product is taken `BLOCK_ROWS` rows at a time, the last block filled up with zero rows,
 so that every product has the same shape whatever the number of rows a step reads: a matrix
@@ -25,6 +27,8 @@ no wide copy of it is ever held. The tensors stay on the device the hidden state
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 
 BLOCK_ROWS = 128  # rows unembedded by one product (the last block filled up with zero rows)
@@ -41,20 +45,21 @@ def unembed_float32(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     gradient flows through it, even from a weight that requires one."""
     block = block_rows or max(1, hidden.shape[0])
     h = _blocks(hidden.float(), block)
+    bf16 = hidden.dtype == weight.dtype == torch.bfloat16
     if columns is not None:
         n = len(columns)
         wide = torch.cat([columns, columns[:1].expand(max(0, MIN_COLUMNS - n))]) if n else columns
-        out = _product(h, weight[wide].float(), None if bias is None else bias[wide].float(), block)[:, :n]
+        out = _product(h, weight[wide].float(), None if bias is None else bias[wide].float(), block, bf16)[:, :n]
         return out[: hidden.shape[0]]
     kept = _kept_float32(weight)
     if kept is not None:
-        return _product(h, kept, None if bias is None else bias.float(), block)[: hidden.shape[0]]
+        return _product(h, kept, None if bias is None else bias.float(), block, bf16)[: hidden.shape[0]]
     vocab, d = weight.shape
     out = torch.empty(h.shape[0], vocab, dtype=torch.float32, device=h.device)
     step = max(1, SLICE_BYTES // (4 * d))
     for lo in range(0, vocab, step):
         out[:, lo:lo + step] = _product(h, weight[lo:lo + step].float(),
-                                        None if bias is None else bias[lo:lo + step].float(), block)
+                                        None if bias is None else bias[lo:lo + step].float(), block, bf16)
     return out[: hidden.shape[0]]
 
 
@@ -64,17 +69,33 @@ def _blocks(h: torch.Tensor, block: int) -> torch.Tensor:
     return torch.cat([h, h.new_zeros(pad, h.shape[1])]) if pad else h
 
 
-def _product(h: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, block: int) -> torch.Tensor:
-    """h [k * block, d] @ w [n, d].T (+ bias [n]), one `block`-row product at a time."""
+def _product(h: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, block: int,
+             bf16: bool = False) -> torch.Tensor:
+    """h [k * block, d] @ w [n, d].T (+ bias [n]), one `block`-row product at a time; `bf16`: every
+    input a bf16 number, so a CPU with bf16 units may multiply them as bf16 into float32 sums."""
     out = torch.empty(h.shape[0], w.shape[0], dtype=torch.float32, device=h.device)
     h, wt = h.detach(), w.detach().T  # torch's out= products take no tensor that requires a gradient
-    bias = None if bias is None else bias.detach()
-    for lo in range(0, h.shape[0], block):
-        if bias is None:
+    with _bf16_units(bf16 and h.device.type == "cpu"):
+        for lo in range(0, h.shape[0], block):
             torch.mm(h[lo:lo + block], wt, out=out[lo:lo + block])
-        else:
-            torch.addmm(bias, h[lo:lo + block], wt, out=out[lo:lo + block])
-    return out
+    return out if bias is None else out.add_(bias.detach())
+
+
+@contextmanager
+def _bf16_units(allowed: bool):
+    """Let oneDNN multiply float32 matrices on the CPU's bf16 units (AMX or AVX-512 BF16) for the
+    duration: it rounds each input to bf16 and sums the products in float32. Allowed only when every
+    input already is a bf16 number, where the rounding changes nothing: the product is then a float32
+    sum of exact products, as the float32 product's is, at about 2.6 times its speed on AMX (smollm2's
+    unembedding, 128 rows). Where the CPU has no bf16 units oneDNN keeps the float32 product."""
+    setting = torch.backends.mkldnn.matmul
+    before = setting.fp32_precision
+    if allowed:
+        setting.fp32_precision = "bf16"
+    try:
+        yield
+    finally:
+        setting.fp32_precision = before
 
 
 def _kept_float32(weight: torch.Tensor) -> torch.Tensor | None:

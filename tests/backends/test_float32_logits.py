@@ -227,3 +227,23 @@ def test_a_weight_that_requires_a_gradient_is_read_without_one():
     assert not got.requires_grad
     torch.testing.assert_close(got, (hidden @ head.weight.T + head.bias).detach(), rtol=0, atol=1e-6)
     assert unembed.unembed_float32(hidden, head.weight, head.bias, columns=torch.tensor([4, 9])).shape == (3, 2)
+
+
+def test_only_bf16_inputs_are_multiplied_on_bf16_units():
+    """A CPU with bf16 units may multiply bf16 numbers there into float32 sums (exact products): the
+    same numbers as the float32 product to float32 rounding. A float32 hidden state is not a bf16
+    number, and rounding it to one would move a logit by about 1e-2 here: it is multiplied in float32.
+    The setting is left as it was."""
+    from patchgrid.backends import unembed
+
+    g = torch.Generator().manual_seed(4)
+    weight = (0.05 * torch.randn(2048, 576, generator=g)).to(torch.bfloat16)
+    setting = torch.backends.mkldnn.matmul
+    before = setting.fp32_precision
+    for hidden in (torch.randn(130, 576, generator=g), torch.randn(130, 576, generator=g).to(torch.bfloat16)):
+        got = unembed.unembed_float32(hidden, weight)
+        torch.testing.assert_close(got.double(), hidden.double() @ weight.double().T, rtol=0, atol=1e-5)
+        assert setting.fp32_precision == before
+    hidden = torch.randn(130, 576, generator=g)
+    rounded = hidden.to(torch.bfloat16).double() @ weight.double().T
+    assert (rounded - hidden.double() @ weight.double().T).abs().max() > 1e-3  # what bf16 units would give it
