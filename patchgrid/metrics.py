@@ -203,17 +203,22 @@ class KlReference:
 def answer_ranks(logits: torch.Tensor, tokens) -> torch.Tensor:
     """Per token, how many entries of `logits` are larger than its own (0: the top one):
     logits [..., vocab], tokens [..., k] -> [..., k]. One comparison per answer over the vocabulary,
-    a few rows at a time (`row_chunks`)."""
+    a few rows at a time (`row_chunks`), written as 1.0 or 0.0 and summed in float32: whole numbers
+    below 2**24 add exactly in any order, and torch sums floats on a CPU's vector units where it
+    sums booleans one at a time (about 3.5 times the speed on smollm2's vocabulary)."""
     import torch
 
     tokens = torch.as_tensor(tokens, device=logits.device)
     flat = logits.reshape(-1, logits.shape[-1])  # the leading dimensions as rows
     vals = flat.gather(-1, tokens.reshape(flat.shape[0], -1))
-    out = torch.empty(vals.shape, dtype=torch.int32, device=logits.device)
+    exact = torch.float32 if flat.shape[-1] < 2**24 else torch.float64  # every count a whole float
+    out = torch.empty(vals.shape, dtype=exact, device=logits.device)
     for rows in row_chunks(flat):
+        above = torch.empty(flat[rows].shape, dtype=exact, device=logits.device)
         for k in range(vals.shape[1]):
-            torch.sum(flat[rows] > vals[rows, k:k + 1], -1, dtype=torch.int32, out=out[rows, k])
-    return out.reshape(tokens.shape)
+            torch.gt(flat[rows], vals[rows, k:k + 1], out=above)
+            torch.sum(above, -1, out=out[rows, k])
+    return out.to(torch.int32).reshape(tokens.shape)
 
 
 def logsumexp_rows(logits: torch.Tensor) -> torch.Tensor:
