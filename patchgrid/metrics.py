@@ -188,37 +188,44 @@ class KlReference:
         self.ref = logprobs.double()
         self.p = self.ref.exp()
 
-    def kl(self, logits: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
-        """logits [rows, vocab] float32 and their logsumexp [rows] -> KL [rows] float32."""
+    def kl(self, logits: torch.Tensor, lse: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """logits [n, vocab] float32 and their logsumexp [n] -> KL [n] float32; with `rows` (row
+        indices), of those rows alone [len(rows)], taken a chunk at a time (no copy of them all)."""
         import torch
 
-        out = torch.empty(logits.shape[0], dtype=torch.float64, device=logits.device)
-        for rows in row_chunks(logits):
-            d = (logits[rows] - lse[rows, None]).double()
+        if rows is not None:
+            lse = lse[rows]
+        out = torch.empty(lse.shape[0], dtype=torch.float64, device=logits.device)
+        for at, chunk in chunked(logits, rows):
+            d = (chunk - lse[at, None]).double()
             d.neg_().add_(self.ref)  # ref - lp, in place: no second float64 tensor
-            torch.mv(d, self.p, out=out[rows])
+            torch.mv(d, self.p, out=out[at])
         return out.float()
 
 
-def answer_ranks(logits: torch.Tensor, tokens) -> torch.Tensor:
+def answer_ranks(logits: torch.Tensor, tokens, rows: torch.Tensor | None = None) -> torch.Tensor:
     """Per token, how many entries of `logits` are larger than its own (0: the top one):
-    logits [..., vocab], tokens [..., k] -> [..., k]. One comparison per answer over the vocabulary,
-    a few rows at a time (`row_chunks`), written as 1.0 or 0.0 and summed in float32: whole numbers
-    below 2**24 add exactly in any order, and torch sums floats on a CPU's vector units where it
-    sums booleans one at a time (about 3.5 times the speed on smollm2's vocabulary)."""
+    logits [..., vocab], tokens [..., k] -> [..., k]; with `rows` (indices of rows of logits
+    [n, vocab]), tokens [len(rows), k] are those rows' (no copy of them all). One comparison per
+    answer over the vocabulary, a few rows at a time (`row_chunks`), written as 1.0 or 0.0 and
+    summed in float32: whole numbers below 2**24 add exactly in any order, and torch sums floats on
+    a CPU's vector units where it sums booleans one at a time (about 3.5 times the speed on
+    smollm2's vocabulary)."""
     import torch
 
     tokens = torch.as_tensor(tokens, device=logits.device)
+    shape = tokens.shape
     flat = logits.reshape(-1, logits.shape[-1])  # the leading dimensions as rows
-    vals = flat.gather(-1, tokens.reshape(flat.shape[0], -1))
+    tokens = tokens.reshape(flat.shape[0] if rows is None else len(rows), -1)
+    vals = flat.gather(-1, tokens) if rows is None else flat[rows[:, None], tokens]
     exact = torch.float32 if flat.shape[-1] < 2**24 else torch.float64  # every count a whole float
     out = torch.empty(vals.shape, dtype=exact, device=logits.device)
-    for rows in row_chunks(flat):
-        above = torch.empty(flat[rows].shape, dtype=exact, device=logits.device)
+    for at, chunk in chunked(flat, rows):
+        above = torch.empty(chunk.shape, dtype=exact, device=logits.device)
         for k in range(vals.shape[1]):
-            torch.gt(flat[rows], vals[rows, k:k + 1], out=above)
-            torch.sum(above, -1, out=out[rows, k])
-    return out.to(torch.int32).reshape(tokens.shape)
+            torch.gt(chunk, vals[at, k:k + 1], out=above)
+            torch.sum(above, -1, out=out[at, k])
+    return out.to(torch.int32).reshape(shape)
 
 
 def logsumexp_rows(logits: torch.Tensor) -> torch.Tensor:
@@ -238,13 +245,26 @@ def logsumexp_rows(logits: torch.Tensor) -> torch.Tensor:
 CPU_CHUNK_BYTES = 2 * 2**20  # on a CPU, the float64 rows the readout's reductions take at once
 
 
-def row_chunks(logits: torch.Tensor) -> list[slice]:
+def chunked(logits: torch.Tensor, rows: torch.Tensor | None = None):
+    """(slice of the rows read, those rows of logits) a chunk at a time (`row_chunks`): every row of
+    logits [n, vocab], as views; with `rows` (row indices), those rows in their order, each chunk
+    gathered on its own (a few rows copied at a time, never all of them)."""
+    if rows is None:
+        for at in row_chunks(logits):
+            yield at, logits[at]
+        return
+    for at in row_chunks(logits, len(rows)):
+        yield at, logits.index_select(0, rows[at])
+
+
+def row_chunks(logits: torch.Tensor, n: int | None = None) -> list[slice]:
     """Slices of the rows of logits [rows, vocab] to reduce one after another. On a CPU, each about
     CPU_CHUNK_BYTES of float64 (two rows at least, a lone last row joined to the one before): a
     few rows of a large vocabulary, whose temporaries stay in the core's cache through an operation's
     passes, where those of a whole step's rows would go to memory (and, past glibc's mmap
-    threshold, be mapped afresh at every step). Elsewhere (a GPU) one slice of every row."""
-    n = logits.shape[0]
+    threshold, be mapped afresh at every step). Elsewhere (a GPU) one slice of every row. `n`: the
+    number of rows read, when not every row of logits (rows of its width)."""
+    n = logits.shape[0] if n is None else n
     if logits.device.type != "cpu" or n <= 2:
         return [slice(0, n)]
     per = max(2, CPU_CHUNK_BYTES // (8 * logits.shape[-1]))

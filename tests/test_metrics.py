@@ -108,6 +108,11 @@ def test_the_readouts_reductions_taken_a_few_rows_at_a_time_are_each_rows_own(mo
     tokens = torch.randint(0, 50000, (64, 2), generator=g)
     want = [[int((logits[i] > logits[i, t]).sum()) for t in tokens[i].tolist()] for i in range(64)]
     assert answer_ranks(logits, tokens).tolist() == want
+    # some rows read where they lie (the readout's firsts among a step's rows), a chunk at a time
+    rows = torch.tensor([1, 4, 5, 9, 30, 63])
+    assert torch.equal(KlReference(reference).kl(logits, lse, rows), kl[rows])
+    assert answer_ranks(logits, tokens[rows], rows).tolist() == [want[i] for i in rows.tolist()]
+    assert KlReference(reference).kl(logits, lse, rows[:0]).shape == (0,)
 
 
 def test_a_reading_of_one_token_answers():

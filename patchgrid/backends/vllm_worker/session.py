@@ -14,6 +14,7 @@ from ...metrics import KlReference
 from ...plan import LOGPROBS, decode_tensor, to_columns
 from ...sites import SITES, Family, get_module
 from ...tp import units_per_rank
+from ..unembed import Scratch
 from .circuit import CircuitHooks
 from .columns import Columns
 from .hooks import SiteHooks
@@ -82,6 +83,7 @@ class Session(SiteHooks, MidstackStart, LogitsReadout, CircuitHooks):
         self.embed_scale = get_module(self.model, family.decoder).normalizer if family.embed_scaled else None
         self.circuit_layout = None
         self._model_logits = self._own_logits = None  # the model's compute_logits while the sampler idles
+        self.scratch = Scratch()  # the read rows' logits, one buffer reused from step to step of the call
         try:
             if any(r.circuit is not None for r in self.plans.special.values()):
                 self._install_circuit(shape["n_heads"], shape["n_kv_heads"])
