@@ -53,13 +53,12 @@ def unembed_float32(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
         wide = torch.cat([columns, columns[:1].expand(max(0, MIN_COLUMNS - n))]) if n else columns
         out = _product(h, weight[wide].float(), None if bias is None else bias[wide].float(), block, bf16)[:, :n]
         return out[: hidden.shape[0]]
-    kept = _kept_float32(weight)
-    if kept is not None:
-        out = None if scratch is None else scratch.take(h.shape[0], kept.shape[0], h.device)
-        return _product(h, kept, None if bias is None else bias.float(), block, bf16, out)[: hidden.shape[0]]
     vocab, d = weight.shape
     out = (torch.empty(h.shape[0], vocab, dtype=torch.float32, device=h.device) if scratch is None
            else scratch.take(h.shape[0], vocab, h.device))
+    kept = _kept_float32(weight)
+    if kept is not None:
+        return _product(h, kept, None if bias is None else bias.float(), block, bf16, out)[: hidden.shape[0]]
     step = max(1, SLICE_BYTES // (4 * d))
     for lo in range(0, vocab, step):
         out[:, lo:lo + step] = _product(h, weight[lo:lo + step].float(),
