@@ -38,6 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 # (part, path fragments of the files whose own time is that part's), the first match wins
 PARTS = (
+    # vLLM's C kernels for the RMS norms, which the worker puts in vLLM's forward on a CPU: vLLM's work
+    ("model forward", ("patchgrid/backends/vllm_worker/kernels.py",)),
     ("patchgrid hooks", ("patchgrid/backends/vllm_worker/hooks.py", "patchgrid/backends/vllm_worker/midstack.py")),
     ("patchgrid readout", ("patchgrid/backends/vllm_worker/readout.py", "patchgrid/backends/unembed.py",
                            "patchgrid/metrics.py")),

@@ -161,6 +161,9 @@ class VllmEngine:
         if self._inprocess:
             VllmEngine._live_inprocess.add(id(self))
         self._check_model_class()
+        # On a CPU, vLLM's C kernels for the RMS norms of the eager forward, on every rank
+        # (vllm_worker/kernels.py): the ops they lead, empty on a GPU.
+        self.cpu_kernels = self.llm.collective_rpc("pg_use_cpu_kernels")[0]
         self.start_midstack = start_midstack and self._can_start_midstack()
         # What one more generate call costs, in tokens x layers of forward work: on a 2-core CPU with
         # smollm2-135m, 512 ran the 16-pair resid grid fastest of 128-2048 (a call costs ~10 ms, a

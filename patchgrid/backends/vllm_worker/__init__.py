@@ -7,6 +7,7 @@ and returns the call's results (arrays by plan, and the parts of forwards that r
 patchgrid/backends/README.md follows one request through these modules:
 
 - `extension`: the RPC face, `PatchgridWorker` (the class vLLM mixes into its worker).
+- `kernels`: vLLM's C kernels for the RMS norms, put in the eager forward on a CPU.
 - `session`: one call's state: the sources, the sites' widths on this rank, the call's columns.
 - `columns`: the call's plans as arrays by plan, and flat tables of their patches, scores and starts.
 - `request`: the stacked sources, the request ids naming plans, and the forwards that hold more.

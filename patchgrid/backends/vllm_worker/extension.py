@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from ...sites import FAMILIES, get_module
 from .hooks import Wrapped
+from .kernels import use_cpu_kernels
 from .midstack import current_start_layer, start_by
 from .session import Session
 
@@ -55,6 +56,11 @@ class PatchgridWorker:
     def pg_start_layer(self, family: str) -> int:
         """The layer the model's forwards start at now (0 between calls)."""
         return current_start_layer(FAMILIES[family].in_vllm(), self.model_runner.get_model())
+
+    def pg_use_cpu_kernels(self) -> list[str]:
+        """On a CPU, vLLM's C kernels for the RMS norms of this worker's eager forwards
+        (kernels.use_cpu_kernels); the ops they now lead, empty elsewhere."""
+        return use_cpu_kernels(self.device)
 
     def pg_model_class(self) -> str:
         """The class vLLM runs the model as (its own model, or TransformersForCausalLM)."""
