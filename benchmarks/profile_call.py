@@ -17,7 +17,10 @@ one function is called from several parts. The profiler adds a cost to every Pyt
 parts made of many small Python calls read larger under it than they are: the unprofiled times are
 printed too.
 
-    .venv/bin/python benchmarks/profile_call.py [--model tiny-llama] [--pairs 16] [--top 12]
+With --started, the sweep as a study runs it (each patched run started mid-stack) is profiled too,
+first, split the same way.
+
+    .venv/bin/python benchmarks/profile_call.py [--model tiny-llama] [--pairs 16] [--top 12] [--started]
 """
 from __future__ import annotations
 
@@ -121,7 +124,7 @@ def report(name: str, runs: int, plain_s: float, prof_s: float, stats: pstats.St
     parts = split(stats)
     total = sum(parts.values())
     print(f"{name}: {runs} runs, {plain_s:.2f} s unprofiled ({runs / plain_s:.1f} runs/s), {prof_s:.2f} s profiled")
-    order = [p for p, _ in PARTS] + [UNPLACED]
+    order = list(dict.fromkeys(p for p, _ in PARTS)) + [UNPLACED]  # a part named twice in PARTS printed once
     for part in order:
         if parts.get(part, 0) > 0:
             t = parts[part]
@@ -141,6 +144,8 @@ def main():
     parser.add_argument("--sweeps", default="resid,attn_out,mlp_out,heads")
     parser.add_argument("--max-requests", type=int, default=2048)
     parser.add_argument("--top", type=int, default=12, help="functions listed by own time (0: none)")
+    parser.add_argument("--started", action="store_true",
+                        help="also profile the sweep with each patched run started mid-stack (as a study runs it)")
     args = parser.parse_args()
 
     from transformers import AutoTokenizer
@@ -161,7 +166,8 @@ def main():
     runs = count_runs(pairs, config, shape.n_layers, shape.n_heads)
     print(f"model {args.model} ({str(engine.dtype).removeprefix('torch.')}), {shape.n_layers} layers; "
           f"{len(pairs)} pairs, sweeps {args.sweeps}: {runs} patched runs; the profile is of the whole sweep "
-          "call, every layer computed, then of the same tokens as a plain vLLM prefill")
+          f"call{', started mid-stack, then' if args.started else ','} every layer computed, then of the same "
+          "tokens as a plain vLLM prefill")
     cache, _ = load_or_build(engine, pairs, cache_spec(config, shape.n_layers, 0.0), Path(tempfile.mkdtemp()),
                              log=lambda *_: None)
     full = replace(config, start_midstack=False)
@@ -170,12 +176,19 @@ def main():
     def sweep():
         run_sweeps(engine, pairs, cache, full, noise_std=0.0)
 
+    def started():
+        run_sweeps(engine, pairs, cache, config, noise_std=0.0)
+
     def prefill():
         plain_prefill(engine, tokens, args.max_requests)
 
     run_sweeps(engine, pairs[:1], cache, full, noise_std=0.0)  # warm-up: the first calls pay one-off costs
+    ways = [("patchgrid, every layer", sweep, runs), ("plain vLLM prefill", prefill, len(tokens))]
+    if args.started:
+        run_sweeps(engine, pairs[:1], cache, config, noise_std=0.0)
+        ways.insert(0, ("patchgrid, started mid-stack", started, runs))
     prefill()
-    for name, fn, n in (("patchgrid, every layer", sweep, runs), ("plain vLLM prefill", prefill, len(tokens))):
+    for name, fn, n in ways:
         t0 = time.perf_counter()
         fn()
         plain_s = time.perf_counter() - t0
