@@ -53,17 +53,17 @@ def _fused_add_rms_norm(x: Tensor, x_residual: Tensor, weight: Tensor | None, ep
     return out, residual
 
 
-def _registered() -> bool:
-    """Register the two implementations with vLLM's IR ops once per process; False where this vLLM
-    build has no such kernels (or no IR ops)."""
+def _norm_ops() -> tuple:
+    """vLLM's two RMS norm IR ops with the kernels registered on them (once per process); () where
+    this vLLM build has no such kernels (or no IR ops)."""
     try:
         import vllm._custom_ops  # noqa: F401  (loads the _C library on a CPU)
         import vllm.ir.ops  # noqa: F401
         from vllm import ir
     except ImportError:
-        return False
+        return ()
     if not (hasattr(torch.ops._C, "rms_norm") and hasattr(torch.ops._C, "fused_add_rms_norm")):
-        return False
+        return ()
     norm, fused = ir.ops.rms_norm, ir.ops.fused_add_rms_norm
     if PROVIDER not in norm.impls:
         norm.register_impl(PROVIDER, supports_args=lambda x, weight, epsilon, variance_size=None:
@@ -71,19 +71,17 @@ def _registered() -> bool:
     if PROVIDER not in fused.impls:
         fused.register_impl(PROVIDER, supports_args=lambda x, x_residual, weight, epsilon, variance_size=None:
                             _takes(x, weight, variance_size, x_residual))(_fused_add_rms_norm)
-    return True
+    return norm, fused
 
 
 def use_cpu_kernels(device: torch.device) -> list[str]:
     """On a CPU, put vLLM's C kernels first in its RMS norms' dispatch order, for this process (the
     worker's), ahead of whatever came before; elsewhere change nothing. Returns the ops now led by
     them (empty where none is)."""
-    if torch.device(device).type != "cpu" or not _registered():
+    if torch.device(device).type != "cpu":
         return []
-    from vllm import ir
-
     led = []
-    for op in (ir.ops.rms_norm, ir.ops.fused_add_rms_norm):
+    for op in _norm_ops():
         before = [p for p in op.get_priority() if p != PROVIDER] or ["native"]
         op.set_default([PROVIDER, *before])
         led.append(op.name)
