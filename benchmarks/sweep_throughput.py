@@ -25,9 +25,15 @@ Beside each engine figure, its agreement with a Hugging Face float32 reference o
 wrong), the engine run as the figure ran it (started mid-stack or every layer).
 
     .venv/bin/python benchmarks/sweep_throughput.py [--model smollm2-135m] [--dtype auto|float32|...]
-        [--pairs 2] [--trace-pairs 1] [--trace-samples 5] [--answer-pairs 2] [--repeats 3]
+        [--pairs 4] [--trace-pairs 1] [--trace-samples 5] [--answer-pairs 2] [--repeats 3]
 
-Its defaults finish in about 10 minutes on a 2-core machine (issue 31).
+The default set runs over 4 pairs, swept together as a study sweeps a shard's pairs (8 by default,
+StudySpec.shard_size): the runs of one start layer share an engine step, so the pairs set how many
+rows a started step multiplies. Over 2 pairs a started step of smollm2 held about 1,000 rows, a size
+at which oneDNN, in bf16 on a 2-core AMX machine, multiplies two of the four linear layers on one
+core (benchmarks/cpu_linears.py): skip / full read 1.41x there against 1.94x over 4 pairs and over 8
+(docs/benchmarks.md). Its defaults finish in about 10 minutes on a 2-core machine (issue 31): 11 min
+in float32 on a 2-core Intel machine with AMX.
 """
 from __future__ import annotations
 
@@ -180,7 +186,8 @@ def main():
     parser.add_argument("--dtype", default=None,
                         help="the model's dtype (default: its own, or float32 on a CPU without bf16 units)")
     parser.add_argument("--repeats", type=int, default=3, help="timed sweeps per way, interleaved (median printed)")
-    parser.add_argument("--pairs", type=int, default=2, help="pairs for the default sweep set (0: skip it)")
+    parser.add_argument("--pairs", type=int, default=4,
+                        help="pairs for the default sweep set, swept together as a study's shard is (0: skip it)")
     parser.add_argument("--trace-pairs", type=int, default=1, help="facts for causal tracing (0: skip it)")
     parser.add_argument("--trace-samples", type=int, default=5)
     parser.add_argument("--sweeps", default="resid,attn_out,mlp_out,heads")
