@@ -1,5 +1,6 @@
-"""How vLLM's CPU matrix kernels use the cores at the row counts of a study's steps: smollm2-135m's
-linear layers (qkv, o_proj, gate_up, down; 30 weights of each shape, as the 30 layers hold)
+"""How vLLM's CPU matrix kernels use the cores at the row counts of a study's steps: a model's
+linear layers (smollm2-135m's by default; qkv, o_proj, gate_up, down, their shapes read from its
+config; one weight of each shape per layer, as its layers hold)
 multiplied through vLLM's oneDNN handler (`ops.create_onednn_mm`, as vLLM makes it for a dense
 weight on a CPU) on every core and on one, and, where the CPU has AMX, through vLLM's other CPU
 kernel (`weight_packed_linear`, sgl-kernel's, which vLLM uses for weights of at most 1 MiB).
@@ -8,14 +9,14 @@ A started step of the benchmarks' grids holds about 700 to 1,100 rows (each engi
 runs of one start layer), an every-layer step about 5,000 to 7,000. Where a kernel takes as long
 on one core as on all of them, it ran on one: on a 2-core machine with AMX, in bf16, oneDNN runs
 qkv and down at a started step's size on one core (docs/benchmarks.md, issue 31's fourteenth
-session). Random weights and inputs; each figure the quickest of `--repeats` passes over the 30
-weights, in microseconds a call.
+session). Random weights and inputs; each figure the quickest of `--repeats` passes over the
+layers' weights, in microseconds a call.
 
-    .venv/bin/python benchmarks/cpu_linears.py [--dtype bfloat16|float16|float32] [--rows 726,1065,5262]
-        [--repeats 3]
+    .venv/bin/python benchmarks/cpu_linears.py [--model smollm2-135m] [--dtype bfloat16|float16|float32]
+        [--rows 726,1065,5262] [--repeats 3]
 
-In smollm2's own dtype (bf16), or in float32 on a CPU without bf16 units (benchmarks/machine.bench_dtype),
-where bf16 would be emulated. It finishes in under a minute on a 2-core machine.
+In the model's own dtype (bf16 for smollm2-135m), or in float32 on a CPU without bf16 units
+(benchmarks/machine.bench_dtype), where bf16 would be emulated. It finishes in under a minute on a 2-core machine.
 """
 from __future__ import annotations
 
@@ -28,8 +29,14 @@ from pathlib import Path
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-SHAPES = {"qkv": (960, 576), "o_proj": (576, 576), "gate_up": (3072, 576), "down": (576, 1536)}  # (out, in)
-LAYERS = 30
+
+
+def linear_shapes(config) -> dict[str, tuple[int, int]]:
+    """A llama-family model's linear layers as vLLM fuses them: name -> (out, in)."""
+    d, ff = config.hidden_size, config.intermediate_size
+    head = getattr(config, "head_dim", None) or d // config.num_attention_heads
+    q, kv = config.num_attention_heads * head, config.num_key_value_heads * head
+    return {"qkv": (q + 2 * kv, d), "o_proj": (d, q), "gate_up": (2 * ff, d), "down": (d, ff)}
 
 
 def quickest(fn, kernels, x, repeats: int) -> float:
@@ -45,31 +52,37 @@ def quickest(fn, kernels, x, repeats: int) -> float:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2-135m", help="a llama-family model: its layers' shapes")
     parser.add_argument("--dtype", default=None, choices=("bfloat16", "float16", "float32"),
-                        help="default: smollm2's own (bf16), or float32 on a CPU without bf16 units")
+                        help="default: the model's own, or float32 on a CPU without bf16 units")
     parser.add_argument("--rows", default="726,1065,5262", help="row counts (a step's tokens), comma-separated")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
 
     import torch
     import vllm._custom_ops as ops
+    from transformers import AutoConfig
 
     from benchmarks.machine import bench_dtype, machine
+    from patchgrid.models import prepare
 
     print(machine())
+    config = AutoConfig.from_pretrained(prepare(args.model))
     name, why = bench_dtype(args.dtype)
-    name = "bfloat16" if name == "auto" else name  # smollm2-135m's own dtype
+    if name == "auto":  # the model's own dtype
+        name = str(getattr(config, "dtype", None) or "bfloat16").removeprefix("torch.")
     dtype = getattr(torch, name)
+    shapes, layers = linear_shapes(config), config.num_hidden_layers
     rows = [int(r) for r in args.rows.split(",")]
     sgl = dtype != torch.float32 and torch.cpu._is_amx_tile_supported()
     threads = torch.get_num_threads()
-    print(f"will time smollm2-135m's linear shapes in {name} ({why}), {LAYERS} weights each, at {rows} rows, "
+    print(f"will time {args.model}'s linear shapes {shapes} in {name} ({why}), {layers} weights each, at {rows} rows, "
           f"on {threads} threads and on 1, through vLLM's oneDNN handler"
           + (" and its weight_packed_linear (AMX)" if sgl else " (weight_packed_linear needs AMX: not timed)"))
     if not ops._supports_onednn:
         raise SystemExit("this vLLM build has no oneDNN handler (create_onednn_mm_handler)")
     torch.manual_seed(0)
-    weights = {s: [torch.randn(n, k).to(dtype) for _ in range(LAYERS)] for s, (n, k) in SHAPES.items()}
+    weights = {s: [torch.randn(n, k).to(dtype) for _ in range(layers)] for s, (n, k) in shapes.items()}
     onednn = {s: [ops.create_onednn_mm(w.t(), 32) for w in ws] for s, ws in weights.items()}
     packed = {s: [torch.ops._C.convert_weight_packed(w) for w in ws] for s, ws in weights.items()} if sgl else {}
 
@@ -77,14 +90,13 @@ def main():
         return ops.onednn_mm(handler, x, None)
 
     def by_sgl(shape):
-        return lambda weight, x: ops.weight_packed_linear_cpu(x, weight, SHAPES[shape][0], None)
+        return lambda weight, x: ops.weight_packed_linear_cpu(x, weight, shapes[shape][0], None)
 
     head = f"{'rows':>6}  {'shape':<8} {'oneDNN, ' + str(threads) + ' threads':>18} {'oneDNN, 1 thread':>17}"
     print(head + (f" {'weight_packed, ' + str(threads):>18}" if sgl else "") + "   (us a call)")
     for m in rows:
-        for shape, (_, k) in SHAPES.items():
+        for shape, (_, k) in shapes.items():
             x = torch.randn(m, k).to(dtype)
-            torch.set_num_threads(threads)
             many = quickest(by_onednn, onednn[shape], x, args.repeats)
             torch.set_num_threads(1)
             one = quickest(by_onednn, onednn[shape], x, args.repeats)
@@ -92,8 +104,7 @@ def main():
             line = f"{m:>6}  {shape:<8} {1e6 * many:>18.0f} {1e6 * one:>17.0f}"
             if sgl:
                 line += f" {1e6 * quickest(by_sgl(shape), packed[shape], x, args.repeats):>18.0f}"
-            cores = one / many
-            print(line + f"   oneDNN used {cores:.1f}x one core's speed")
+            print(line + f"   oneDNN used {one / many:.1f}x one core's speed")
 
 
 if __name__ == "__main__":

@@ -32,8 +32,8 @@ StudySpec.shard_size): the runs of one start layer share an engine step, so the 
 rows a started step multiplies. Over 2 pairs a started step of smollm2 held about 1,000 rows, a size
 at which oneDNN, in bf16 on a 2-core AMX machine, multiplies two of the four linear layers on one
 core (benchmarks/cpu_linears.py): skip / full read 1.41x there against 1.74-1.94x over 4 pairs and
-1.94-1.95x over 8 (docs/benchmarks.md). Its defaults finish in about 10 minutes on a 2-core machine (issue 31): 11 min
-in float32 on a 2-core Intel machine with AMX.
+1.94-1.95x over 8 (docs/benchmarks.md). Its defaults finish in about 10 minutes on a 2-core machine
+(issue 31): 11 min in float32 on a 2-core Intel machine with AMX.
 """
 from __future__ import annotations
 
