@@ -305,15 +305,19 @@ class VllmEngine:
         """vLLM prefills every forward of call `call` and samples nothing of use: one SamplingParams
         shared by all (vLLM copies it shallowly per request, skip_clone), each request's id naming its
         plan (vllm_worker.request.request_id), through the engine's own add_request / step loop (what
-        LLM.generate runs, without its ids of its own)."""
-        from vllm import SamplingParams, TokensPrompt
+        LLM.generate runs, without its ids of its own). Each forward's tokens go in as the engine input
+        vLLM's renderer makes of a TokensPrompt (`tokens_input`, the form vLLM asks for): a raw prompt
+        is parsed and rendered again per request, a path vLLM deprecates; the length and token checks
+        run either way."""
+        from vllm import SamplingParams
+        from vllm.inputs.engine import tokens_input
         from vllm.sampling_params import RequestOutputKind
 
         params = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False, skip_clone=True,
                                 output_kind=RequestOutputKind.FINAL_ONLY)
         engine = self.llm.llm_engine
         for k, tokens in enumerate(prompts):
-            engine.add_request(request_id(call, k), TokensPrompt(prompt_token_ids=[int(t) for t in tokens]), params)
+            engine.add_request(request_id(call, k), tokens_input([int(t) for t in tokens]), params)
         while engine.has_unfinished_requests():
             engine.step()
 
