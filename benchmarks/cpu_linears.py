@@ -30,12 +30,10 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-
-def linear_shapes(config) -> dict[str, tuple[int, int]]:
-    """A llama-family model's linear layers as vLLM fuses them: name -> (out, in)."""
-    d, ff = config.hidden_size, config.intermediate_size
-    head = getattr(config, "head_dim", None) or d // config.num_attention_heads
-    q, kv = config.num_attention_heads * head, config.num_key_value_heads * head
+def linear_shapes(shape) -> dict[str, tuple[int, int]]:
+    """A llama-family model's linear layers as vLLM fuses them, from its ModelShape: name -> (out, in)."""
+    d, ff = shape.d_model, shape.d_mlp
+    q, kv = shape.n_heads * shape.head_dim, (shape.n_kv_heads or shape.n_heads) * shape.head_dim
     return {"qkv": (q + 2 * kv, d), "o_proj": (d, q), "gate_up": (2 * ff, d), "down": (d, ff)}
 
 
@@ -64,15 +62,17 @@ def main():
     from transformers import AutoConfig
 
     from benchmarks.machine import bench_dtype, machine
+    from patchgrid.engine import model_dtype
     from patchgrid.models import prepare
+    from patchgrid.sites import shape_of
 
     print(machine())
     config = AutoConfig.from_pretrained(prepare(args.model))
     name, why = bench_dtype(args.dtype)
-    if name == "auto":  # the model's own dtype
-        name = str(getattr(config, "dtype", None) or "bfloat16").removeprefix("torch.")
+    name = model_dtype(config) if name == "auto" else name
     dtype = getattr(torch, name)
-    shapes, layers = linear_shapes(config), config.num_hidden_layers
+    model_shape = shape_of(config)
+    shapes, layers = linear_shapes(model_shape), model_shape.n_layers
     rows = [int(r) for r in args.rows.split(",")]
     sgl = dtype != torch.float32 and torch.cpu._is_amx_tile_supported()
     threads = torch.get_num_threads()
