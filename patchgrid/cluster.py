@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .engine import Engines
+from .stopping import handlers_kept
 
 NAMESPACE = "patchgrid"
 # The lines a local Ray that a study starts itself keeps small: no dashboard, a small object store.
@@ -120,7 +121,8 @@ class RayEngines(Engines):
 
         if not ray.is_initialized():
             kwargs = {} if self.address else dict(LOCAL_RAY)
-            ray.init(address=self.address, namespace=NAMESPACE, **kwargs)
+            with handlers_kept():  # ray.init sets a SIGTERM handler of its own: a study's stays
+                ray.init(address=self.address, namespace=NAMESPACE, **kwargs)
             self._started_ray = True
         if self.gpus is None:
             has_gpus = ray.cluster_resources().get("GPU", 0) > 0

@@ -85,3 +85,28 @@ def one_line(exc: BaseException) -> str:
         return f"cancelled by {signalled()}"
     lines = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
+@contextmanager
+def handlers_kept():
+    """Within the block a library may set its own SIGTERM or SIGINT handler (Ray's `ray.init` makes
+    SIGTERM call `sys.exit`); when the block ends, a handler set in Python before it (a
+    `cancel_on_signals` block's) is put back, so a stop signal still cancels the study. A SIGTERM
+    that the library's handler turned into `SystemExit` inside the block goes to that handler
+    instead. A default or ignored handler before the block is left as the library set it. Outside
+    the main thread (where no handler can be set) this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    except SystemExit as exc:
+        previous = before[signal.SIGTERM]
+        if exc.code == signal.SIGTERM and callable(previous) and signal.getsignal(signal.SIGTERM) is not previous:
+            previous(signal.SIGTERM, None)  # a cancel_on_signals handler raises Cancelled (once)
+        raise
+    finally:
+        for s, handler in before.items():
+            if callable(handler) and signal.getsignal(s) is not handler:
+                signal.signal(s, handler)

@@ -326,3 +326,31 @@ def test_a_study_on_the_cluster_survives_a_failed_engine_a_killed_actor_and_a_de
     assert max(s["engine_starts"] for s in served if s["actor"] == hit) == 2
     assert all(s["cuda_visible_devices"] is not None for s in served)
     assert _alive_actors(cluster) == [], "the run's actors outlived it"
+
+
+def test_a_sigterm_cancels_a_study_on_ray_and_leaves_no_actor(cluster, prefect_api, tmp_path):
+    """ray.init sets a SIGTERM handler of its own (sys.exit) in the process that connects, the study's: the
+    study's own handler stays, so a SIGTERM mid-study (what Slurm and Kubernetes send) cancels it, the run is
+    recorded as cancelled, not failed, and its actors are killed."""
+    from patchgrid.flows.study import study
+    from patchgrid.progress import reporting_to
+    from patchgrid.stopping import Cancelled
+    from patchgrid.warehouse.loader import query
+
+    c, _ = cluster
+    sent = []
+
+    def on_progress(stage, done, total, note):
+        if stage == "shards on Ray" and not sent:  # Ray connected, its actors started
+            sent.append(done)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    before = signal.getsignal(signal.SIGTERM)
+    warehouse = tmp_path / "stopped.duckdb"
+    with reporting_to(on_progress), pytest.raises(Cancelled):
+        study(StudySpec.of(warehouse=str(warehouse), workdir=str(tmp_path / "work"), runner="ray",
+                           ray_address=c.address, ray_workers=1, **TP))
+    assert sent, "the study never reached its shards"
+    assert query(warehouse, "SELECT status, reason FROM runs")[1] == [("cancelled", "cancelled by SIGTERM")]
+    assert signal.getsignal(signal.SIGTERM) is before
+    assert _alive_actors(cluster) == []

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 import time
 
@@ -115,3 +116,51 @@ def test_a_stop_is_remembered_until_the_next_study_in_the_same_process(monkeypat
     with stopping.cancel_on_signals():  # the next study
         assert stopping.signalled() is None
         assert stopping.one_line(ValueError("a real failure")) == "ValueError: a real failure"
+
+
+def _library_handler(signum, frame):
+    """What Ray's ray.init makes of SIGTERM in the process that calls it (ray/_private/worker.py)."""
+    sys.exit(signum)
+
+
+def test_a_library_that_sets_its_own_sigterm_handler_does_not_take_the_studys(monkeypatch):
+    """ray.init, called inside a study's cancel_on_signals block (a study on Ray), sets a SIGTERM handler
+    that calls sys.exit: after handlers_kept the block's handler is back, and a SIGTERM still cancels."""
+    from patchgrid import stopping
+
+    monkeypatch.setattr(stopping, "_received", [])
+    with pytest.raises(stopping.Cancelled):
+        with stopping.cancel_on_signals():
+            ours = signal.getsignal(signal.SIGTERM)
+            with stopping.handlers_kept():
+                signal.signal(signal.SIGTERM, _library_handler)
+            assert signal.getsignal(signal.SIGTERM) is ours
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler raises before this ends
+    assert stopping.signalled() == "SIGTERM"
+
+
+def test_a_sigterm_the_librarys_handler_took_inside_the_block_still_cancels(monkeypatch):
+    from patchgrid import stopping
+
+    monkeypatch.setattr(stopping, "_received", [])
+    with pytest.raises(stopping.Cancelled):
+        with stopping.cancel_on_signals():
+            with stopping.handlers_kept():
+                signal.signal(signal.SIGTERM, _library_handler)
+                os.kill(os.getpid(), signal.SIGTERM)  # while the library starts up
+                time.sleep(5)
+    assert stopping.signalled() == "SIGTERM"
+
+
+def test_a_default_handler_is_left_to_the_library():
+    """Outside a study (a notebook's own Ray) the library's handler stays: nothing of ours to put back."""
+    from patchgrid import stopping
+
+    before = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        with stopping.handlers_kept():
+            signal.signal(signal.SIGTERM, _library_handler)
+        assert signal.getsignal(signal.SIGTERM) is _library_handler
+    finally:
+        signal.signal(signal.SIGTERM, before)
