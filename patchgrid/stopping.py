@@ -92,9 +92,10 @@ def handlers_kept():
     """Within the block a library may set its own SIGTERM or SIGINT handler (Ray's `ray.init` makes
     SIGTERM call `sys.exit`); when the block ends, a handler set in Python before it (a
     `cancel_on_signals` block's) is put back, so a stop signal still cancels the study. A SIGTERM
-    that the library's handler turned into `SystemExit` inside the block goes to that handler
-    instead. A default or ignored handler before the block is left as the library set it. Outside
-    the main thread (where no handler can be set) this does nothing."""
+    that came inside the block, and that the library's handler turned into `SystemExit`, is handed
+    to the handler from before the block (which raises `Cancelled`). A default or ignored handler
+    before the block is left as the library set it. Outside the main thread (where no handler can
+    be set) this does nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
