@@ -14,8 +14,10 @@ so that every product has the same shape whatever the number of rows a step read
 product's rounding depends on its shape (a float32 BLAS takes another path for one row, or a few,
 than for many), not on a row's place in it, so a row's logits do not depend on what else its step
 read, and a study on Ray equals the local run to the last bit. Likewise the answers' columns alone
-(`columns`) are computed as at least `MIN_COLUMNS` columns (a product of one column is a
-matrix-vector product, rounded otherwise). This is checked on the machine that runs the tests
+(`columns`) are computed as at least `MIN_COLUMNS` columns, so that they round as the whole
+vocabulary's product does: a product of one column is a matrix-vector product, and on an AMD EPYC
+with AVX-512 a product of 8 columns took another path than the whole vocabulary's, where 16 and
+more took the same. This is checked on the machine that runs the tests
 (tests/backends/test_float32_logits.py), not promised by BLAS. The Hugging Face backend multiplies a
 forward's rows at once (`block_rows=None`): its forward's own rounding already depends on its batch,
 and a block would make its one-request forwards pay for 128 rows.
@@ -32,7 +34,7 @@ from contextlib import contextmanager
 import torch
 
 BLOCK_ROWS = 128  # rows unembedded by one product (the last block filled up with zero rows)
-MIN_COLUMNS = 8  # the answers' columns alone are computed as at least this many (the first repeated)
+MIN_COLUMNS = 64  # the answers' columns alone are computed as at least this many (the first repeated)
 SLICE_BYTES = 64 * 2**20  # the float32 copy of a large weight held at once: one slice of its rows
 KEEP_BYTES = 256 * 2**20  # a weight whose float32 copy is at most this keeps it (an attribute of the weight)
 

@@ -49,11 +49,19 @@ def test_a_circuit_run_on_vllm_equals_hf_and_its_ends_are_the_clean_and_corrupt_
     got = {name: _runs(e, pairs, kept_sets) for name, e in (("hf", hf), ("vllm", vl))}
     for name in got:
         for clean, corrupt, runs in got[name]:
-            # every edge kept: no receiver reads anything but its stream, so the clean run, exactly
-            assert torch.equal(runs[0].answer_logits, clean.answer_logits), name
+            # every edge kept: no receiver reads anything but its stream, so the clean run: exactly on vLLM,
+            # whose products take a row alike in any batch; on hf to float32 rounding, since its forward's
+            # products round with its batch (on an AMD EPYC with AVX-512, a product of 2 or 3 rows otherwise
+            # than of 4 or more)
+            if name == "vllm":
+                assert torch.equal(runs[0].answer_logits, clean.answer_logits), name
+                assert runs[0].continuation_logprobs == clean.continuation_logprobs
+            else:
+                torch.testing.assert_close(runs[0].answer_logits, clean.answer_logits, atol=1e-5, rtol=0)
+                torch.testing.assert_close(torch.tensor(sum(runs[0].continuation_logprobs, [])),
+                                           torch.tensor(sum(clean.continuation_logprobs, [])), atol=1e-5, rtol=0)
             # none kept: every receiver reads the corrupt run's stream, so the corrupt run (to rounding)
             torch.testing.assert_close(runs[1].answer_logits, corrupt.answer_logits, atol=1e-5, rtol=0)
-            assert runs[0].continuation_logprobs == clean.continuation_logprobs
             torch.testing.assert_close(torch.tensor(sum(runs[1].continuation_logprobs, [])),
                                        torch.tensor(sum(corrupt.continuation_logprobs, [])), atol=1e-5, rtol=0)
             # a circuit in between moves the answer: the test would see a circuit run that did nothing
