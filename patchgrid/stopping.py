@@ -42,6 +42,8 @@ def stopped_for_good() -> bool:
 
 _depth: list[None] = []  # the cancel_on_signals blocks open in the main thread
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)  # the signals that stop a study
+
 
 def signalled() -> str | None:
     """The first stop signal this process received, by name, or None."""
@@ -68,7 +70,7 @@ def cancel_on_signals():
         _received.append(signal.Signals(signum).name)
         raise Cancelled(signal.Signals(signum).name)
 
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    previous = {s: signal.signal(s, handler) for s in STOP_SIGNALS}
     try:
         yield
     finally:
@@ -99,7 +101,7 @@ def handlers_kept():
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    before = {s: signal.getsignal(s) for s in STOP_SIGNALS}
     try:
         yield
     except SystemExit as exc:
