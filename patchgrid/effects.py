@@ -45,25 +45,41 @@ def cell_columns(pair, cell) -> dict:
 
 
 def baseline_columns(clean: Reading, corrupt: Reading) -> dict:
-    """The clean and corrupt runs' columns of every effect row of a pair (effect_row's `base`)."""
+    """The clean and corrupt runs' columns of every effect row of a pair."""
     return {**reading_columns("clean", clean), **reading_columns("corrupt", corrupt)}
 
 
-def effect_row(pair, cell, patched: Reading | None, clean: Reading, corrupt: Reading, metric: str,
-               base: dict | None = None) -> dict:
-    """One effect row: the patched run's reading beside the pair's baselines, on every metric, and
-    the effect and recovery on the headline `metric`. Denoising is measured from the corrupt run,
-    noising from the clean run. `patched` None: a site estimated but not patched (atp). `base`:
-    baseline_columns(clean, corrupt), when the caller made it once for the pair's rows."""
-    reference = clean if cell.direction == "noise" else corrupt
-    value, ref = None if patched is None else patched.value(metric), reference.value(metric)
-    row = cell_columns(pair, cell)  # the row grows in place: a grid makes one per run
-    row["metric"] = metric
-    row["effect"] = None if value is None or ref is None else value - ref
-    row["recovery"] = recovery(value, clean.value(metric), corrupt.value(metric))
-    row.update(reading_columns("patched", patched))
-    row.update(base or baseline_columns(clean, corrupt))
-    return row
+class PairRows:
+    """The effect rows of one pair's cells (a grid makes one per run): the patched run's reading
+    beside the pair's baselines, on every metric, and the effect and recovery on the headline
+    `metric`. Denoising is measured from the corrupt run, noising from the clean run. What every row
+    of the pair shares (its baselines' columns and values) is made once."""
+
+    def __init__(self, pair, clean: Reading, corrupt: Reading, metric: str):
+        self.pair, self.metric = pair, metric
+        self.base = baseline_columns(clean, corrupt)
+        self.clean_value, self.corrupt_value = clean.value(metric), corrupt.value(metric)
+
+    def row(self, cell, patched: Reading | None) -> dict:
+        """`cell`'s row; `patched` None: a site estimated but not patched (atp)."""
+        value = None if patched is None else getattr(patched, self.metric)
+        clean, corrupt = self.clean_value, self.corrupt_value
+        ref = clean if cell.direction == "noise" else corrupt
+        row = cell_columns(self.pair, cell)  # the row grows in place
+        row["metric"] = self.metric
+        row["effect"] = None if value is None or ref is None else value - ref
+        row["recovery"] = recovery(value, clean, corrupt)
+        if patched is None:
+            row.update(dict.fromkeys(_COLUMNS["patched"]))
+        else:
+            row.update(zip(_COLUMNS["patched"], vars(patched).values()))  # a Reading's fields, in READING_FIELDS' order
+        row.update(self.base)
+        return row
+
+
+def effect_row(pair, cell, patched: Reading | None, clean: Reading, corrupt: Reading, metric: str) -> dict:
+    """One effect row (PairRows.row), for a cell whose pair makes no other."""
+    return PairRows(pair, clean, corrupt, metric).row(cell, patched)
 
 
 def to_table(rows: list[dict]) -> pa.Table:

@@ -17,7 +17,16 @@ from pathlib import Path
 import torch
 
 from ..metrics import Reading, answer_ranks, kl_divergence, logsumexp_rows
-from ..plan import LOGPROBS, Result, forwards, gaussian_noise, join_forwards, patch_rows, recomputed_heads, validate
+from ..plan import (
+    LOGPROBS,
+    Result,
+    call_forwards,
+    gaussian_noise,
+    join_forwards,
+    patch_rows,
+    recomputed_heads,
+    validate,
+)
 from ..sites import QKV, SITES, get_module, parse_key, site_module
 from .edge_ablation import Layout, check_circuits, cut_by_deltas, delta_bytes
 from .hf_circuit import BatchCircuit
@@ -135,7 +144,7 @@ class HFEngine:
         requests = list(requests)
         validate(requests, sources, self.shape)
         check_circuits(requests, sources, self.shape)
-        fwds = [forwards(r) for r in requests]
+        fwds = call_forwards(requests)
         by_len = defaultdict(list)  # forward length -> (request, forward index)
         for i, fs in enumerate(fwds):
             for k, f in enumerate(fs):

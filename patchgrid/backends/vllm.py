@@ -29,8 +29,8 @@ from ..plan import (
     PlanError,
     Result,
     Start,
+    call_forwards,
     encode_tensor,
-    forwards,
     recomputed_heads,
     to_columns,
     validate,
@@ -215,7 +215,7 @@ class VllmEngine:
         validate(requests, sources, self.shape)
         check_circuits(requests, sources, self.shape)
         self._refuse_unreadable(requests)
-        fwds = [forwards(r) for r in requests]  # a start does not change them: computed once per call
+        fwds = call_forwards(requests)  # a start does not change them: computed once per call
         for i, (r, fs) in enumerate(zip(requests, fwds)):
             longest = len(fs[0].tokens) if len(fs) == 1 else max(len(f.tokens) for f in fs)
             if longest > self.max_model_len:
@@ -279,7 +279,7 @@ class VllmEngine:
 
     def _generate_watched(self, requests, sources, start_layer: int, fwds=None, read=call_results) -> list:
         call = next(self._calls)
-        fwds = fwds if fwds is not None else [forwards(r) for r in requests]
+        fwds = fwds if fwds is not None else call_forwards(requests)
         keys, wire_sources = _keys_and_sources(requests, sources, self.shape.n_layers)
         shape = {"vocab_size": self.shape.vocab_size, "d_model": self.shape.d_model,
                  "n_heads": self.shape.n_heads, "head_dim": self.shape.head_dim, "d_mlp": self.shape.d_mlp,

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import pyarrow as pa
 
@@ -35,14 +36,15 @@ class Pair:
     def corrupt_answer_id(self) -> int:
         return self.corrupt_answer_ids[0]
 
-    @property
+    @cached_property
     def answers(self) -> tuple[int, int]:
-        """Both answers' first tokens, read at the last prompt position."""
+        """Both answers' first tokens, read at the last prompt position (made once: every run of the
+        pair reads it)."""
         return (self.clean_answer_id, self.corrupt_answer_id)
 
-    @property
+    @cached_property
     def continuations(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """Both answers, scored token by token after the prompt."""
+        """Both answers, scored token by token after the prompt (made once)."""
         return (self.clean_answer_ids, self.corrupt_answer_ids)
 
 

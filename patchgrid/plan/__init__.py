@@ -33,7 +33,16 @@ The package's modules, one job each:
                through collective_rpc)
 """
 from .checks import PlanError, validate
-from .forwards import Forward, forwards, join_forwards, patch_rows, resolve_positions, tree_len, tree_rows
+from .forwards import (
+    Forward,
+    call_forwards,
+    forwards,
+    join_forwards,
+    patch_rows,
+    resolve_positions,
+    tree_len,
+    tree_rows,
+)
 from .request import (
     LOGPROBS,
     Circuit,
@@ -63,7 +72,7 @@ from .wire import (
 
 __all__ = [
     "LOGPROBS", "Circuit", "Forward", "Knockout", "Noise", "Patch", "PlanError", "Request", "Result",
-    "Start", "WirePlan", "decode_array", "decode_tensor", "encode_array", "encode_tensor", "forwards", "from_wire",
-    "gaussian_noise", "join_forwards", "latest_start", "patch_rows", "recomputed_heads", "replaced",
+    "Start", "WirePlan", "call_forwards", "decode_array", "decode_tensor", "encode_array", "encode_tensor", "forwards",
+    "from_wire", "gaussian_noise", "join_forwards", "latest_start", "patch_rows", "recomputed_heads", "replaced",
     "resolve_positions", "stream_key", "to_columns", "to_wire", "trace_seed", "tree_len", "tree_rows", "validate",
 ]

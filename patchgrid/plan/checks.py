@@ -34,7 +34,9 @@ def validate(requests, sources, shape: ModelShape) -> None:
         if req.knockout is not None:
             _check_knockout(where, req, shape)
         if req.start is not None:
-            _check_start(where, req, sources, shape)
+            if _unchecked(passed, ("start", req.start.layer, req.start.source, len(req.tokens), req.continuations)):
+                _check_start_source(where, req, sources, shape)
+            _check_start_skips_nothing(where, req)
 
 
 def _unchecked(passed: set, key: tuple) -> bool:
@@ -133,7 +135,9 @@ def _check_knockout(where, req: Request, shape: ModelShape) -> None:
         raise PlanError(f"{where}: knockout: a circuit run takes no knockout")
 
 
-def _check_start(where, req: Request, sources, shape: ModelShape):
+def _check_start_source(where, req: Request, sources, shape: ModelShape):
+    """A start layer that skips some layer and runs the last, and its source's stream entering it,
+    holding the request's rows (a grid's runs share these: validate checks them once)."""
     s = req.start
     # The last layer must run: the final norm needs a layer's output to read.
     if not 1 <= s.layer < shape.n_layers:
@@ -147,6 +151,11 @@ def _check_start(where, req: Request, sources, shape: ModelShape):
     if src.dim() != 2 or src.shape[1] != shape.d_model or src.shape[0] < tree_len(req):
         raise PlanError(f"{where}: start source {s.source!r} {s.key} has shape {tuple(src.shape)}, expected "
                         f"[{tree_len(req)}, {shape.d_model}] (the prompt and its continuations' inputs)")
+
+
+def _check_start_skips_nothing(where, req: Request):
+    """No patch, capture or knockout of the request lies below its start layer."""
+    s = req.start
     for p in req.patches:
         if not _at_or_above(p.site, p.layer, s.layer):
             raise PlanError(f"{where}: patch {p.key} lies below start layer {s.layer}, which skips it")

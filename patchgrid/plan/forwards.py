@@ -33,6 +33,25 @@ def forwards(req: Request) -> list[Forward]:
     return out
 
 
+def call_forwards(requests) -> list[list[Forward]]:
+    """Each request's forwards (`forwards`), made once for the requests with the same tokens and
+    continuations (a grid's runs of a pair): those share one list, which no caller changes."""
+    made: dict = {}
+    out = []
+    for r in requests:
+        key = (r.tokens, r.continuations)
+        try:
+            fs = made.get(key)
+        except TypeError:  # tokens given as a list (a request built by hand): made for it alone
+            key = fs = None
+        if fs is None:
+            fs = forwards(r)
+            if key is not None:
+                made[key] = fs
+        out.append(fs)
+    return out
+
+
 def tree_len(req: Request) -> int:
     """Rows of the request's captures: its prompt, then every continuation's inputs past it."""
     return len(req.tokens) + sum(len(c) - 1 for c in req.continuations)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..cache import NOISED, CacheSpec
-from ..effects import baseline_columns, effect_row, reading_from
+from ..effects import PairRows, reading_from
 from ..frozen import frozen
 from ..metrics import METRICS, Reading, reads_of
 from ..plan import Request, Start, latest_start, replaced
@@ -212,25 +212,39 @@ class SweepKind:
 
     def rows(self, pair, readings: list[tuple[Cell, Reading]], baseline: dict, ctx: SweepContext) -> list[dict]:
         """Effect rows from every cell's reading (one row per cell, unless the kind averages)."""
-        clean, corrupt = baselines(baseline)
-        metric = self.headline(pair)
-        base = baseline_columns(clean, corrupt)
-        return [effect_row(pair, cell, r, clean, corrupt, metric, base) for cell, r in readings]
+        row = PairRows(pair, *baselines(baseline), self.headline(pair)).row
+        return [row(cell, r) for cell, r in readings]
 
 
 def as_run(req: Request, cell: Cell, index: int, ctx: SweepContext, metrics: tuple[str, ...]) -> Request:
-    """A kind's request as the engine gets it for pair `index`: with `config.start_midstack` starting
-    at the latest layer its patches allow, from the stream of the run it equals below them, and
-    reading what `metrics` (SweepKind.metrics_read) need and no more: its KL divergence from the
-    clean run's (`{index}:clean`), the answers' ranks, the answers scored whole (kept for answers of
-    several tokens, whose first tokens alone are no logit difference: metrics.Reading.of)."""
-    layer = (latest_start(req.patches, ctx.n_layers, req.knockout) if ctx.config.start_midstack and req.circuit is None
-             else 0)
-    start = Start(layer, f"{index}:{cell.base_run}") if layer > 0 else None
+    """A kind's request as the engine gets it for pair `index` (as_runs, for one run)."""
+    return as_runs(index, ctx, metrics)(req, cell)
+
+
+def as_runs(index: int, ctx: SweepContext, metrics: tuple[str, ...]) -> Callable[[Request, Cell], Request]:
+    """What makes a kind's request of `cell` the run the engine gets for pair `index` (what the pair's
+    runs share made once): with `config.start_midstack` starting at the latest layer its patches
+    allow, from the stream of the run it equals below them, and reading what `metrics`
+    (SweepKind.metrics_read) need and no more: its KL divergence from the clean run's
+    (`{index}:clean`), the answers' ranks, the answers scored whole (kept for answers of several
+    tokens, whose first tokens alone are no logit difference: metrics.Reading.of)."""
     reads = reads_of(metrics)
-    whole = "continuations" in reads or any(len(c) > 1 for c in req.continuations)
-    return replaced(req, start=start, reference=f"{index}:clean" if "reference" in reads else None,
-                    ranks="ranks" in reads, continuations=req.continuations if whole else ())
+    reference, ranks, continuations = f"{index}:clean" if "reference" in reads else None, "ranks" in reads, \
+        "continuations" in reads
+    midstack, n_layers, starts = ctx.config.start_midstack, ctx.n_layers, {}
+
+    def run(req: Request, cell: Cell) -> Request:
+        layer = latest_start(req.patches, n_layers, req.knockout) if midstack and req.circuit is None else 0
+        start = None
+        if layer > 0:
+            start = starts.get((layer, cell.base_run))
+            if start is None:
+                start = starts[layer, cell.base_run] = Start(layer, f"{index}:{cell.base_run}")
+        whole = continuations or any(len(c) > 1 for c in req.continuations)
+        return replaced(req, start=start, reference=reference, ranks=ranks,
+                        continuations=req.continuations if whole else ())
+
+    return run
 
 
 def source_name(index: int, run: str, ablation: str = "patching") -> str:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from ..cache import CacheSpec
 from ..circuits import circuit_size, edge_order
-from ..effects import baseline_columns, effect_row
+from ..effects import PairRows
 from ..graph import EdgeGraph, circuit_keys, unsplittable
 from ..plan import Circuit, Request
 from .base import Cell, SweepKind, baselines, scored, source_name
@@ -97,13 +97,13 @@ class CircuitSweep(SweepKind):
 
     def rows(self, pair, readings, baseline, ctx):
         clean, corrupt = baselines(baseline)
-        metric, base = self.metric, baseline_columns(clean, corrupt)
+        metric, row_of = self.metric, PairRows(pair, clean, corrupt, self.metric).row
         circuits = ctx.prepared_by(self.name)["circuits"]
         got = dict(readings)
         empty, full = got[Cell(self.name, None, size=0.0)].value(metric), clean.value(metric)
         out = []
         for cell, r in readings:
-            row = effect_row(pair, cell, r, clean, corrupt, metric, base)
+            row = row_of(cell, r)
             value = r.value(metric)
             row.update(effect=value - empty,
                        recovery=(value - empty) / (full - empty) if full != empty else None,

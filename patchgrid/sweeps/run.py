@@ -13,7 +13,7 @@ from ..graph import circuit_keys
 from ..metrics import METRICS
 from ..plan import LOGPROBS, Request
 from .ablated import AblatedSources
-from .base import Cell, SweepContext, SweepKind, SweepRun, as_run, baselines
+from .base import Cell, SweepContext, SweepKind, SweepRun, as_runs, baselines
 from .config import SweepConfig
 from .registry import SWEEP_KINDS
 
@@ -57,10 +57,9 @@ def patched_runs(pairs, ctx: SweepContext) -> Iterator[tuple[int, SweepKind, Cel
     for i, p in enumerate(pairs):
         for name in ctx.config.sweeps:
             kind = SWEEP_KINDS[name]
-            read = kind.metrics_read(p, ctx.config)
+            run = as_runs(i, ctx, kind.metrics_read(p, ctx.config))
             for cell in kind.cells(p, ctx):
-                yield i, kind, cell, as_run(kind.request(p, cell, ctx, kind.patch_source(i, cell, ctx)), cell, i, ctx,
-                                     read)
+                yield i, kind, cell, run(kind.request(p, cell, ctx, kind.patch_source(i, cell, ctx)), cell)
 
 
 class _Calls:
