@@ -11,7 +11,6 @@ layer (to compare, or to rule the shortcut out).
 """
 from __future__ import annotations
 
-import dataclasses
 import gc
 import itertools
 import logging
@@ -32,6 +31,7 @@ from ..plan import (
     call_forwards,
     encode_tensor,
     recomputed_heads,
+    replaced,
     to_columns,
     validate,
 )
@@ -216,16 +216,18 @@ class VllmEngine:
         check_circuits(requests, sources, self.shape)
         self._refuse_unreadable(requests)
         fwds = call_forwards(requests)  # a start does not change them: computed once per call
-        for i, (r, fs) in enumerate(zip(requests, fwds)):
-            longest = len(fs[0].tokens) if len(fs) == 1 else max(len(f.tokens) for f in fs)
-            if longest > self.max_model_len:
-                what = "tokens" if longest == len(r.tokens) else "tokens and an answer scored after them"
-                raise PlanError(f"request {i}: {what} have {longest} tokens, more than the engine's "
-                                f"max_model_len {self.max_model_len}")
+        # each forwards list's longest forward, once per list: a pair's runs share one (call_forwards)
+        longest = {id(fs): max(len(f.tokens) for f in fs) for fs in {id(fs): fs for fs in fwds}.values()}
+        if any(n > self.max_model_len for n in longest.values()):
+            i = next(i for i, fs in enumerate(fwds) if longest[id(fs)] > self.max_model_len)
+            n = longest[id(fwds[i])]
+            what = "tokens" if n == len(requests[i].tokens) else "tokens and an answer scored after them"
+            raise PlanError(f"request {i}: {what} have {n} tokens, more than the engine's "
+                            f"max_model_len {self.max_model_len}")
         if not requests:
             return []
         if not self.start_midstack:
-            requests = [dataclasses.replace(r, start=None) if r.start else r for r in requests]
+            requests = [replaced(r, start=None) if r.start else r for r in requests]
         groups = defaultdict(list)  # start layer -> request indices
         for i, r in enumerate(requests):
             groups[r.start.layer if r.start else 0].append(i)
@@ -235,10 +237,14 @@ class VllmEngine:
         for layer, idx in groups.items():
             calls[merged[layer]] += idx
         results: list[Result | None] = [None] * len(requests)
+        circuits = any(r.circuit is not None for r in requests)
         for layer, every in sorted(calls.items()):
             # circuit runs hold their senders' deltas while a step runs them: calls cut to keep those bounded
-            for idx in cut_by_deltas(sorted(every), lambda i: delta_bytes(requests[i], self.shape)):
-                for i, res in zip(idx, self._generate([_started_at(requests[i], layer) for i in idx], sources, layer,
+            every = sorted(every)
+            cut = cut_by_deltas(every, lambda i: delta_bytes(requests[i], self.shape)) if circuits else [every]
+            started = _StartedAt(layer)
+            for idx in cut:
+                for i, res in zip(idx, self._generate([started(requests[i]) for i in idx], sources, layer,
                                                       [fwds[i] for i in idx], read)):
                     results[i] = res
         return results
@@ -438,11 +444,22 @@ def merge_starts(tokens: dict[int, int], n_layers: int, call_cost: int) -> dict[
     return out
 
 
-def _started_at(req, layer: int):
-    """`req` started at `layer`, at or below where it could start (0: from the embedding)."""
-    if req.start is None or req.start.layer == layer:
-        return req
-    return dataclasses.replace(req, start=Start(layer, req.start.source) if layer else None)
+class _StartedAt:
+    """Requests started at `layer`, at or below where each could start (0: from the embedding); the
+    Start of each source made once (a call's runs of a pair share it)."""
+
+    def __init__(self, layer: int):
+        self.layer, self.starts = layer, {}
+
+    def __call__(self, req):
+        if req.start is None or req.start.layer == self.layer:
+            return req
+        if not self.layer:
+            return replaced(req, start=None)
+        start = self.starts.get(req.start.source)
+        if start is None:
+            start = self.starts[req.start.source] = Start(self.layer, req.start.source)
+        return replaced(req, start=start)
 
 
 def _split_cpus(parts: int) -> str:
