@@ -436,8 +436,9 @@ def _run_hooks(session, shape, acts, n_rows):
         return
     final = acts.make(n_rows, shape.d_model)
     session._on_final(None, (), final)
-    if session.step.logits is not None:  # computed, not written: read back with the readout
-        acts.unembedded = session.step.logits
+    session.read_pending()  # the rows kept for whole blocks
+    if session.read_logits is not None:  # computed, not written: read back with the readout
+        acts.unembedded = session.read_logits
 
 
 def _call_site_hooks(session, shape, acts, n_rows, keys):

@@ -304,7 +304,7 @@ class VllmEngine:
             # next call starts clean; but an engine core in another process may be what failed, and
             # an RPC to a dead core can wait for ever: a failed engine runs no further call anyway.
             if not self._failed or self._inprocess:
-                per_rank = self.llm.collective_rpc("pg_end")
+                per_rank = self.llm.collective_rpc("pg_end", args=(not self._failed,))
         return read(requests, fwds, per_rank)
 
     def _prefill(self, call: int, prompts: list) -> None:

@@ -43,14 +43,19 @@ class PatchgridWorker:
             return False
         return start_by(fam, decoder, layers) is not None
 
-    def pg_end(self) -> dict | None:
-        """End the call: hooks off, the start layer back; its results (results.CallResults.wire: arrays by
-        plan, and the parts of forwards that read more, by tag); None: no call had begun."""
+    def pg_end(self, read: bool = True) -> dict | None:
+        """End the call: the rows still kept read (`read`: false after a failed generate, whose
+        results nobody reads), hooks off, the start layer back; its results (results.CallResults.wire:
+        arrays by plan, and the parts of forwards that read more, by tag); None: no call had begun."""
         session = getattr(self, "_pg_session", None)
         if session is None:
             return None
-        session.remove()
-        self._pg_session = None
+        try:
+            if read:
+                session.read_pending()
+        finally:
+            session.remove()
+            self._pg_session = None
         return session.results.wire()
 
     def pg_start_layer(self, family: str) -> int:

@@ -22,7 +22,7 @@ import torch
 
 from ...metrics import answer_ranks, logsumexp_rows
 from ...plan import encode_tensor
-from ..unembed import Scratch, unembed_float32
+from ..unembed import BLOCK_ROWS, Scratch, unembed_float32
 from .columns import Columns, entries
 from .results import CallResults
 from .step import Step
@@ -113,29 +113,95 @@ class LogitsReadout:
         self._model_logits = None
 
     def _on_final(self, module, args, out):
-        """Unembed the step's read rows in float32 and read them (rank 0: vLLM gathers the logits
-        there); every rank keeps the results of its requests that finish in this step."""
+        """Keep the step's read rows of the final norm's output (`pending`); unembed in float32 and
+        read those kept so far in whole blocks of BLOCK_ROWS rows (rank 0: vLLM gathers the logits
+        there), or all of them before a request that holds more finishes (its part reads them);
+        every rank keeps the results of its requests that finish in this step."""
         step = self.step
         if step.read_rows is not None:
             hidden = out[0] if isinstance(out, tuple) else out
-            columns = answer_columns(step, self.plans, self.results, hidden.device)
-            with float32_head(self.model.logits_processor, columns, self.scratch):
-                # every rank joins the gather
-                logits = self._model_logits(hidden.index_select(0, step.read_rows))
-            if logits is not None:  # None on tensor-parallel ranks but the first
-                step.logits = logits[:, : self.vocab].float()
-                read(step, step.logits, self.results, self.plans, vocabulary=columns is None)
+            self.pending.add(hidden.index_select(0, step.read_rows), step)
         self.results.done[step.done] = True
+        self.read_pending(everything=bool(step.done_special))
         for r in step.done_special:
             self.results.finished(r.k, r.tag, r.part())
         return None
 
+    def read_pending(self, everything: bool = True) -> None:
+        """Unembed and read the kept rows: those of whole blocks, or with `everything` all of them
+        (the last block filled up: unembed.BLOCK_ROWS). The logits of the last rows read stay in
+        `read_logits` (rank 0) until the next read. In inference mode, as vLLM's forward runs: at a
+        call's end the kept rows and the logits' buffer are its tensors."""
+        with torch.inference_mode():
+            self._read_taken(everything)
 
-def answer_columns(step: Step, plans: Columns, results: CallResults, device) -> torch.Tensor | None:
-    """The vocabulary ids the step's read rows need when they are only their requests' answers'
-    logits (plan.Request.reads_vocabulary false for every one): the unembedding then computes those
+    def _read_taken(self, everything: bool) -> None:
+        while (taken := self.pending.take(BLOCK_ROWS, everything)) is not None:
+            hidden, reads = taken
+            columns = answer_columns(reads, self.plans, self.results, hidden.device)
+            with float32_head(self.model.logits_processor, columns, self.scratch):
+                # every rank joins the gather
+                logits = self._model_logits(hidden)
+            if logits is not None:  # None on tensor-parallel ranks but the first
+                self.read_logits = logits[:, : self.vocab].float()
+                read(reads, self.read_logits, self.results, self.plans, vocabulary=columns is None)
+
+
+class Reads:
+    """Reads of logits, in order (a Step's, or several steps' kept together: PendingReads): each read's
+    plan, its first position and its number of rows (numpy arrays), its rows one read after another."""
+
+    def __init__(self, plans: np.ndarray, first: np.ndarray, count: np.ndarray):
+        self.read_plans, self.read_first, self.read_count = plans, first, count
+
+
+class PendingReads:
+    """The read rows of the final norm's output kept from step to step until they fill whole blocks of
+    the unembedding's product (unembed.BLOCK_ROWS): a step that reads a few rows would otherwise pay
+    for a block of them, and a call's steps read a few hundred rows each. Every block has its fixed
+    shape, so a row's logits are the same whichever step's rows share its block."""
+
+    def __init__(self):
+        self.hidden: list[torch.Tensor] = []
+        self.plans: list[np.ndarray] = []
+        self.first: list[np.ndarray] = []
+        self.count: list[np.ndarray] = []
+        self.rows = 0
+
+    def add(self, hidden: torch.Tensor, step: Step) -> None:
+        """A step's read rows ([rows, d_model], in its reads' order) and its reads."""
+        if not len(step.read_plans):
+            return
+        self.hidden.append(hidden)
+        self.plans.append(step.read_plans)
+        self.first.append(step.read_first)
+        self.count.append(step.read_count)
+        self.rows += hidden.shape[0]
+
+    def take(self, block: int, everything: bool) -> tuple[torch.Tensor, Reads] | None:
+        """The kept rows of whole reads filling as many whole blocks as they can, the others kept (a
+        read of more rows than there are in whole blocks is taken alone); with `everything`, all of
+        them. None: nothing to take."""
+        want = self.rows if everything else self.rows // block * block
+        if not want:
+            return None
+        hidden = torch.cat(self.hidden) if len(self.hidden) > 1 else self.hidden[0]
+        plans, first, count = (np.concatenate(a) for a in (self.plans, self.first, self.count))
+        ends = np.cumsum(count)
+        n = max(1, int(np.searchsorted(ends, want, side="right")))  # reads whose rows end within `want`
+        rows = int(ends[n - 1])
+        taken = hidden[:rows], Reads(plans[:n], first[:n], count[:n])
+        self.hidden, self.plans, self.first, self.count = (
+            ([hidden[rows:]], [plans[n:]], [first[n:]], [count[n:]]) if n < len(plans) else ([], [], [], []))
+        self.rows -= rows
+        return taken
+
+
+def answer_columns(reads: Reads, plans: Columns, results: CallResults, device) -> torch.Tensor | None:
+    """The vocabulary ids the read rows need when they are only their requests' answers' logits
+    (plan.Request.reads_vocabulary false for every one): the unembedding then computes those
     columns alone. None: some row needs the whole vocabulary."""
-    ks = step.read_plans
+    ks = reads.read_plans
     if plans.reads_vocabulary[ks].any():
         return None
     ids = results.answer_ids[ks]
@@ -143,7 +209,7 @@ def answer_columns(step: Step, plans: Columns, results: CallResults, device) -> 
     return torch.from_numpy(ids).to(device)
 
 
-def read(step: Step, logits: torch.Tensor, results: CallResults, plans: Columns, vocabulary: bool = True) -> None:
+def read(reads: Reads, logits: torch.Tensor, results: CallResults, plans: Columns, vocabulary: bool = True) -> None:
     """Every read row's log-probabilities of the tokens it predicts; at the last prompt position
     of a request's first forward, the answers' logits and ranks, top_k, the KL divergence from
     its reference and its own log-probabilities (each as its request asks). Batched over the
@@ -152,9 +218,9 @@ def read(step: Step, logits: torch.Tensor, results: CallResults, plans: Columns,
     assignment per kind of number. `vocabulary` false: `logits` holds only the answers' columns
     (answer_columns), and no request of the step reads more."""
     lse = logsumexp_rows(logits) if vocabulary else None
-    ks, count = step.read_plans, step.read_count
+    ks, count = reads.read_plans, reads.read_count
     row_at = np.cumsum(count) - count  # each read's first row among the read rows
-    off = step.read_first - plans.n_prompt[ks] + 1  # a read's first row predicts the tokens of index `off`
+    off = reads.read_first - plans.n_prompt[ks] + 1  # a read's first row predicts the tokens of index `off`
     rows, tokens, slots = _scored(plans, ks, off, count, row_at)
     host = ToHost()
     scores = None

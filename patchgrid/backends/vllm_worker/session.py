@@ -19,7 +19,7 @@ from .circuit import CircuitHooks
 from .columns import Columns
 from .hooks import SiteHooks
 from .midstack import MidstackStart
-from .readout import LogitsReadout
+from .readout import LogitsReadout, PendingReads
 from .request import Sources, plan_indices
 from .results import CallResults
 from .step import Step, plan_step
@@ -84,6 +84,8 @@ class Session(SiteHooks, MidstackStart, LogitsReadout, CircuitHooks):
         self.circuit_layout = None
         self._model_logits = self._own_logits = None  # the model's compute_logits while the sampler idles
         self.scratch = Scratch()  # the read rows' logits, one buffer reused from step to step of the call
+        self.pending = PendingReads()  # read rows kept until they fill whole blocks of the unembedding's product
+        self.read_logits = None  # the float32 logits of the rows read last (rank 0)
         try:
             if any(r.circuit is not None for r in self.plans.special.values()):
                 self._install_circuit(shape["n_heads"], shape["n_kv_heads"])

@@ -34,10 +34,10 @@ class Step:
         self.captures: dict[str, list] = {}  # key -> [(row0, row1, buffer, pos0)]
         # the reads of logits, in order: each read's plan, its first position and its number of rows (numpy
         # arrays); and `read_rows`, their rows in the batch's hidden states, which the final norm's hook
-        # unembeds in float32 (readout.LogitsReadout; vLLM's sampler gets a zero column per request during a call)
+        # keeps and unembeds in float32 once they fill whole blocks (readout.LogitsReadout; vLLM's sampler
+        # gets a zero column per request during a call)
         self.read_plans = self.read_first = self.read_count = _NONE
         self.read_rows = None
-        self.logits = None  # their float32 logits [rows, vocab] once unembedded (rank 0)
         self.done = _NONE  # the plans whose last position is in this step
         self.done_special: list[Request] = []  # those of them that hold more (columns.Columns.special)
         # circuit runs: [(request, first row, first position, end position)], and once the circuit
