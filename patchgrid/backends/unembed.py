@@ -13,7 +13,9 @@ On vLLM the product is taken `BLOCK_ROWS` rows at a time, the last block filled 
 so that every product has the same shape whatever the number of rows a step reads: a matrix
 product's rounding depends on its shape (a float32 BLAS takes another path for one row, or a few,
 than for many), not on a row's place in it, so a row's logits do not depend on what else its step
-read, and a study on Ray equals the local run to the last bit. Likewise the answers' columns alone
+read, and a study on Ray equals the local run to the last bit. vLLM's worker keeps a call's read rows
+from step to step until they fill whole blocks (vllm_worker.readout.PendingReads): a block is filled
+up only at the call's end and where a request that holds more finishes. Likewise the answers' columns alone
 (`columns`) are computed as at least `MIN_COLUMNS` columns, so that they round as the whole
 vocabulary's product does: a product of one column is a matrix-vector product, and on an AMD EPYC
 with AVX-512 a product of 8 columns took another path than the whole vocabulary's, where 16 and

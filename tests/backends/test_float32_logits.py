@@ -268,3 +268,41 @@ def test_logits_written_into_a_scratch_buffer_are_the_same_and_reuse_it():
     second = unembed.unembed_float32(hidden[:7], weight, scratch=scratch)
     assert scratch._buffer.data_ptr() == buffer and second.data_ptr() == buffer
     assert torch.equal(second, unembed.unembed_float32(hidden[:7], weight))
+
+
+def test_read_rows_are_kept_until_they_fill_whole_blocks_and_taken_by_whole_reads():
+    """The worker keeps each step's read rows (readout.PendingReads) and takes them to be unembedded in
+    whole blocks of rows, cut only between reads (a read's rows stay together), the rest kept for the
+    next step; all of them when asked (a call's end); none while no block is full."""
+    import numpy as np
+
+    from patchgrid.backends.vllm_worker.readout import PendingReads
+    from patchgrid.backends.vllm_worker.step import Step
+
+    def step(plans, counts):
+        s = Step()
+        s.read_plans, s.read_count = np.array(plans), np.array(counts)
+        s.read_first = np.zeros(len(plans), dtype=np.int64)
+        return s
+
+    pending = PendingReads()
+    rows = torch.arange(12.0)[:, None]  # row r holds r: which rows were taken shows in their values
+    pending.add(rows[:3], step([0, 1], [1, 2]))
+    assert pending.take(4, everything=False) is None  # 3 rows: no block of 4 yet
+    pending.add(rows[3:7], step([2, 3, 4], [2, 1, 1]))  # 7 rows: one block of 4, cut between reads
+    hidden, reads = pending.take(4, everything=False)
+    assert hidden[:, 0].tolist() == [0, 1, 2]  # plans 0 and 1: plan 2's two rows would cross the block
+    assert reads.read_plans.tolist() == [0, 1] and reads.read_count.tolist() == [1, 2]
+    hidden, reads = pending.take(4, everything=False)  # the next block: plans 2-4
+    assert reads.read_plans.tolist() == [2, 3, 4] and hidden[:, 0].tolist() == [3, 4, 5, 6]
+    assert pending.take(4, everything=False) is None
+    pending.add(rows[7:12], step([5, 6], [4, 1]))
+    hidden, reads = pending.take(4, everything=False)
+    assert reads.read_plans.tolist() == [5] and hidden[:, 0].tolist() == [7, 8, 9, 10]
+    assert pending.take(4, everything=False) is None
+    hidden, reads = pending.take(4, everything=True)  # the call's end: what is left
+    assert reads.read_plans.tolist() == [6] and hidden[:, 0].tolist() == [11]
+    assert pending.rows == 0 and pending.take(4, everything=True) is None
+    pending.add(torch.zeros(6, 1), step([7], [6]))  # a read of more rows than a block is taken whole, alone
+    hidden, reads = pending.take(4, everything=False)
+    assert reads.read_plans.tolist() == [7] and hidden.shape[0] == 6 and pending.rows == 0

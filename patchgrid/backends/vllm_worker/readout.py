@@ -10,7 +10,8 @@ token nobody reads (max_tokens 1), so the model's `compute_logits` hands vLLM's 
 column per request instead of a product over the vocabulary (`LogitsReadout._idle_sampler`). There
 the worker reads the
 answers' logits and ranks, the continuations' log-probabilities, and the KL divergence from the
-reference log-probabilities the call's sources hold. Batched over the step's rows.
+reference log-probabilities the call's sources hold. The read rows of the norm's output are kept
+from step to step until they fill whole blocks of the product (`PendingReads`), and read together.
 """
 from __future__ import annotations
 
@@ -87,8 +88,9 @@ def _zero_column(hidden: torch.Tensor) -> torch.Tensor:
 
 class LogitsReadout:
     """The logits hook of a call (mixed into session.Session, whose state it reads: `model`,
-    `vocab`, `results`, `plans` (the call's columns.Columns), `step`, the current step's Step, and
-    `scratch`, the buffer its logits are written into)."""
+    `vocab`, `results`, `plans` (the call's columns.Columns), `step`, the current step's Step,
+    `scratch`, the buffer its logits are written into, `pending`, the read rows kept (PendingReads),
+    and `read_logits`, the logits of the rows read last)."""
 
     def _idle_sampler(self) -> None:
         """For the call, the model's `compute_logits`, which vLLM's runner calls on each request's
@@ -213,7 +215,7 @@ def read(reads: Reads, logits: torch.Tensor, results: CallResults, plans: Column
     """Every read row's log-probabilities of the tokens it predicts; at the last prompt position
     of a request's first forward, the answers' logits and ranks, top_k, the KL divergence from
     its reference and its own log-probabilities (each as its request asks). Batched over the
-    step's rows, brought to the host in one transfer (ToHost; top_k and log-probabilities, which only
+    reads' rows, brought to the host in one transfer (ToHost; top_k and log-probabilities, which only
     some unpatched runs ask for, apart) and written into the call's `results` by plan, one indexed
     assignment per kind of number. `vocabulary` false: `logits` holds only the answers' columns
     (answer_columns), and no request of the step reads more."""
