@@ -229,8 +229,8 @@ def as_runs(index: int, ctx: SweepContext, metrics: tuple[str, ...]) -> Callable
     (`{index}:clean`), the answers' ranks, the answers scored whole (kept for answers of several
     tokens, whose first tokens alone are no logit difference: metrics.Reading.of)."""
     reads = reads_of(metrics)
-    reference, ranks, continuations = f"{index}:clean" if "reference" in reads else None, "ranks" in reads, \
-        "continuations" in reads
+    reference = f"{index}:clean" if "reference" in reads else None
+    ranks, continuations = "ranks" in reads, "continuations" in reads
     midstack, n_layers, starts = ctx.config.start_midstack, ctx.n_layers, {}
 
     def run(req: Request, cell: Cell) -> Request:

@@ -150,8 +150,9 @@ class LogitsReadout:
 
 
 class Reads:
-    """Reads of logits, in order (a Step's, or several steps' kept together: PendingReads): each read's
-    plan, its first position and its number of rows (numpy arrays), its rows one read after another."""
+    """Reads of logits, in order, from one step or several (PendingReads.take): each read's plan, its
+    first position and its number of rows (numpy arrays, as a Step holds them), its rows one read
+    after another."""
 
     def __init__(self, plans: np.ndarray, first: np.ndarray, count: np.ndarray):
         self.read_plans, self.read_first, self.read_count = plans, first, count
@@ -218,7 +219,7 @@ def read(reads: Reads, logits: torch.Tensor, results: CallResults, plans: Column
     reads' rows, brought to the host in one transfer (ToHost; top_k and log-probabilities, which only
     some unpatched runs ask for, apart) and written into the call's `results` by plan, one indexed
     assignment per kind of number. `vocabulary` false: `logits` holds only the answers' columns
-    (answer_columns), and no request of the step reads more."""
+    (answer_columns), and no read's request reads more."""
     lse = logsumexp_rows(logits) if vocabulary else None
     ks, count = reads.read_plans, reads.read_count
     row_at = np.cumsum(count) - count  # each read's first row among the read rows
