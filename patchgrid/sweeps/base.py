@@ -216,11 +216,6 @@ class SweepKind:
         return [row(cell, r) for cell, r in readings]
 
 
-def as_run(req: Request, cell: Cell, index: int, ctx: SweepContext, metrics: tuple[str, ...]) -> Request:
-    """A kind's request as the engine gets it for pair `index` (as_runs, for one run)."""
-    return as_runs(index, ctx, metrics)(req, cell)
-
-
 def as_runs(index: int, ctx: SweepContext, metrics: tuple[str, ...]) -> Callable[[Request, Cell], Request]:
     """What makes a kind's request of `cell` the run the engine gets for pair `index` (what the pair's
     runs share made once): with `config.start_midstack` starting at the latest layer its patches

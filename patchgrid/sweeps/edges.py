@@ -26,7 +26,7 @@ from ..effects import effect_row
 from ..graph import INPUT, unsplittable
 from ..metrics import Reading
 from ..sites import LOGITS
-from .base import Cell, SweepKind, as_run, baselines
+from .base import Cell, SweepKind, as_runs, baselines
 
 
 def sender_columns(sender: str) -> dict:
@@ -129,7 +129,7 @@ class EdgeSweep(SweepKind):
         derived, runs = {}, []
         for i, p in enumerate(run.pairs):
             first = got["first"].setdefault(p.pair_id, {})
-            change = self.first_change(p)
+            change, as_run = self.first_change(p), as_runs(i, ctx, self.metrics_read(p, ctx.config))
             receivers: dict[Cell, list[str]] = {}
             for cell in got["verify"][p.pair_id]:
                 receivers.setdefault(dataclasses.replace(cell, receiver=None), []).append(cell.receiver)
@@ -140,7 +140,7 @@ class EdgeSweep(SweepKind):
                     first[cell] = baselines(run.store.baselines[p.pair_id])[1]
                 req = paths.first_request(p, cell, inner, f"{i}:clean", f"{i}:corrupt", ends)
                 if req.capture or cell not in first:
-                    runs.append((i, self, cell, as_run(req, cell, i, ctx, self.metrics_read(p, ctx.config))))
+                    runs.append((i, self, cell, as_run(req, cell)))
 
         def read(r, res):
             i, _, cell, _ = r

@@ -39,7 +39,7 @@ from ..cache import CacheSpec, layer_keys, stream_keys
 from ..metrics import Reading
 from ..plan import Patch, Request
 from ..sites import LOGITS, QKV, parse_unit_name, site_key, unit_name
-from .base import Cell, SweepKind, as_run, baselines, grid_layers, scored, unit_positions
+from .base import Cell, SweepKind, as_runs, baselines, grid_layers, scored, unit_positions
 
 SENDER_SITES = ("head", "attn_out", "mlp_out")
 SENDER_KINDS = {"heads": "head", "attn_out": "attn_out", "mlp_out": "mlp_out"}  # every one of a site
@@ -156,7 +156,7 @@ class PathSweep(SweepKind):
         frozen; its readings and captures go into the context."""
         first, derived, runs = {p.pair_id: {} for p in run.pairs}, {}, []
         for i, p in enumerate(run.pairs):
-            change = self.first_change(p)
+            change, as_run = self.first_change(p), as_runs(i, ctx, self.metrics_read(p, ctx.config))
             for cell in self.first_cells(p, ctx):
                 if ctx.config.start_midstack and self.unchanged(cell, change):
                     continue  # every path of it equals the corrupt run: its cells are unchanged too
@@ -164,7 +164,7 @@ class PathSweep(SweepKind):
                     first[p.pair_id][cell] = baselines(run.store.baselines[p.pair_id])[1]
                 req = self.first_request(p, cell, ctx, f"{i}:clean", f"{i}:corrupt")
                 if req.capture or cell not in first[p.pair_id]:
-                    runs.append((i, self, cell, as_run(req, cell, i, ctx, self.metrics_read(p, ctx.config))))
+                    runs.append((i, self, cell, as_run(req, cell)))
 
         def read(r, res):
             i, _, cell, _ = r
