@@ -14,6 +14,11 @@ the metric is the logit difference logit(" Paris") - logit(" Berlin") at the las
   TransformerLens  TransformerBridge + patching.get_act_patch_resid_pre, one forward per patch
   nnsight          one trace, one tracer.invoke per patch, batched into one forward
 
+and each engine's own floor, the same corrupt prompts run with no hook and no patching, timed in
+turn with the tool that runs on it: vLLM's plain prefill (sweep_throughput.plain_prefill: no
+patchgrid call computing every layer can be quicker), and the Hugging Face forward nnsight's invokes
+batch into (the prompts as one batch, every position's logits, as nnsight's forward computes them).
+
 Prints each tool's largest absolute difference from patchgrid's grid, and patched runs per second
 measured in this run (a warm-up sweep, then the median of --repeats sweeps; the clean run that
 supplies the patched values is outside the timing for all three), with the CPU and core count.
@@ -58,13 +63,21 @@ PAIR = {"clean": "The capital of France is", "corrupt": "The capital of Germany 
 
 def median_rate(n_runs: int, sweep, repeats: int) -> tuple[float, list[float]]:
     """Patched runs per second: one warm-up sweep, then the median of `repeats` timed sweeps."""
-    sweep()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
+    return median_rates(n_runs, {"sweep": sweep}, repeats)["sweep"]
+
+
+def median_rates(n_runs: int, sweeps: dict, repeats: int) -> dict:
+    """median_rate of each of `sweeps` ({name: sweep}), timed in turn within each repeat (other
+    work on shared cores slows each alike): {name: (runs per second, the timed sweeps' seconds)}."""
+    for sweep in sweeps.values():
         sweep()
-        times.append(time.perf_counter() - t0)
-    return n_runs / statistics.median(times), times
+    times = {name: [] for name in sweeps}
+    for _ in range(repeats):
+        for name, sweep in sweeps.items():
+            t0 = time.perf_counter()
+            sweep()
+            times[name].append(time.perf_counter() - t0)
+    return {name: (n_runs / statistics.median(ts), ts) for name, ts in times.items()}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -147,8 +160,21 @@ def peer_nnsight(spec: dict, repeats: int) -> dict:
                         saved.append(model.lm_head.output[:, -1, [a, b]].save())
         out["grid"] = torch.stack([s[0, 0] - s[0, 1] for s in saved]).reshape(n_layers, n)
 
-    rate, times = median_rate(n_layers * n, sweep, repeats)
+    # nnsight's floor: the forward its batched invokes run, once, without nnsight (the 150 corrupt
+    # prompts as one batch through the same Hugging Face model, every position's logits computed)
+    from transformers import AutoModelForCausalLM
+
+    plain = AutoModelForCausalLM.from_pretrained(spec["folder"], dtype=torch.float32,
+                                                 attn_implementation=model.attn_implementation).eval()
+    batch = torch.tensor([corrupt] * (n_layers * n))
+
+    def forward():
+        plain(input_ids=batch, use_cache=False)
+
+    rates = median_rates(n_layers * n, {"sweep": sweep, "forward": forward}, repeats)
+    (rate, times), (forward_rate, forward_times) = rates["sweep"], rates["forward"]
     return {"version": version("nnsight"), "grid": out["grid"].tolist(), "rate": rate, "times": times,
+            "floor": {"rate": forward_rate, "times": forward_times},
             "baseline": {"clean": float(clean_logits[0, 0] - clean_logits[0, 1]),
                          "corrupt": float(corrupt_logits[0, 0] - corrupt_logits[0, 1])},
             "tokens": {"default": model.tokenizer(spec["clean_text"])["input_ids"]},
@@ -198,6 +224,7 @@ def patchgrid_grid(model: str, repeats: int) -> tuple[dict, dict]:
     """patchgrid's grid (via sweep_pair, the code of `patchgrid patch`) and its timing."""
     from transformers import AutoTokenizer
 
+    from benchmarks.sweep_throughput import plain_prefill
     from patchgrid.engine import load_engine
     from patchgrid.models import prepare
     from patchgrid.patching import sweep_pair, tokenize_pair
@@ -224,7 +251,12 @@ def patchgrid_grid(model: str, repeats: int) -> tuple[dict, dict]:
         def sweep():
             held["results"] = engine.run(reqs, sources)
 
-        rate, times = median_rate(len(reqs), sweep, repeats)
+        def plain():  # the engine's own floor: vLLM's prefill of the same prompts, no hook (sweep_throughput's)
+            plain_prefill(engine, prompts, len(prompts))
+
+        prompts = [r.tokens for r in reqs]
+        rates = median_rates(len(reqs), {"sweep": sweep, "plain": plain}, repeats)
+        (rate, times), (floor_rate, floor_times) = rates["sweep"], rates["plain"]
         timed = [float(r.answer_logits[0] - r.answer_logits[1]) for r in held["results"]]
         study_rate, study_times, study_grid = as_a_study_runs_it(engine, pair, len(reqs), repeats)
         dtype = str(engine.dtype).removeprefix("torch.")
@@ -237,6 +269,7 @@ def patchgrid_grid(model: str, repeats: int) -> tuple[dict, dict]:
             "strs": list(pair.clean_strs)}
     study_gap = max(abs(study_grid[layer][pos] - grid[layer][pos]) for layer in range(n_layers) for pos in range(n))
     return spec, {"grid": grid, "rate": rate, "times": times, "baseline": out["baseline"], "dtype": dtype,
+                  "floor": {"rate": floor_rate, "times": floor_times},
                   "timed_gap": timed_gap, "study": {"rate": study_rate, "times": study_times, "gap": study_gap}}
 
 
@@ -350,6 +383,19 @@ def main() -> int:
           f"first difference read from the corrupt run; grid within {st['gap']:.1e} of the above): "
           + ", ".join(f"{st['rate'] / results[k]['rate']:.2f}x {LABELS[k]}" for k in peers)
           + "  sweep seconds " + " ".join(f"{t:.2f}" for t in st["times"]))
+    floor = ref["floor"]
+    print(f"{'vLLM, plain prefill':<30} {floor['rate']:>15.1f} runs/s (the same {n_layers * n} corrupt prompts, "
+          f"no hook: the engine's own floor for every layer computed); patchgrid's engine call / it "
+          f"{ref['rate'] / floor['rate']:.2f}; it / "
+          + ", ".join(f"{LABELS[k]} {floor['rate'] / results[k]['rate']:.2f}x" for k in peers)
+          + "  sweep seconds " + " ".join(f"{t:.2f}" for t in floor["times"]))
+    if "nnsight" in results:
+        hf = results["nnsight"]["floor"]
+        print(f"{'Hugging Face, one forward':<30} {hf['rate']:>15.1f} runs/s (the same prompts as one batch, every "
+              f"position's logits, no hook: the forward nnsight's invokes run); nnsight / it "
+              f"{results['nnsight']['rate'] / hf['rate']:.2f}; vLLM's plain prefill / it "
+              f"{floor['rate'] / hf['rate']:.2f}"
+              "  sweep seconds " + " ".join(f"{t:.2f}" for t in hf["times"]))
     worst = max((max(abs(results[k]["grid"][layer][pos] - ref["grid"][layer][pos])
                      for layer in range(n_layers) for pos in range(n)) for k in peers), default=0.0)
     print()
