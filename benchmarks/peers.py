@@ -251,10 +251,11 @@ def patchgrid_grid(model: str, repeats: int) -> tuple[dict, dict]:
         def sweep():
             held["results"] = engine.run(reqs, sources)
 
+        prompts = [r.tokens for r in reqs]
+
         def plain():  # the engine's own floor: vLLM's prefill of the same prompts, no hook (sweep_throughput's)
             plain_prefill(engine, prompts, len(prompts))
 
-        prompts = [r.tokens for r in reqs]
         rates = median_rates(len(reqs), {"sweep": sweep, "plain": plain}, repeats)
         (rate, times), (floor_rate, floor_times) = rates["sweep"], rates["plain"]
         timed = [float(r.answer_logits[0] - r.answer_logits[1]) for r in held["results"]]
