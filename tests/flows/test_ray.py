@@ -236,16 +236,12 @@ class Faults(threading.Thread):
 
     def run(self):
         try:
-            first = self._wait_until(lambda served: served[-1] if served else None)
-            # its engine core, once named: between stages an actor may be starting its next engine, whose
-            # process is still a bare `spawn_main` for a moment (seen once the readout got faster)
-            deadline = time.monotonic() + 60
-            while not (cores := [pid for pid in _children(first["pid"]) if "EngineCore" in _cmdline(pid)]) \
-                    and time.monotonic() < deadline and not self.stop.is_set():
-                time.sleep(0.1)
-            assert cores, (f"no engine core process under actor {first['actor']} (pid {first['pid']}, alive: "
-                           f"{_alive(first['pid'])}; its children: "
-                           f"{[(pid, _cmdline(pid)) for pid in _children(first['pid'])]}; served: {served_by(self)})")
+            # the latest actor that served a shard, is alive and has its engine core named: between stages an
+            # actor may be starting its next engine, whose process is still a bare `spawn_main` for a moment
+            # (seen once the readout got faster), and a stage's actors may have ended before this looks
+            first, cores = self._wait_until(lambda served: next(
+                ((s, cores) for s in reversed(served) if _alive(s["pid"]) and (cores := _engine_cores(s["pid"]))),
+                None))
             for pid in cores:
                 os.kill(pid, signal.SIGKILL)
             self.done.append(("engine", first["actor"], len(self._served())))
@@ -263,9 +259,9 @@ class Faults(threading.Thread):
             self.error = exc
 
 
-def served_by(faults: Faults) -> list[tuple[str, int]]:
-    """Which actor (name, pid) served each shard so far, for a failure's message."""
-    return [(s["actor"], s["pid"]) for s in faults._served()]
+def _engine_cores(pid: int) -> list[int]:
+    """The vLLM engine core processes under an actor's process."""
+    return [child for child in _children(pid) if "EngineCore" in _cmdline(child)]
 
 
 def _children(pid: int) -> list[int]:
