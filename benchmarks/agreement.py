@@ -136,7 +136,7 @@ class Judge:
 
     def _engine(self, backend: str):
         if backend not in self._engines:
-            from patchgrid.engine import load_engine
+            from patchgrid.backends.engine import load_engine
 
             self._engines[backend] = load_engine(self.model, backend, dtype="float32")
         return self._engines[backend]

@@ -50,8 +50,8 @@ def qk_fix_setting() -> bool:
 
 def agreement_rows(pairs, rows, sweep_kinds) -> list[dict]:
     """The rows loaded as one run of a fresh warehouse, and its atp agreement with intervals."""
-    from patchgrid.effects import write_effects
     from patchgrid.pairs import to_table
+    from patchgrid.rows.effects import write_effects
     from patchgrid.warehouse.agreement import agreement
     from patchgrid.warehouse.loader import connect, load_run, start_run
 
@@ -113,9 +113,9 @@ def main():
     from transformers import AutoTokenizer
 
     from benchmarks.machine import bench_dtype, machine
-    from patchgrid.attribution import Attributor
+    from patchgrid.backends.engine import load_engine
     from patchgrid.cache import load_or_build
-    from patchgrid.engine import load_engine
+    from patchgrid.methods.attribution import Attributor
     from patchgrid.sweeps import SWEEP_KINDS, SweepConfig, cache_spec, count_runs
     from tests.support.pairs import shipped_pairs
 

@@ -55,8 +55,8 @@ def main():
     from transformers import AutoTokenizer
 
     from benchmarks.machine import bench_dtype, machine
+    from patchgrid.backends.engine import load_engine
     from patchgrid.cache import load_or_build
-    from patchgrid.engine import load_engine
     from patchgrid.settings import number_list
     from patchgrid.sweeps import SweepConfig, cache_spec
     from tests.support.pairs import shipped_pairs

@@ -35,7 +35,7 @@ def build_model(folder: Path, gb: float) -> int:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from patchgrid.models import prepare
+    from patchgrid.model.models import prepare
 
     tiny = prepare("tiny-llama")
     folder.mkdir(parents=True)
@@ -66,7 +66,7 @@ def build_model(folder: Path, gb: float) -> int:
 
 def forget_records(model: Path, work: Path) -> None:
     """Back to what was there before records: no weights record, no stats in the cache manifests."""
-    from patchgrid.models import WEIGHTS_RECORD
+    from patchgrid.model.models import WEIGHTS_RECORD
 
     (model / WEIGHTS_RECORD).unlink(missing_ok=True)  # the folder is writable: the only record
     for manifest in work.glob("cache/*/manifest.json"):
@@ -103,7 +103,7 @@ def run(args, tmp: Path):
     from benchmarks.machine import machine
     from patchgrid.cache import model_identity
     from patchgrid.flows.study import study
-    from patchgrid.spec import StudySpec
+    from patchgrid.pipeline.spec import StudySpec
     from tests.support.pairs import DATA
 
     model, work = tmp / "model", tmp / "work"

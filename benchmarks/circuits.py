@@ -52,8 +52,8 @@ def ioi_pairs(engine, n: int):
 
 def warehouse_of(pairs, rows, params: dict):
     """The rows loaded as one run (`bench`) of a fresh warehouse; a read-only connection to it."""
-    from patchgrid.effects import write_effects
     from patchgrid.pairs import to_table
+    from patchgrid.rows.effects import write_effects
     from patchgrid.sweeps import SWEEP_KINDS
     from patchgrid.warehouse.loader import connect, load_run, start_run
 
@@ -150,10 +150,10 @@ def main():
     args = parser.parse_args()
 
     from benchmarks.machine import bench_dtype, machine
-    from patchgrid.attribution import Attributor
+    from patchgrid.backends.engine import load_engine
     from patchgrid.cache import load_or_build
-    from patchgrid.edge_attribution import EdgeScorer
-    from patchgrid.engine import load_engine
+    from patchgrid.methods.attribution import Attributor
+    from patchgrid.methods.edge_attribution import EdgeScorer
     from patchgrid.sweeps import SweepConfig, cache_spec, run_sweeps
 
     print(machine())

@@ -62,9 +62,9 @@ def main():
     from transformers import AutoConfig
 
     from benchmarks.machine import bench_dtype, machine
-    from patchgrid.engine import model_dtype
-    from patchgrid.models import prepare
-    from patchgrid.sites import shape_of
+    from patchgrid.backends.engine import model_dtype
+    from patchgrid.model.models import prepare
+    from patchgrid.model.sites import shape_of
 
     print(machine())
     config = AutoConfig.from_pretrained(prepare(args.model))

@@ -84,9 +84,9 @@ def main():
 
     from benchmarks.agreement import Judge
     from benchmarks.machine import bench_dtype, machine
-    from patchgrid.engine import load_engine
-    from patchgrid.models import prepare
-    from patchgrid.patching import tokenize_pair
+    from patchgrid.backends.engine import load_engine
+    from patchgrid.model.models import prepare
+    from patchgrid.pipeline.one_pair import tokenize_pair
 
     tok = AutoTokenizer.from_pretrained(prepare(args.model))
     pair = tokenize_pair(tok, "The capital of France is", "The capital of Germany is", " Paris", " Berlin")

@@ -1,14 +1,14 @@
 """The GPU check: what patchgrid computes on a CUDA device equals its CPU float32 reference.
 
 Needs only torch (a CUDA build) and transformers on the GPU machine, and this checkout: no vLLM,
-no warehouse or flow packages. Three parts, on the project's tiny seeded models (patchgrid.models,
+no warehouse or flow packages. Three parts, on the project's tiny seeded models (patchgrid.model.models,
 built locally, no hub):
 
-  hf           every site kind (patchgrid.sites.SITES) on the `hf` backend: the captures of a clean
+  hf           every site kind (patchgrid.model.sites.SITES) on the `hf` backend: the captures of a clean
                and a corrupt run at every site and layer, and the answer logits and logsumexp of a
                patched run at every site (tests/support/backends.every_site_requests), on the device
                against the same on the CPU in float32, every patched run given the CPU's captures
-  attribution  attribution patching's estimates and GradDrop scores (patchgrid.attribution.Attributor)
+  attribution  attribution patching's estimates and GradDrop scores (patchgrid.methods.attribution.Attributor)
                at every site kind it estimates, on the device against the CPU's
   worker       the vLLM worker's step planning and every hook's write (backends/vllm_worker: the
                session, its site hooks, the mid-stack start and the logits readout) run with
@@ -109,8 +109,8 @@ def compare(name: str, device: str, ref, got, tol: float, note: str = "") -> Che
 def _prepared(model: str):
     from transformers import AutoConfig
 
-    from patchgrid.models import prepare
-    from patchgrid.sites import shape_of
+    from patchgrid.model.models import prepare
+    from patchgrid.model.sites import shape_of
 
     folder = prepare(model)
     return folder, shape_of(AutoConfig.from_pretrained(folder))
@@ -118,7 +118,7 @@ def _prepared(model: str):
 
 def capture_keys(shape) -> list[str]:
     """Every site key the family has (pattern included: the hf backend reads it), at every layer."""
-    from patchgrid.sites import SITES, site_key
+    from patchgrid.model.sites import SITES, site_key
 
     return ["embed"] + [site_key(s, layer) for s in SITES if s != "embed" and not shape.family.missing(s)
                         for layer in range(shape.n_layers)]
@@ -184,7 +184,7 @@ class _Pair:
 
 
 def _estimates(folder, shape, device: str):
-    from patchgrid.attribution import ATP_SITES, Attributor
+    from patchgrid.methods.attribution import ATP_SITES, Attributor
 
     pairs = [_Pair(CLEAN, CORRUPT, ((a,), (b,))) for a, b in (ANSWERS, (40, 9))] + [_Pair(CLEAN, CORRUPT, LONG_ANSWERS)]
     sites = [s for s in ATP_SITES if not shape.family.missing(s)]
@@ -253,7 +253,7 @@ def _worker_model(model: str, device: str):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from patchgrid.sites import get_module, site_module
+    from patchgrid.model.sites import get_module, site_module
 
     folder, shape = _prepared(model)
     m = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(device).eval()
@@ -329,7 +329,7 @@ def _runner(model, requests):
 
     import numpy as np
 
-    from patchgrid.backends.vllm_worker.request import request_id
+    from patchgrid.backends.vllm_worker.held import request_id
     from patchgrid.plan import forwards, to_columns
 
     fwds = [(r, f) for r in requests for f in forwards(r)]

@@ -196,7 +196,7 @@ def run_peer(args) -> int:
 # patchgrid's side: runs in patchgrid's environment.
 
 def default_venv() -> Path:
-    from patchgrid.models import cache_root
+    from patchgrid.model.models import cache_root
 
     return cache_root() / "peers-venv"
 
@@ -225,9 +225,9 @@ def patchgrid_grid(model: str, repeats: int) -> tuple[dict, dict]:
     from transformers import AutoTokenizer
 
     from benchmarks.sweep_throughput import plain_prefill
-    from patchgrid.engine import load_engine
-    from patchgrid.models import prepare
-    from patchgrid.patching import sweep_pair, tokenize_pair
+    from patchgrid.backends.engine import load_engine
+    from patchgrid.model.models import prepare
+    from patchgrid.pipeline.one_pair import sweep_pair, tokenize_pair
     from patchgrid.plan import Patch, Request
 
     folder = prepare(model)
@@ -281,7 +281,7 @@ def as_a_study_runs_it(engine, pair, n_runs: int, repeats: int) -> tuple[float, 
     corrupt run (they equal it: attention is causal). Patched runs per second of the whole grid
     (n_runs cells), the timed sweeps' seconds, and its grid."""
     from patchgrid.cache import MemoryStore
-    from patchgrid.patching import as_pair
+    from patchgrid.pipeline.one_pair import as_pair
     from patchgrid.sweeps import SweepConfig, cache_spec, run_sweeps
 
     p = as_pair(pair)

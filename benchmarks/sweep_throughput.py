@@ -98,7 +98,7 @@ def plain_prefill(engine, tokens, max_requests: int) -> None:
     outputs only, the engine's add_request / step loop) with Python's cyclic garbage collector paused
     as for an engine call: the engine's own floor, not a slower way to call it. Outside a call
     (pg_begin / pg_end) no hook is installed, so these forwards are plain."""
-    from patchgrid.collector import cyclic_gc_paused
+    from patchgrid.runtime.collector import cyclic_gc_paused
 
     for k in range(0, len(tokens), max_requests):
         with cyclic_gc_paused():
@@ -203,7 +203,7 @@ def main():
 
     from benchmarks.agreement import Judge
     from benchmarks.machine import bench_dtype, machine
-    from patchgrid.engine import load_engine
+    from patchgrid.backends.engine import load_engine
     from patchgrid.sweeps import SweepConfig
     from tests.support.pairs import noise_std_for, shipped_pairs
 

@@ -36,8 +36,8 @@ CORRUPT = {"logit_diff": -2.0, "logprob_diff": -2.0, "logp_clean": -3.5, "logp_c
 
 
 def synthetic_run(n_rows: int, seed: int) -> pa.Table:
-    from patchgrid.effects import SCHEMA
     from patchgrid.metrics import METRICS
+    from patchgrid.rows.effects import SCHEMA
 
     assert set(CLEAN) == set(CORRUPT) == set(METRICS)
     rng = np.random.default_rng(seed)

@@ -99,14 +99,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokenizer", default=None,
                     help="a tokenizer folder whose one-token names to keep (default: smollm2-135m's, built "
-                         "by patchgrid.models; 'none': every name)")
+                         "by patchgrid.model.models; 'none': every name)")
     ap.add_argument("--pairs", type=int, default=400)
     ap.add_argument("--seed", type=int, default=2022)
     ap.add_argument("--out", default=str(OUT))
     args = ap.parse_args()
     tokenizer = args.tokenizer
     if tokenizer is None:
-        from patchgrid.models import prepare
+        from patchgrid.model.models import prepare
 
         tokenizer = str(prepare("smollm2-135m"))
     names = one_token_names(None if tokenizer == "none" else tokenizer)

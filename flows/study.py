@@ -22,10 +22,10 @@ from prefect.futures import as_completed
 from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from patchgrid.engine import Engines, LocalEngines
-from patchgrid.progress import report
-from patchgrid.spec import ShardSpec, StudySpec
-from patchgrid.stopping import Cancelled, cancel_on_signals, one_line, signalled
+from patchgrid.backends.engine import Engines, LocalEngines
+from patchgrid.pipeline.spec import ShardSpec, StudySpec
+from patchgrid.runtime.progress import report
+from patchgrid.runtime.stopping import Cancelled, cancel_on_signals, one_line, signalled
 from patchgrid.tasks.cache import cache_activations
 from patchgrid.tasks.pairs import align_pairs
 from patchgrid.tasks.sweeps import measure_trace_noise, sweep_shard
@@ -57,7 +57,7 @@ def _produced(task, *args, sound=lambda path: Path(path).exists(), **kwargs) -> 
 @flow(name="study", log_prints=True)
 def study(spec: StudySpec = DEFAULT) -> str:
     """Run a whole activation-patching study and load it into the warehouse; returns the run id.
-    `spec`: every setting of the study (patchgrid.spec.StudySpec; Prefect validates it, and a
+    `spec`: every setting of the study (patchgrid.pipeline.spec.StudySpec; Prefect validates it, and a
     deployment's parameters nest its fields under `spec`, the sweeps' under `spec.sweep`)."""
     # SIGTERM and SIGINT stop the study through every clean-up on the way out (engines first)
     with cancel_on_signals():
@@ -70,7 +70,7 @@ def _now():
 
 def engines_for(spec: StudySpec, model_sha: str) -> Engines:
     """Where the study's model work runs: this process's engine, or the run's engine actors on Ray."""
-    from patchgrid.memory import describe, gpu_memory, memory_plan, study_engine_options
+    from patchgrid.pipeline.memory import describe, gpu_memory, memory_plan, study_engine_options
 
     log = get_run_logger().info
     if spec.runner != "ray":
@@ -78,7 +78,7 @@ def engines_for(spec: StudySpec, model_sha: str) -> Engines:
         if plan is not None:
             log(describe(plan))
         return LocalEngines(spec.model, spec.backend, study_engine_options(spec))
-    from patchgrid.cluster import RayEngines
+    from patchgrid.backends.cluster import RayEngines
 
     # the engines' options are worked out in each actor, against the GPU it is given (the atp plan)
     return RayEngines(spec.run_id, spec.model, model_sha, spec.backend, code_version(), workers=spec.ray_workers,
@@ -91,9 +91,9 @@ def run_study(spec: StudySpec) -> str:
     from transformers import AutoConfig
 
     from patchgrid.cache import model_identity
-    from patchgrid.fingerprint import fingerprint
-    from patchgrid.models import prepare
-    from patchgrid.sites import shape_of
+    from patchgrid.model.models import prepare
+    from patchgrid.model.sites import shape_of
+    from patchgrid.pipeline.fingerprint import fingerprint
     from patchgrid.sweeps import by_population, check_family, noised
     from patchgrid.sweeps.base import check_layers
     from patchgrid.warehouse.loader import finish_run
@@ -130,7 +130,7 @@ def run_study(spec: StudySpec) -> str:
 def _sweep_and_load(spec: StudySpec, engines: Engines, model_sha: str, noise_std: float) -> str:
     from patchgrid.cache import damage
     from patchgrid.pairs import read_pairs
-    from patchgrid.shards import split
+    from patchgrid.pipeline.shards import split
     from patchgrid.sweeps import POPULATIONS, by_population, noised, spans_data_set
     from patchgrid.sweeps.populations import nothing_to_run
 
@@ -182,7 +182,7 @@ def _sweep_and_load(spec: StudySpec, engines: Engines, model_sha: str, noise_std
 
 def sweep_shards_on_ray(spec: StudySpec, shards: list[ShardSpec], model_sha256: str, engines: Engines) -> list[str]:
     """Every shard as a task of its own, as many at once as there are engine actors: each goes to the
-    next actor that is free (patchgrid.cluster.RayEngines), so a slow node holds only its own shard."""
+    next actor that is free (patchgrid.backends.cluster.RayEngines), so a slow node holds only its own shard."""
     progress = create_progress_artifact(progress=0.0, key=f"sweeps-{spec.run_id}".lower(),
                                         description=f"Sweeps of run {spec.run_id} on Ray: shards done")
     # the shards' patched runs are counted in the actors, where nobody listens: the caller is told shards done

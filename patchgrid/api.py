@@ -18,7 +18,7 @@ from __future__ import annotations
 import difflib
 from pathlib import Path
 
-from .spec import StudySpec
+from .pipeline.spec import StudySpec
 from .warehouse.loader import WarehouseError, query
 
 __all__ = ["ALL", "Run", "Warehouse", "open", "study"]
@@ -169,11 +169,11 @@ class Run:
         return self.warehouse.view(name, self.run_id, **filters)
 
     def summary(self, per_sweep: int = 3) -> dict:
-        """What the run did, as a dict (what `patchgrid study --json` prints; patchgrid.summary): model,
+        """What the run did, as a dict (what `patchgrid study --json` prints; patchgrid.pipeline.summary): model,
         status, seconds, records read, accepted and rejected (by reason), each sweep with its pairs and
         patched runs, the `per_sweep` strongest averaged cells of each sweep (effect_summary: metric,
         mean recovery or effect, 95% interval, n_pairs), and the commands that query and report it."""
-        from .summary import study_summary
+        from .pipeline.summary import study_summary
 
         return study_summary(self.warehouse.path, self.run_id, per_sweep)
 
@@ -188,12 +188,12 @@ class Run:
 def study(config: str | Path | None = None, **settings) -> Run:
     """Run a study in this process and return its Run. settings: those of `patchgrid study`, by their
     Python names (StudySpec.of: model, pairs, sweeps, limit, warehouse, require_known, backend, ...).
-    config: a study file (TOML, as `patchgrid study --config` takes: patchgrid.studyfile), whose
+    config: a study file (TOML, as `patchgrid study --config` takes: patchgrid.pipeline.studyfile), whose
     settings the others given here override; its content is recorded with the run.
     The study flow runs here; it needs a Prefect API (PREFECT_API_URL), or starts Prefect's
     temporary one. A rerun with the same settings is the same run, found in the caches."""
     if config is not None:
-        from .studyfile import read_study_file
+        from .pipeline.studyfile import read_study_file
 
         given, text = read_study_file(config)
         settings = {**given, **settings, "config": text}

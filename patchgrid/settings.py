@@ -1,7 +1,7 @@
 """A setting is declared once: a dataclass field whose metadata carries its help text, its
 command-line flag, its check, and whether it enters a run's recorded parameters. The command-line
 options, the checks, the recorded parameters and the flow's parameter are derived from these
-declarations (patchgrid.spec, patchgrid.cli.options); nothing lists the settings by hand.
+declarations (patchgrid.pipeline.spec, patchgrid.cli.options); nothing lists the settings by hand.
 """
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ def setting(default, help: str, *, choices: tuple | None = None, check: Check | 
     value is where something is written (cache keys count it by its path); `item`: what one item of
     a list setting is called in messages (default: the name, singular); `applies_with`: (another setting,
     its value): this one applies only when that one has that value, and a value other than the default is
-    refused otherwise (the sweeps' own settings apply by the kinds that read them: patchgrid.spec); `parse`:
+    refused otherwise (the sweeps' own settings apply by the kinds that read them: patchgrid.pipeline.spec); `parse`:
     turns the setting's text (the command line's, a study file's) into its value, raising ValueError with a
     message template ({name}: the setting); a setting with one takes text on the command line."""
     if record not in RECORDS:

@@ -5,9 +5,9 @@ from pathlib import Path
 
 from prefect import get_run_logger, task
 
-from patchgrid.engine import Engines, using_engine
+from patchgrid.backends.engine import Engines, using_engine
 from patchgrid.pairs import Pair
-from patchgrid.spec import StudySpec
+from patchgrid.pipeline.spec import StudySpec
 
 from .keys import keyed_by
 
@@ -17,8 +17,8 @@ def _n_layers(model: str) -> int:
     """The model's layers, read once per process (the key function and the task body both ask)."""
     from transformers import AutoConfig
 
-    from patchgrid.models import prepare
-    from patchgrid.sites import shape_of
+    from patchgrid.model.models import prepare
+    from patchgrid.model.sites import shape_of
 
     return shape_of(AutoConfig.from_pretrained(prepare(model))).n_layers
 
@@ -38,7 +38,7 @@ def found_or_built(pairs, need, root: str, *, engine) -> tuple[str, bool, float]
     """The cache folder covering `need` for `pairs` (found, or built on `engine`), whether it was
     built, and its size per pair: plain values, which cross back from an engine actor."""
     from patchgrid.cache import load_or_build
-    from patchgrid.progress import stage
+    from patchgrid.runtime.progress import stage
 
     cache, built = load_or_build(engine, pairs, need, Path(root), progress=stage("activation cache (pairs captured)"))
     return str(cache.folder), built, cache.bytes_per_pair

@@ -7,8 +7,8 @@ import inspect
 import os
 from collections.abc import Callable
 
-from patchgrid.engine import EnginePool, Engines
-from patchgrid.fingerprint import OutputPath, fingerprint
+from patchgrid.backends.engine import EnginePool, Engines
+from patchgrid.pipeline.fingerprint import OutputPath, fingerprint
 
 # Where a task writes counts by its path, not by what an earlier run left there.
 OUTPUT_PARAMETERS = ("out",)

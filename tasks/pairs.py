@@ -4,8 +4,8 @@ from pathlib import Path
 
 from prefect import get_run_logger, task
 
-from patchgrid.engine import Engines, using_engine
-from patchgrid.spec import StudySpec
+from patchgrid.backends.engine import Engines, using_engine
+from patchgrid.pipeline.spec import StudySpec
 
 from .keys import keyed_by
 

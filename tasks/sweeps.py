@@ -4,8 +4,8 @@ from pathlib import Path
 
 from prefect import get_run_logger, task
 
-from patchgrid.engine import Engines, using_engine
-from patchgrid.spec import ShardSpec, StudySpec
+from patchgrid.backends.engine import Engines, using_engine
+from patchgrid.pipeline.spec import ShardSpec, StudySpec
 
 from .keys import engine_inputs, keyed_by
 
@@ -14,8 +14,8 @@ from .keys import engine_inputs, keyed_by
 def sweep_shard(spec: StudySpec, shard: ShardSpec, model_sha256: str, engines: Engines) -> str:
     """Run every sweep over one shard of pairs where the engines run; return its effects file (its
     engine's provenance beside it, for a shard run in an engine actor)."""
-    from patchgrid.progress import stage
-    from patchgrid.shards import compute_shard
+    from patchgrid.pipeline.shards import compute_shard
+    from patchgrid.runtime.progress import stage
 
     logger = get_run_logger()
     if Path(shard.out).is_file():  # written whole (rename) by an earlier attempt of this same shard
@@ -38,7 +38,7 @@ def measure_trace_noise(spec: StudySpec, model_sha256: str):
     """The causal-tracing noise for this data set and model (trace_noise_scale, by default 3, x the
     std of its subjects' token embeddings), the same whatever pairs a study keeps. It reads the
     embedding matrix from the weight files; no model is loaded."""
-    from patchgrid.models import prepare
+    from patchgrid.model.models import prepare
     from patchgrid.pairs import read_source
     from patchgrid.sweeps import subject_noise
 

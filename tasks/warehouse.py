@@ -3,7 +3,7 @@ from __future__ import annotations
 from prefect import get_run_logger, task
 from prefect.artifacts import create_table_artifact
 
-from patchgrid.spec import StudySpec
+from patchgrid.pipeline.spec import StudySpec
 
 
 @task
@@ -27,8 +27,8 @@ def load_warehouse(spec: StudySpec, pairs_table: str, baseline_files: list[str],
     import pyarrow.parquet as pq
 
     from patchgrid.pairs import read_pairs
-    from patchgrid.progress import stage
-    from patchgrid.rows import BASELINE
+    from patchgrid.rows.shapes import BASELINE
+    from patchgrid.runtime.progress import stage
     from patchgrid.sweeps import SWEEP_KINDS
     from patchgrid.warehouse.loader import load_run
 

@@ -7,8 +7,8 @@ import tempfile
 
 import pytest
 
-from patchgrid import engine as engine_module
-from patchgrid.engine import EnginePool
+from patchgrid.backends import engine as engine_module
+from patchgrid.backends.engine import EnginePool
 from tests.support.engines import MAX_LIVE
 from tests.support.tiers import mark_tiers
 
@@ -23,7 +23,7 @@ os.environ["PREFECT_LOCAL_STORAGE_PATH"] = tempfile.mkdtemp(prefix="patchgrid-pr
 
 @pytest.fixture(scope="session")
 def engines():
-    """The session's engines (patchgrid.engine.EnginePool), started on first use and shared by every test."""
+    """The session's engines (patchgrid.backends.engine.EnginePool), started on first use and shared by every test."""
     with EnginePool(max_live=MAX_LIVE) as pool:
         yield pool
 
@@ -32,7 +32,7 @@ def engines():
 def tokenizers():
     from transformers import AutoTokenizer
 
-    from patchgrid.models import prepare
+    from patchgrid.model.models import prepare
 
     cache = {}
 

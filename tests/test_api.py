@@ -13,8 +13,8 @@ import pytest
 
 import patchgrid
 from patchgrid.api import ALL, Run
-from patchgrid.effects import write_effects
 from patchgrid.pairs import to_table as pairs_table
+from patchgrid.rows.effects import write_effects
 from patchgrid.settings import SpecError
 from patchgrid.warehouse.loader import WarehouseError, finish_run, load_run, start_run
 from tests.support.effect_rows import baseline, make_pair, row

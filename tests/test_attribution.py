@@ -9,10 +9,10 @@ from dataclasses import replace
 import pytest
 import torch
 
-from patchgrid.attribution import Attributor
 from patchgrid.cache import load_or_build
-from patchgrid.models import prepare
-from patchgrid.sites import get_module, shape_of, site_module
+from patchgrid.methods.attribution import Attributor
+from patchgrid.model.models import prepare
+from patchgrid.model.sites import get_module, shape_of, site_module
 from patchgrid.sweeps import SweepConfig, cache_spec, count_runs, run_sweeps
 from tests.support.engines import TINY, needs_vllm
 from tests.support.pairs import shipped_pairs
@@ -64,7 +64,7 @@ def _metric(model, pair, patch=None) -> float:
 
 
 def _acts(model, shape, ids, site, layer):
-    from patchgrid.sites import SITES as S
+    from patchgrid.model.sites import SITES as S
 
     got = {}
     module = site_module(model, shape.family, site, layer)
@@ -105,7 +105,7 @@ def test_estimate_equals_finite_differences_of_the_linearisation(tokenizers, mod
     att = Attributor(m, shape)
     pairs = _pairs(tokenizers, model)
     est = att.estimate(pairs, SITES)
-    from patchgrid.sites import SITES as S
+    from patchgrid.model.sites import SITES as S
 
     for b, pair in enumerate(pairs[:2]):
         n = len(pair.corrupt_ids)
@@ -158,7 +158,7 @@ def test_estimate_equals_the_exact_patch_where_the_metric_is_linear_in_the_site(
 def _estimate_with_layer_cut(m, shape, pair, site, drop):
     """AtP of `site` at every layer and position, [layers, n + 1], by plain autograd with layer
     `drop`'s residual-stream contribution (its attention's and MLP's outputs) detached (None: none)."""
-    from patchgrid.sites import SITES as S
+    from patchgrid.model.sites import SITES as S
 
     n = len(pair.corrupt_ids)
     clean = [_acts(m, shape, pair.clean_ids, site, layer) for layer in range(shape.n_layers)]
@@ -283,7 +283,7 @@ def _cell(r):
 def test_the_atp_sweep_takes_its_gradients_where_and_in_the_dtype_asked(tmp_path, engines, tokenizers):
     """run_sweeps' attributor as options (a shard's `attribution`): the gradient model is made once per
     engine and options, in that dtype; bfloat16 estimates are float32's within half precision."""
-    from patchgrid.attribution import attributor_for
+    from patchgrid.methods.attribution import attributor_for
 
     model = "tiny-llama"
     hf = engines.get(model, "hf", dtype="float32")

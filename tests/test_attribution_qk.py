@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
-from patchgrid.attribution import Attributor
-from patchgrid.qkfix import Scores, qk_estimates
+from patchgrid.methods.attribution import Attributor
+from patchgrid.methods.qkfix import Scores, qk_estimates
 from tests.support.pairs import shipped_pairs
 from tests.test_attribution import _metric, _model64
 

@@ -156,7 +156,7 @@ def test_a_sound_data_set_is_checked_by_its_stats_and_a_flip_is_still_found(tmp_
     import time
 
     from patchgrid.cache import damage
-    from patchgrid.models import file_stat
+    from patchgrid.model.models import file_stat
 
     engine = Counting(engines.get(MODEL, "hf", dtype="float32"))
     cache, _ = load_or_build(engine, pairs, spec(), tmp_path, log=lambda *_: None)

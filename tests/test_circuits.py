@@ -1,4 +1,4 @@
-"""Circuits from edge scores (patchgrid.circuits) against MIB's construction written here from its
+"""Circuits from edge scores (patchgrid.methods.circuits) against MIB's construction written here from its
 description, the circuit sweep end to end on vLLM (its circuits, the ends of its curve, a circuit's
 reading against a circuit run on the hf backend), what the ablations write (zero: zeros; mean: the
 cache's mean at each position role, computed here), and the refusals."""
@@ -9,11 +9,11 @@ import random
 import pytest
 import torch
 
-from patchgrid.circuits import circuit_size, edge_order
-from patchgrid.graph import EdgeGraph, circuit_keys
+from patchgrid.methods.circuits import circuit_size, edge_order
+from patchgrid.methods.graph import EdgeGraph, circuit_keys
+from patchgrid.model.sites import FAMILIES
 from patchgrid.plan import Circuit, Request
 from patchgrid.settings import SpecError
-from patchgrid.sites import FAMILIES
 from patchgrid.sweeps import SweepConfig
 from patchgrid.sweeps.ablated import AblatedSources
 from patchgrid.sweeps.run import check_family
@@ -118,7 +118,7 @@ class _Store:
 
 
 def test_the_ablations_write_zeros_and_the_mean_at_each_position_role():
-    from patchgrid.sites import ModelShape
+    from patchgrid.model.sites import ModelShape
     from tests.support.effect_rows import make_pair
 
     shape = ModelShape(FAMILIES["llama"], 2, 2, 4, 8, 50, 32, 16, 1)
@@ -152,7 +152,7 @@ def test_the_ablations_write_zeros_and_the_mean_at_each_position_role():
     (dict(sweeps="trace", ablation="mean"), "--ablation", "none of the sweeps trace takes it"),
 ])
 def test_circuit_settings_that_cannot_run_are_refused_in_one_line(settings, flag, message):
-    from patchgrid.spec import check_sweep_settings_apply
+    from patchgrid.pipeline.spec import check_sweep_settings_apply
 
     with pytest.raises(SpecError) as err:
         check_sweep_settings_apply(SweepConfig(**settings))

@@ -9,8 +9,8 @@ import json
 import pyarrow.parquet as pq
 import pytest
 
-from patchgrid.effects import write_effects
 from patchgrid.pairs import to_table as pairs_table
+from patchgrid.rows.effects import write_effects
 from patchgrid.warehouse.loader import load_run, start_run
 from tests.support.effect_rows import baseline, make_pair, row
 from tests.support.processes import cli, one_line_error

@@ -12,8 +12,8 @@ import sys
 import pytest
 
 from patchgrid.cli import build_parser, main
+from patchgrid.pipeline.spec import StudySpec
 from patchgrid.settings import SpecError, settings_fields
-from patchgrid.spec import StudySpec
 from patchgrid.sweeps import SweepConfig
 
 PAIR = ["--clean", "The capital of France is", "--corrupt", "The capital of Spain is"]

@@ -1,4 +1,4 @@
-"""Edge attribution (patchgrid.edge_attribution) against first-order computations written here from
+"""Edge attribution (patchgrid.methods.edge_attribution) against first-order computations written here from
 the papers: an edge's score is the sender's clean - corrupt output times the gradient of the metric
 at the receiver's own input, found here by finite differences of the metric with only that
 receiver's input moved (the test builds each receiver's projection itself, per family)."""
@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from patchgrid.attribution import Attributor
-from patchgrid.edge_attribution import EdgeScorer
-from patchgrid.graph import INPUT, EdgeGraph, GraphError, check_splittable
-from patchgrid.sites import FAMILIES, LOGITS, ModelShape, get_module
+from patchgrid.methods.attribution import Attributor
+from patchgrid.methods.edge_attribution import EdgeScorer
+from patchgrid.methods.graph import INPUT, EdgeGraph, GraphError, check_splittable
+from patchgrid.model.sites import FAMILIES, LOGITS, ModelShape, get_module
 from tests.support.engines import TINY, needs_vllm
 from tests.test_attribution import _metric, _model64, _pairs
 
@@ -241,7 +241,7 @@ def test_a_family_that_normalises_attentions_summed_output_is_refused(family):
 
 def test_the_edges_sweep_stores_every_edge_of_every_pair_as_scored(tmp_path, engines, tokenizers):
     from patchgrid.cache import load_or_build
-    from patchgrid.effects import to_table
+    from patchgrid.rows.effects import to_table
     from patchgrid.sweeps import SweepConfig, cache_spec, run_sweeps
 
     model = "tiny-llama"
@@ -254,7 +254,7 @@ def test_the_edges_sweep_stores_every_edge_of_every_pair_as_scored(tmp_path, eng
     assert len(rows) == len(pairs) * len(graph.edges)
     table = to_table(rows)  # the rows fit the effect shape
     assert table.num_rows == len(rows)
-    from patchgrid.attribution import attributor_for
+    from patchgrid.methods.attribution import attributor_for
 
     want = EdgeScorer(attributor_for(hf, device="cpu")).scores(pairs, "eap-ig", steps=3)
     for b, pair in enumerate(pairs):

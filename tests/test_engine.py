@@ -1,4 +1,4 @@
-"""patchgrid.engine: the checks load_engine makes before it starts anything, and EnginePool's reuse,
+"""patchgrid.backends.engine: the checks load_engine makes before it starts anything, and EnginePool's reuse,
 bound on live engines (least recently used closed first) and clean-up, with stand-in engines."""
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import patchgrid.engine as engine_module
-from patchgrid.engine import EnginePool, load_engine, model_dtype
+import patchgrid.backends.engine as engine_module
+from patchgrid.backends.engine import EnginePool, load_engine, model_dtype
 
 
 class StandIn:
@@ -134,7 +134,7 @@ def test_the_checkpoint_dtype_is_read_from_the_config(config, dtype):
 def test_the_cyclic_collector_is_paused_for_a_vllm_call_and_resumes_however_it_ends():
     import gc
 
-    from patchgrid.collector import cyclic_gc_paused
+    from patchgrid.runtime.collector import cyclic_gc_paused
 
     assert gc.isenabled()
     with cyclic_gc_paused():

@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from patchgrid import models
 from patchgrid.cache import damage
-from patchgrid.models import WEIGHTS_RECORD, weights_hash
+from patchgrid.model import models
+from patchgrid.model.models import WEIGHTS_RECORD, weights_hash
 
 LONG_AGO = time.time() - 3600
 

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from benchmarks.gpu_check import Check, compare, guarded, max_abs_diff, table
-from patchgrid.attribution import ATP_SITES
-from patchgrid.sites import SITES
+from patchgrid.methods.attribution import ATP_SITES
+from patchgrid.model.sites import SITES
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.py"

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from patchgrid.pipeline.spec import StudySpec
 from patchgrid.settings import SpecError
-from patchgrid.spec import StudySpec
 from patchgrid.sweeps import SWEEP_KINDS, SweepConfig, SweepContext
 from patchgrid.sweeps.base import check_layers
 from tests.support.effect_rows import make_pair

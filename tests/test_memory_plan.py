@@ -1,12 +1,12 @@
-"""The atp memory plan (patchgrid.memory), the device's memory given: an 8B model beside its float32
+"""The atp memory plan (patchgrid.pipeline.memory), the device's memory given: an 8B model beside its float32
 gradient model on one GPU, from a Qwen3-8B config built here (no hub, no weights)."""
 from __future__ import annotations
 
 import pytest
 
-from patchgrid.memory import GIB, VLLM_FRACTION, describe, memory_plan, study_engine_options
+from patchgrid.pipeline.memory import GIB, VLLM_FRACTION, describe, memory_plan, study_engine_options
+from patchgrid.pipeline.spec import StudySpec
 from patchgrid.settings import SpecError
-from patchgrid.spec import StudySpec
 from tests.support.engines import needs_vllm
 
 
@@ -92,8 +92,8 @@ def test_the_gradient_model_beside_the_ranks(qwen3_8b):
 
 def test_a_model_folder_is_sized_by_its_weight_files_and_its_data_set():
     """From the spec alone: the folder's weight files, the shipped facts' longest prompt and answer."""
-    from patchgrid.memory import weight_file_bytes
-    from patchgrid.models import prepare
+    from patchgrid.model.models import prepare
+    from patchgrid.pipeline.memory import weight_file_bytes
 
     spec = StudySpec.of(model="tiny-llama", sweeps="atp")
     plan = memory_plan(spec, 8 * GIB)
@@ -106,7 +106,7 @@ def test_a_model_folder_is_sized_by_its_weight_files_and_its_data_set():
 def test_the_plan_batches_as_the_attributor_does():
     import inspect
 
-    from patchgrid.attribution import BATCH_PAIRS, Attributor
+    from patchgrid.methods.attribution import BATCH_PAIRS, Attributor
 
     assert inspect.signature(Attributor.load).parameters["batch_size"].default == BATCH_PAIRS
 
@@ -136,9 +136,9 @@ def test_an_engine_started_with_the_study_options_takes_the_devices_sizes(engine
 def test_an_edges_study_is_planned_with_its_senders_and_receivers_batch(qwen3_8b):
     """The edges sweep's gradient batch: cut so that its senders' outputs and receivers' gradients
     (float32) stay under EDGE_TENSOR_BYTES, and planned with its forward's graph."""
-    from patchgrid.edge_attribution import EDGE_TENSOR_BYTES, edge_batch_pairs, edge_tensor_bytes
-    from patchgrid.graph import EdgeGraph
-    from patchgrid.sites import shape_of
+    from patchgrid.methods.edge_attribution import EDGE_TENSOR_BYTES, edge_batch_pairs, edge_tensor_bytes
+    from patchgrid.methods.graph import EdgeGraph
+    from patchgrid.model.sites import shape_of
 
     edges = StudySpec.of(sweeps="edges")
     plan = memory_plan(edges, 80 * GIB, config=qwen3_8b, seq_len=TOKENS)

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from patchgrid.models import BUILTIN, MANIFEST, ModelError, prepare, weights_hash
+from patchgrid.model.models import BUILTIN, MANIFEST, ModelError, prepare, weights_hash
 
 
 @pytest.mark.parametrize("name", [n for n in BUILTIN if n.startswith("tiny-")])

@@ -55,7 +55,7 @@ def test_a_wheel_install_checks_the_shipped_pairs(tmp_path):
     assert installed.returncode == 0, installed.stderr[-3000:]
     work = tmp_path / "elsewhere"
     work.mkdir()
-    code = ("import patchgrid, patchgrid.shipped as s; print(patchgrid.__file__); print(s.SHIPPED_PAIRS)")
+    code = ("import patchgrid, patchgrid.pairs.shipped as s; print(patchgrid.__file__); print(s.SHIPPED_PAIRS)")
     where = subprocess.run([str(env_dir / "bin" / "python"), "-c", code], capture_output=True, text=True, cwd=work,
                            timeout=120)
     assert where.returncode == 0, where.stderr[-3000:]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from patchgrid.patching import PairError, recovery, sweep_pair, tokenize_pair
+from patchgrid.pipeline.one_pair import PairError, recovery, sweep_pair, tokenize_pair
 from tests.support.engines import needs_vllm
 
 CLEAN, CORRUPT = "The capital of France is", "The capital of Germany is"
@@ -58,7 +58,7 @@ def test_pair_checks(tokenizers):
 
 
 def test_multi_token_answers_are_kept_whole(tokenizers):
-    from patchgrid.patching import as_pair
+    from patchgrid.pipeline.one_pair import as_pair
 
     tok = tokenizers("tiny-llama")
     tokens = tokenize_pair(tok, CLEAN, CORRUPT, " Paris", " Londonderry")
@@ -89,7 +89,7 @@ def test_patch_scores_answers_of_several_tokens(engines, tokenizers):
 def test_patch_runs_the_study_sweep(tmp_path, engines, tokenizers, site, sweep):
     """`patchgrid patch` and a study's sweep of the same pair give the same numbers: one code path."""
     from patchgrid.cache import load_or_build
-    from patchgrid.patching import as_pair
+    from patchgrid.pipeline.one_pair import as_pair
     from patchgrid.sweeps import SweepConfig, cache_spec, run_sweeps
 
     engine = engines.get("tiny-llama", "hf", dtype="float32")
@@ -109,7 +109,7 @@ def test_patch_runs_the_study_sweep(tmp_path, engines, tokenizers, site, sweep):
 
 
 def test_the_patch_table_of_neurons_shows_those_that_move_the_metric_most(engines, tokenizers):
-    from patchgrid.console import NEURON_ROWS, format_patch_table
+    from patchgrid.runtime.console import NEURON_ROWS, format_patch_table
 
     engine = engines.get("tiny-llama", "hf", dtype="float32")
     tokens = tokenize_pair(tokenizers("tiny-llama"), CLEAN, CORRUPT, " Paris", " Berlin")

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from patchgrid.cache import MemoryStore
+from patchgrid.model.sites import get_module, site_module
 from patchgrid.pairs.align import position_roles
 from patchgrid.pairs.pair import Pair
 from patchgrid.plan import Patch, Request
-from patchgrid.sites import get_module, site_module
 from patchgrid.sweeps import SweepConfig, cache_spec, run_sweeps
 from tests.support.engines import TINY, needs_vllm
 

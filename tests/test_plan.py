@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from patchgrid.model.sites import LLAMA, ModelShape
 from patchgrid.plan import (
     Knockout,
     Noise,
@@ -19,7 +20,6 @@ from patchgrid.plan import (
     to_wire,
     validate,
 )
-from patchgrid.sites import LLAMA, ModelShape
 
 SHAPE = ModelShape(LLAMA, n_layers=4, n_heads=4, head_dim=32, d_model=128, vocab_size=500, max_len=64, d_mlp=256)
 TOKENS = (1, 2, 3, 4, 5)

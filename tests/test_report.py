@@ -69,7 +69,7 @@ def path_importance(sender: str, receiver: str) -> float:
 
 def path_rows(pair, clean, corrupt, jitter):
     """The pair's paths rows, every sender to every receiver, at every position at once and at the last."""
-    from patchgrid.sites import parse_unit_name
+    from patchgrid.model.sites import parse_unit_name
 
     out = []
     for sender in PATH_SENDERS:
@@ -122,7 +122,7 @@ def head_rows(pair, layer, clean, corrupt, jitter, paths):
 
 
 def build(tmp, atp=False, paths=False):
-    """A synthetic study with every sweep kind (rows made by patchgrid.effects.effect_row), loaded
+    """A synthetic study with every sweep kind (rows made by patchgrid.rows.effects.effect_row), loaded
     into a real warehouse through the loader; `atp`: with attribution-patching rows beside them;
     `paths`: with resid_pre, resid_mid, qkv and path-patching rows beside them (MLPs recomputed)."""
     pairs, baselines, rows = [], [], []

@@ -10,13 +10,13 @@ import xml.etree.ElementTree as ET
 import pytest
 from scipy import stats
 
-from patchgrid.effects import effect_row
 from patchgrid.pairs import to_table
 from patchgrid.report import collect, write_report
 from patchgrid.report.circuit_svg import svg_layer_curve
 from patchgrid.report.figures import LayerCurve
 from patchgrid.report.files import write_figure
 from patchgrid.report.knockout_figures import knockout_section
+from patchgrid.rows.effects import effect_row
 from patchgrid.sweeps import Cell
 from patchgrid.sweeps.trace import trace_window
 from patchgrid.warehouse.loader import connect, load_run, query, start_run
@@ -188,7 +188,7 @@ def test_the_study_summary_names_each_groups_deepest_layer(study):
     """summary.knockout_lows (what the study prints): per group, the layer of the most negative mean
     relative change over the facts, as knockout_curve has it; none for a run without knockouts."""
     from patchgrid.cli.study import knockout_lines
-    from patchgrid.summary import knockout_lows
+    from patchgrid.pipeline.summary import knockout_lows
 
     wh, _ = study
     lows = knockout_lows(wh, "k")

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from patchgrid.effects import to_table as effects_table
-from patchgrid.effects import write_effects
 from patchgrid.metrics import METRICS
+from patchgrid.model.sites import SITE_KINDS
 from patchgrid.pairs import to_table as pairs_table
-from patchgrid.rows import EFFECT, PAIR, SWEEP_NAMES, WAREHOUSE_TABLES, RowError, warehouse_columns
-from patchgrid.sites import SITE_KINDS
+from patchgrid.rows.effects import to_table as effects_table
+from patchgrid.rows.effects import write_effects
+from patchgrid.rows.shapes import EFFECT, PAIR, SWEEP_NAMES, WAREHOUSE_TABLES, RowError, warehouse_columns
 from patchgrid.sweeps import SWEEP_KINDS
 from patchgrid.warehouse.loader import connect, ensure, load_run, start_run
 

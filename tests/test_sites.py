@@ -1,4 +1,4 @@
-"""patchgrid.sites: which sites a family lacks, site names and keys parsed back, a model's shape
+"""patchgrid.model.sites: which sites a family lacks, site names and keys parsed back, a model's shape
 read from its config, and vLLM's paths of a family."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from patchgrid.sites import (
+from patchgrid.model.sites import (
     FAMILIES,
     GEMMA,
     GPT2,

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from patchgrid.fingerprint import fingerprint
-from patchgrid.spec import ShardSpec, SpecError, StudySpec
+from patchgrid.pipeline.fingerprint import fingerprint
+from patchgrid.pipeline.spec import ShardSpec, SpecError, StudySpec
 from patchgrid.sweeps import SweepConfig
 
 

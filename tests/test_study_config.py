@@ -1,4 +1,4 @@
-"""A study file (patchgrid.studyfile; `patchgrid study --config FILE`, `serve --config`,
+"""A study file (patchgrid.pipeline.studyfile; `patchgrid study --config FILE`, `serve --config`,
 `patchgrid.study(config=...)`): settings by name (and by the flag's spelling), each checked by its own
 declaration, the flags given on the command line over the file's, the file's text the `config` setting;
 an unknown key or a bad value refused in one line naming the file and the key. Parsing only, no study
@@ -12,8 +12,8 @@ import pytest
 
 from patchgrid.cli import build_parser
 from patchgrid.cli.options import settings_from
-from patchgrid.spec import StudySpec
-from patchgrid.studyfile import StudyFileError, read_study_file
+from patchgrid.pipeline.spec import StudySpec
+from patchgrid.pipeline.studyfile import StudyFileError, read_study_file
 from patchgrid.sweeps import SweepConfig
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""patchgrid.summary on a small warehouse of hand-built rows: the records and rejections, the sweeps'
+"""patchgrid.pipeline.summary on a small warehouse of hand-built rows: the records and rejections, the sweeps'
 patched runs, the strongest cells of each sweep with their interval, the time and the commands."""
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from datetime import datetime
 
 import pytest
 
-from patchgrid.effects import write_effects
 from patchgrid.pairs import to_table as pairs_table
-from patchgrid.summary import cell_name, commands, study_summary
+from patchgrid.pipeline.summary import cell_name, commands, study_summary
+from patchgrid.rows.effects import write_effects
 from patchgrid.warehouse.loader import load_run, start_run
 from tests.support.effect_rows import atp_row, make_pair, row
 

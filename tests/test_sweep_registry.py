@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from patchgrid.cache import CacheSpec, MemoryStore, layer_keys, stream_keys
+from patchgrid.pipeline.spec import StudySpec
 from patchgrid.plan import Patch, Request
-from patchgrid.rows import SWEEP_NAMES
-from patchgrid.spec import StudySpec
+from patchgrid.rows.shapes import SWEEP_NAMES
 from patchgrid.sweeps import (
     POPULATIONS,
     SWEEP_KINDS,

@@ -230,9 +230,9 @@ def test_trace_noise_is_meng_et_al_s_over_the_data_set(tokenizers):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from patchgrid.models import prepare
+    from patchgrid.model.models import prepare
     from patchgrid.pairs import read_source
-    from patchgrid.spec import StudySpec
+    from patchgrid.pipeline.spec import StudySpec
     from patchgrid.sweeps import subject_noise
     from patchgrid.tasks.sweeps import measure_trace_noise
     from tests.support.pairs import DATA

@@ -2,7 +2,7 @@
 and for the in-memory connection patchgrid's own queries and report read through.
 
 Base views (`runs`, `pairs`, `baselines`, `effects`) are generated from the row shapes in
-patchgrid/rows.py: `run_id`, then exactly the shape's columns and types; `sweep_kinds` (each load's
+patchgrid/rows/shapes.py: `run_id`, then exactly the shape's columns and types; `sweep_kinds` (each load's
 record of how its kinds are drawn and the shape of their rows) from kinds.py. `metrics` and
 `effect_metrics` (the effect rows, one per metric) are generated from patchgrid/metrics.py; the
 summaries on top of them are `views.sql`. `published` lists each run's current load (its
@@ -25,7 +25,7 @@ from importlib import resources
 from pathlib import Path
 
 from patchgrid.metrics import METRICS
-from patchgrid.rows import EFFECT, WAREHOUSE_TABLES, sql_type
+from patchgrid.rows.shapes import EFFECT, WAREHOUSE_TABLES, sql_type
 
 from .kinds import SWEEP_KIND
 from .layout import SCHEMA_VERSION, TMP_PREFIX, Layout, stamp

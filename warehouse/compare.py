@@ -16,7 +16,7 @@ needs (two shared, or two on each side) has none (interval NULL).
 from __future__ import annotations
 
 from patchgrid.metrics import METRICS
-from patchgrid.rows import SWEEP_NAMES
+from patchgrid.rows.shapes import SWEEP_NAMES
 
 from .loader import WarehouseError, query
 from .queries import DEFAULT_METRICS

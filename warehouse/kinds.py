@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from patchgrid.rows import RowShape
+from patchgrid.rows.shapes import RowShape
 
 ROW_SHAPES = ("exact", "estimate", "path", "noised", "edge", "circuit", "knockout")
 # A kind's row shape by how the report draws it; every other drawing's rows are exact.

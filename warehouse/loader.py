@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from patchgrid.rows import BASELINE, EFFECT, PAIR, PAIR_IN_WAREHOUSE, RUN, RUN_STATUSES, RowError
+from patchgrid.rows.shapes import BASELINE, EFFECT, PAIR, PAIR_IN_WAREHOUSE, RUN, RUN_STATUSES, RowError
 
 from .catalog import BASE_CONFIG, catalog_is_current, open_snapshot, write_catalog
 from .kinds import SWEEP_KIND, sweep_kind_table

@@ -13,7 +13,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from patchgrid.rows import BASELINE, EFFECT, PAIR_IN_WAREHOUSE, RUN
+from patchgrid.rows.shapes import BASELINE, EFFECT, PAIR_IN_WAREHOUSE, RUN
 
 from .catalog import BASE_CONFIG
 from .layout import SCHEMA_VERSION, Layout, publish_dir, publish_file, stamp

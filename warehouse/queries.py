@@ -3,8 +3,8 @@ Each result names the metric its numbers are on (its `metric` column)."""
 from __future__ import annotations
 
 from patchgrid.metrics import METRICS
-from patchgrid.rows import POSITION_ROLES
-from patchgrid.sites import SITE_KINDS
+from patchgrid.model.sites import SITE_KINDS
+from patchgrid.rows.shapes import POSITION_ROLES
 
 from .loader import query
 

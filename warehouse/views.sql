@@ -222,7 +222,7 @@ SELECT
 FROM paths;
 
 -- Edge attribution (the edges sweep: the rows with an estimate and a receiver). Each row of
--- edge_pair_scores is one pair's score of one edge sender -> receiver (patchgrid.graph's names:
+-- edge_pair_scores is one pair's score of one edge sender -> receiver (patchgrid.methods.graph's names:
 -- senders input, head.L.H, mlp_out.L; receivers q.L.H, k.L.G and v.L.G by key/value head, mlp_in.L,
 -- logits) on `metric` (logprob_diff: log p(clean answer) - log p(corrupt answer), each summed over its
 -- tokens; for one-token answers the logit difference): EAP's or EAP-IG's first-order estimate of

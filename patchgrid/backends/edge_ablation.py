@@ -2,7 +2,7 @@
 `evaluate_graph`), computed the same way by both backends.
 
 The run is the request's own forward (the clean prompt). Every edge sender -> receiver of
-patchgrid.graph outside the circuit is ablated: the receiver reads its stream with that sender's
+patchgrid.methods.graph outside the circuit is ablated: the receiver reads its stream with that sender's
 output replaced by the sender's output in the circuit's source (the corrupt run, or a mean, or
 zeros),
 
@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import torch
 
-from ..graph import EdgeGraph, circuit_keys
+from ..methods.graph import EdgeGraph, circuit_keys
 from ..plan import PlanError, tree_len
 
 

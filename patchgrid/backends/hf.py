@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from ..metrics import Reading, answer_ranks, kl_divergence, logsumexp_rows
+from ..model.sites import QKV, SITES, get_module, parse_key, site_module
 from ..plan import (
     LOGPROBS,
     Result,
@@ -27,7 +28,6 @@ from ..plan import (
     recomputed_heads,
     validate,
 )
-from ..sites import QKV, SITES, get_module, parse_key, site_module
 from .edge_ablation import Layout, check_circuits, cut_by_deltas, delta_bytes
 from .hf_circuit import BatchCircuit
 from .patterns import knocked_out, patched_head
@@ -190,7 +190,7 @@ class HFEngine:
     def _circuit_layout(self, batch):
         """The graph's layout, made on the first batch with a circuit run (None before)."""
         if getattr(self, "_layout", None) is None and any(r.circuit is not None for r, _ in batch):
-            from ..graph import EdgeGraph
+            from ..methods.graph import EdgeGraph
 
             self._layout = Layout(EdgeGraph.of(self.shape), self.device)
         return getattr(self, "_layout", None)

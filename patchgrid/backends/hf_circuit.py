@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import torch
 
-from ..graph import circuit_keys
+from ..methods.graph import circuit_keys
+from ..model.sites import get_module
 from ..plan import tree_rows
-from ..sites import get_module
 from .edge_ablation import Ablation, Abort, head_outputs, receiver_qkv
 
 _BATCHED_KWARGS = ("attention_mask", "position_ids", "position_embeddings")

@@ -20,9 +20,9 @@ from collections import defaultdict
 from contextlib import contextmanager
 from pathlib import Path
 
-from ..collector import cyclic_gc_paused
-from ..graph import circuit_keys
+from ..methods.graph import circuit_keys
 from ..metrics import Reading
+from ..model.sites import SITES, parse_key
 from ..plan import (
     LOGPROBS,
     PlanError,
@@ -35,11 +35,11 @@ from ..plan import (
     to_columns,
     validate,
 )
-from ..sites import SITES, parse_key
-from ..stopping import stopped_for_good
+from ..runtime.collector import cyclic_gc_paused
+from ..runtime.stopping import stopped_for_good
 from .edge_ablation import check_circuits, cut_by_deltas, delta_bytes
 from .vllm_results import call_readings, call_results
-from .vllm_worker.request import request_id
+from .vllm_worker.held import request_id
 
 WORKER_EXTENSION = "patchgrid.backends.vllm_worker.extension.PatchgridWorker"
 # The worker extension reads the V1 model runner's batch layout, as written in these releases

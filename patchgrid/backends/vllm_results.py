@@ -13,8 +13,8 @@ import numpy as np
 import torch
 
 from ..metrics import Reading
+from ..model.tp import merge_rank_captures
 from ..plan import Result, decode_tensor, join_forwards
-from ..tp import merge_rank_captures
 from .vllm_worker.results import decoded
 
 

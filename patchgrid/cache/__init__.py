@@ -33,9 +33,9 @@ The package's modules, one job each:
 - build.py   `load_or_build`: find a sound data set covering a spec, or build one
 """
 from .build import CACHE_VERSION, load_or_build, model_identity, pairs_identity
+from .captures import NOISED, CacheSpec, layer_keys, stream_keys
 from .damage import damage
 from .runs import baseline_row, capture_runs, run_request
-from .spec import NOISED, CacheSpec, layer_keys, stream_keys
 from .store import ActivationCache, ActivationStore, CacheError, MemoryStore
 
 __all__ = [

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from ..models import MANIFEST, settled_sha256, weights_hash
-from ..progress import Progress
-from ..rows import BASELINE
+from ..model.models import MANIFEST, settled_sha256, weights_hash
+from ..rows.shapes import BASELINE
+from ..runtime.progress import Progress
 from .arrow import logprobs_table, record_batch, run_schema, write_table
+from .captures import CacheSpec
 from .damage import damage
 from .runs import capture_runs
-from .spec import CacheSpec
 from .store import ActivationCache
 
 # 2: the manifest holds each file's size and sha256; 3: each run its own keys; 4: answers scored whole

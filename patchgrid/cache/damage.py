@@ -8,7 +8,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from ..models import file_stat, settled_sha256
+from ..model.models import file_stat, settled_sha256
 
 
 def damage(folder: str | Path) -> str | None:

@@ -2,10 +2,10 @@
 engine call, and the baseline rows of the clean and corrupt runs."""
 from __future__ import annotations
 
-from ..effects import reading_columns
 from ..metrics import Reading, kl_divergence
 from ..plan import Noise, Request, trace_seed
-from .spec import NOISED, CacheSpec
+from ..rows.effects import reading_columns
+from .captures import NOISED, CacheSpec
 
 
 def run_request(pair, run: str, spec: CacheSpec, capture=()) -> Request:

@@ -12,8 +12,8 @@ from .arrow import read_ipc, tensor_rows
 
 if TYPE_CHECKING:  # imported where it is used: the light commands import the cache's package and need no torch
     import torch
+from .captures import CacheSpec
 from .runs import capture_runs
-from .spec import CacheSpec
 
 
 class CacheError(ValueError):

@@ -41,7 +41,7 @@ def main(argv=None) -> int:
         return supervise(sys.argv[1:])
     code = 1  # an exception's, unless the command returns or exits
     exit_unfinalized(lambda: code)
-    from ..stopping import process_ends_with_command
+    from ..runtime.stopping import process_ends_with_command
 
     process_ends_with_command()
     try:
@@ -53,12 +53,12 @@ def main(argv=None) -> int:
 
 
 def _main(argv) -> int:
-    from ..console import quiet_engine_logs
+    from ..runtime.console import quiet_engine_logs
     from .parser import build_parser
 
     args = build_parser().parse_args(argv)
     quiet_engine_logs()
-    from ..stopping import Cancelled, cancel_on_signals, one_line, signalled
+    from ..runtime.stopping import Cancelled, cancel_on_signals, one_line, signalled
 
     try:
         with cancel_on_signals():

@@ -7,8 +7,8 @@ from .common import UsageError, tokenizer_of
 
 
 def cmd_attention(args) -> int:
-    from ..attention import check_units, read_patterns, strongest_reads
-    from ..engine import load_engine
+    from ..backends.engine import load_engine
+    from ..methods.attention_patterns import check_units, read_patterns, strongest_reads
     from ..settings import number_list
 
     tokenizer = tokenizer_of(args.model)

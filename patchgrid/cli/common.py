@@ -16,7 +16,7 @@ def parse_positions(text: str | None):
 
 
 def tokenizer_of(model: str):
-    from ..models import prepare
+    from ..model.models import prepare
 
     folder = prepare(model)  # an unknown model is refused before transformers' import (seconds)
     from transformers import AutoTokenizer

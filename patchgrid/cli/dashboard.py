@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ..stopping import Cancelled
+from ..runtime.stopping import Cancelled
 from .common import UsageError
 
 STOP_WAIT_S = 10

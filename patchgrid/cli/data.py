@@ -5,29 +5,29 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
+from ..pipeline.spec import StudySpec, check_sweep_settings_apply
 from ..settings import SpecError
-from ..spec import StudySpec, check_sweep_settings_apply
 from ..sweeps import SweepConfig
 from .common import UsageError
 from .options import settings_from
 
 
 def cmd_models_prepare(args) -> int:
-    from ..models import prepare
+    from ..model.models import prepare
 
     print(prepare(args.name))
     return 0
 
 
 def cmd_pairs_check(args) -> int:
-    from ..engine import load_engine
+    from ..backends.engine import load_engine
     from ..pairs import build_from_source, read_source, summary, write_pairs
 
     if args.require_known and Path(args.pairs).is_file():
         read_source(args.pairs, args.pairs_format)  # a file that cannot be read stops here, before an engine starts
     engine = load_engine(args.model, args.backend) if args.require_known else None
-    from ..console import ProgressBars
-    from ..progress import reporting_to
+    from ..runtime.console import ProgressBars
+    from ..runtime.progress import reporting_to
 
     try:
         with ProgressBars() as bars, reporting_to(bars):  # judging facts, on stderr
@@ -45,11 +45,11 @@ def cmd_pairs_check(args) -> int:
 
 
 def cmd_sweep(args) -> int:
+    from ..backends.engine import load_engine
     from ..cache import load_or_build
-    from ..effects import write_effects
-    from ..engine import load_engine
-    from ..models import prepare
+    from ..model.models import prepare
     from ..pairs import accepted_pairs, read_pairs
+    from ..rows.effects import write_effects
     from ..sweeps import cache_spec, check_family, noised, run_sweeps, subject_noise
     from ..warehouse.loader import check_writable
 
@@ -82,8 +82,8 @@ def cmd_sweep(args) -> int:
             check_family(config, engine.shape.family)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
-        from ..console import ProgressBars
-        from ..progress import reporting_to, stage
+        from ..runtime.console import ProgressBars
+        from ..runtime.progress import reporting_to, stage
 
         with ProgressBars() as bars, reporting_to(bars):  # the cache and the patched runs, on stderr
             cache, built = load_or_build(engine, pairs, cache_spec(config, engine.shape.n_layers, noise_std),
@@ -112,10 +112,10 @@ def load_sweep(args, config: SweepConfig, baselines: list[dict], started, measur
     rejections too), the swept pairs' baselines and the effects file, and its parameters in `runs`;
     a rerun with the same inputs (the same run id) replaces its rows. Returns the run id."""
     from ..cache import model_identity
-    from ..fingerprint import fingerprint
     from ..flows.study import code_version
-    from ..models import prepare
+    from ..model.models import prepare
     from ..pairs import read_pairs
+    from ..pipeline.fingerprint import fingerprint
     from ..settings import recorded
     from ..sweeps import SWEEP_KINDS, settings_of
     from ..warehouse.loader import load_run, start_run

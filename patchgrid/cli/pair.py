@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import sys
 
-from ..console import fixed, format_patch_table, format_paths_table
+from ..runtime.console import fixed, format_patch_table, format_paths_table
 from ..settings import settings_fields
 from ..sweeps import SweepConfig
 from .common import UsageError, parse_positions, tokenizer_of
@@ -17,7 +17,7 @@ PATH_SETTINGS = tuple(f.name for f in settings_fields(SweepConfig) if f.name.sta
 def typed_pair(args):
     """The pair given on the command line, tokenised (answers by the data sets' rule); a warning on
     stderr for each answer that is several tokens."""
-    from ..patching import split_answers, tokenize_pair
+    from ..pipeline.one_pair import split_answers, tokenize_pair
 
     tokenizer = tokenizer_of(args.model)
     pair = tokenize_pair(tokenizer, args.clean, args.corrupt, args.clean_answer, args.corrupt_answer)
@@ -27,8 +27,8 @@ def typed_pair(args):
 
 
 def cmd_patch(args) -> int:
-    from ..engine import load_engine
-    from ..patching import sweep_pair
+    from ..backends.engine import load_engine
+    from ..pipeline.one_pair import sweep_pair
 
     positions = parse_positions(args.position)
     # Everything about the pair is checked before an engine starts.
@@ -46,8 +46,8 @@ def cmd_patch(args) -> int:
 
 
 def cmd_paths(args) -> int:
-    from ..engine import load_engine
-    from ..patching import paths_pair
+    from ..backends.engine import load_engine
+    from ..pipeline.one_pair import paths_pair
 
     pair = typed_pair(args)
     positions = None if args.position == "roles" else parse_positions(args.position)
@@ -72,8 +72,8 @@ def cmd_paths(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from ..engine import load_engine
-    from ..patching import recovery, sweep_pair, tokenize_pair
+    from ..backends.engine import load_engine
+    from ..pipeline.one_pair import recovery, sweep_pair, tokenize_pair
 
     pair = tokenize_pair(tokenizer_of(args.model), **DEMO)
     engine = load_engine(args.model, args.backend)

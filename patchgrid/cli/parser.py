@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import argparse
 
-from ..engine import DTYPES
+from ..backends.engine import DTYPES
 from ..metrics import METRICS
-from ..models import BUILTIN
-from ..rows import SWEEP_NAMES
-from ..serving import DEFAULT_CONCURRENCY_LIMIT, DEFAULT_ON_OVERLAP, ON_OVERLAP
-from ..sites import PATCHABLE
-from ..spec import StudySpec
+from ..model.models import BUILTIN
+from ..model.sites import PATCHABLE
+from ..pipeline.spec import StudySpec
+from ..rows.shapes import SWEEP_NAMES
+from ..runtime.serving import DEFAULT_CONCURRENCY_LIMIT, DEFAULT_ON_OVERLAP, ON_OVERLAP
 from ..sweeps import SweepConfig
 from ..warehouse.compare import MEASURES as COMPARED
 from . import attention, dashboard, data, pair, study, warehouse

@@ -7,8 +7,8 @@ import json
 import sys
 from pathlib import Path
 
-from ..console import ProgressBars, format_rows, one_line_failures, quiet_prefect
-from ..spec import SpecError, StudySpec
+from ..pipeline.spec import SpecError, StudySpec
+from ..runtime.console import ProgressBars, format_rows, one_line_failures, quiet_prefect
 from ..sweeps import SweepConfig
 from .common import UsageError
 from .options import settings_from
@@ -29,7 +29,7 @@ class CommandParser(argparse.ArgumentParser):
         return super().parse_known_args(args, namespace)
 
     def _read_study_file(self, args: list[str]) -> None:
-        from ..studyfile import StudyFileError, read_study_file
+        from ..pipeline.studyfile import StudyFileError, read_study_file
 
         first = argparse.ArgumentParser(add_help=False, exit_on_error=False)
         first.add_argument("--config", dest="config_file")
@@ -47,7 +47,7 @@ class CommandParser(argparse.ArgumentParser):
 
 
 def add_config_option(p) -> None:
-    """--config FILE: a study file (patchgrid.studyfile), read before the rest (CommandParser)."""
+    """--config FILE: a study file (patchgrid.pipeline.studyfile), read before the rest (CommandParser)."""
     p.add_argument("--config", dest="config_file", metavar="FILE", default=None,
                    help="a study file (TOML): settings by name (e.g. limit = 2, sweeps = \"resid,heads\"), the "
                         "defaults of this command; flags given override them; its content is recorded with the run")
@@ -66,7 +66,7 @@ def study_spec(args, **overrides) -> StudySpec:
         spec.check_inputs()
     except SpecError as exc:
         raise UsageError(exc.flag_message) from None
-    from ..models import prepare
+    from ..model.models import prepare
     from ..sweeps.base import check_layers
 
     prepare(spec.model)  # a bad model name fails here, before Prefect starts
@@ -80,7 +80,7 @@ def study_spec(args, **overrides) -> StudySpec:
 
 def _run_study(spec: StudySpec, verbose: bool = False) -> str:
     from ..flows.study import study
-    from ..progress import reporting_to
+    from ..runtime.progress import reporting_to
 
     if not verbose:
         one_line_failures()
@@ -117,7 +117,7 @@ def cmd_study(args) -> int:
     if args.quiet:
         print(run_id)
         return 0
-    from ..summary import study_summary
+    from ..pipeline.summary import study_summary
 
     summary = study_summary(spec.warehouse, run_id)  # read back from the warehouse, read-only
     print(json.dumps(summary, default=str) if args.json else format_summary(summary))
@@ -213,8 +213,8 @@ def cmd_demo_study(args) -> int:
 def _n_layers(model: str) -> int:
     from transformers import AutoConfig
 
-    from ..models import prepare
-    from ..sites import shape_of
+    from ..model.models import prepare
+    from ..model.sites import shape_of
 
     return shape_of(AutoConfig.from_pretrained(prepare(model), trust_remote_code=False)).n_layers
 
@@ -225,7 +225,7 @@ def cmd_serve(args) -> int:
     if args.concurrency_limit < 1:
         raise UsageError(f"--concurrency-limit {args.concurrency_limit}: at least 1 run must be allowed at once")
     quiet_prefect(True)
-    from ..serving import concurrency_limit, local_prefect_server, overlap_line, serve
+    from ..runtime.serving import concurrency_limit, local_prefect_server, overlap_line, serve
 
     # Prefect's ephemeral mode cannot schedule: without a server to talk to, start one on loopback,
     # before Prefect is imported here so that its settings see the server's address.

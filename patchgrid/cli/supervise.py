@@ -5,7 +5,7 @@ terminal's Ctrl-C (SIGINT to the whole foreground process group) reaches the sup
 the child's own children (vLLM's engine core, Prefect's server), which would otherwise die first and
 leave the child's clean-up waiting on them. The first SIGINT, SIGTERM or SIGHUP the supervisor gets
 goes to the child's main process only (SIGHUP as SIGTERM), which stops as a single process does
-(patchgrid.stopping); later ones are ignored, so that the clean-up finishes. A child still running
+(patchgrid.runtime.stopping); later ones are ignored, so that the clean-up finishes. A child still running
 GRACE_S after the signal is killed. Once the child has exited, whatever is left in its session is
 stopped (SIGTERM, then SIGKILL), and the supervisor exits with the child's code (128 + the signal's
 number when a signal ended it). A child whose supervisor dies gets SIGTERM (Linux).

@@ -11,7 +11,7 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
-from ..console import format_rows
+from ..runtime.console import format_rows
 from .common import UsageError
 
 QUERY_FORMATS = ("table", "csv", "json", "parquet")

@@ -4,7 +4,7 @@ read goes through the warehouse's query sandbox (`patchgrid.warehouse.loader.que
 no statement that could change the warehouse or touch another file."""
 from __future__ import annotations
 
-from patchgrid.rows import POSITION_ROLES
+from patchgrid.rows.shapes import POSITION_ROLES
 from patchgrid.warehouse.loader import query
 
 # A cell's identity in the summary views, beside run, sweep, direction and metric.

@@ -2,7 +2,7 @@
 
     read_source(path) -> records -> build_pairs(records, tokenizer, ...) -> rows -> write_pairs(rows, out)
 """
-from ..rows import ROLES
+from ..rows.shapes import ROLES
 from .align import position_roles
 from .build import build_from_source, build_pairs, summary
 from .limit import Limit

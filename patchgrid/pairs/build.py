@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from ..rows import ANSWER_POLICIES
+from ..rows.shapes import ANSWER_POLICIES
 from .align import Rejection
 from .explicit import check_explicit
 from .facts import Fact, fact_of, pair_facts
@@ -67,8 +67,8 @@ def build_from_source(model: str, source: str, fmt: str | None = None, *, seed: 
     records, one row per record)."""
     from transformers import AutoConfig, AutoTokenizer
 
-    from ..models import prepare
-    from ..sites import shape_of
+    from ..model.models import prepare
+    from ..model.sites import shape_of
 
     folder = prepare(model)
     tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)

@@ -9,7 +9,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from itertools import islice
 
-from ..progress import report
+from ..runtime.progress import report
 from .align import Answer, Prompt, Rejection, align, answer_ids, check_fits, check_follows, tokenize_with_subject
 from .known import Scorer, unknown_side
 from .limit import Limit, batches
@@ -62,7 +62,7 @@ def pair_facts(facts: dict[int, Fact], rows, tok, seed: int, engine, require_kno
 
 
 class Judging:
-    """What the caller is told while records are judged (patchgrid.progress): records decided of
+    """What the caller is told while records are judged (patchgrid.runtime.progress): records decided of
     all, and the pairs accepted so far."""
 
     def __init__(self, stage: str, total: int, rows):

@@ -6,8 +6,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..rows import PAIR
-from ..staging import write_parquet
+from ..rows.shapes import PAIR
+from ..rows.staging import write_parquet
 
 SCHEMA = PAIR.schema
 

@@ -13,7 +13,7 @@ A request is one forward pass over `tokens`. It may
   (`reference`, its `LOGPROBS` entry), and return its own (`logprobs`),
 - patch one head's attention pattern from a source (a `pattern` patch: the head's output becomes that
   pattern applied to this run's own values), or block attention edges (`knockout`),
-- run a circuit (`circuit`): every edge outside it (patchgrid.graph) carries its sender's output
+- run a circuit (`circuit`): every edge outside it (patchgrid.methods.graph) carries its sender's output
   from a source instead of this run's (backends.edge_ablation),
 - say where it may start (`start`): when everything below a layer computes exactly what a cached
   run computed, an engine may begin the forward at that layer from the run's stream instead of

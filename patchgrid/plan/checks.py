@@ -2,7 +2,7 @@
 message that names the field."""
 from __future__ import annotations
 
-from ..sites import LAYER_SITES, SITE_KINDS, SITES, ModelShape, parse_key
+from ..model.sites import LAYER_SITES, SITE_KINDS, SITES, ModelShape, parse_key
 from .forwards import tree_len
 from .request import LOGPROBS, Patch, Request
 

@@ -7,7 +7,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING
 
 from ..frozen import frozen
-from ..sites import site_key
+from ..model.sites import site_key
 
 if TYPE_CHECKING:  # torch is imported where it is used: the light commands import the plan and need no torch
     import torch
@@ -60,7 +60,7 @@ class Start:
 
 @frozen
 class Circuit:
-    """An edge-level intervention (patchgrid.graph's edges; backends.edge_ablation computes it): the
+    """An edge-level intervention (patchgrid.methods.graph's edges; backends.edge_ablation computes it): the
     request runs its own tokens, and every edge outside the circuit carries its sender's output from
     `source` instead of this run's; the edges in `kept` (indices into EdgeGraph.edges) carry this
     run's. The source holds each sender's output: resid_pre.0, head.L (z) and mlp_out.L."""

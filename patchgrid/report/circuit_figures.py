@@ -3,7 +3,7 @@
 DRAWN_FAITHFULNESS under the run's first ablation, else the one nearest 5% of the edges."""
 from __future__ import annotations
 
-from . import queries
+from . import reads as queries
 from .edge_matrices import METHOD_NAMES
 from .figures import CircuitDiagram, Curve
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..metrics import METRICS
-from ..rows import POSITION_ROLES as ROLE_ORDER
+from ..rows.shapes import POSITION_ROLES as ROLE_ORDER
 
 # The metric shown first (and the only one for the small multiples): the first of these the run has.
 # logprob_diff: every pair has it (answers of any length), and for one-token answers it equals logit_diff

@@ -3,7 +3,7 @@ blocked from reading, the relative change in p(answer) by layer with its t inter
 and the layer where blocking the group lowers p the most."""
 from __future__ import annotations
 
-from . import queries
+from . import reads as queries
 from .figures import LayerCurve, pairs
 
 METRIC = "p"  # Geva et al.'s measure, the relative change of the answer's probability (the view's on p alone)

@@ -13,7 +13,7 @@ from .circuit_svg import svg_circuit, svg_curve, svg_layer_curve
 from .estimates import TOP_NEURONS, estimate_note
 from .figures import CircuitDiagram, Curve, Heatmap, LayerCurve, Scatter
 from .files import FORMATS, write_figure
-from .queries import latest_completed_run, run_params, runs_by_status
+from .reads import latest_completed_run, run_params, runs_by_status
 from .sections import DRAWINGS, collect
 from .svg import svg_heatmap, svg_scatter
 

@@ -4,7 +4,7 @@ kinds drawn `layer_by_role`, a layer x head panel per position role and site of 
 from __future__ import annotations
 
 from ..metrics import METRICS
-from ..sites import SITE_KINDS
+from ..model.sites import SITE_KINDS
 from .figures import (
     Heatmap,
     cell_counts,

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 from ..metrics import METRICS
 from ..sweeps import SWEEP_KINDS
-from . import estimates, queries
+from . import estimates
+from . import reads as queries
 from .buckets import METRIC as BUCKET_METRIC
 from .buckets import bucket_figures
 from .circuit_figures import circuit_section

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..sites import parse_key
+from ..model.sites import parse_key
 
 CONTINUATION = "continuation"  # the role of a row past the prompt (an answer's input)
 

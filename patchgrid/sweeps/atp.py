@@ -1,5 +1,5 @@
 """Attribution patching: every cell of the screened kinds (denoise) estimated from gradients
-(patchgrid.attribution), then per pair, site and scope the top K cells by the estimate and R sampled from
+(patchgrid.methods.attribution), then per pair, site and scope the top K cells by the estimate and R sampled from
 the rest patched exactly; one row per screened cell."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import zlib
 from collections import defaultdict
 
 from ..cache import CacheSpec
-from ..effects import cell_columns, effect_row
+from ..rows.effects import cell_columns, effect_row
 from .base import Cell, SweepContext, SweepKind, baselines
 
 
@@ -28,7 +28,7 @@ class AtpSweep(SweepKind):
 
     name, drawing = "atp", "atp"
     # Every atp row's metric, whatever the pair's answers: the AtP objective, the log-probability
-    # difference of the answers each summed over its tokens (patchgrid.attribution), which for
+    # difference of the answers each summed over its tokens (patchgrid.methods.attribution), which for
     # one-token answers equals the logit difference. One name for every pair, so that atp_summary
     # and effect_summary on it cover the same pairs.
     metric = "logprob_diff"
@@ -55,7 +55,7 @@ class AtpSweep(SweepKind):
     def prepare(self, ctx, run):
         """The estimates, on the run's attributor: an Attributor, or the options of one on the engine's
         model (attributor_for's device and dtype; none given: float32, on a GPU when there is one)."""
-        from ..attribution import attributor_for
+        from ..methods.attribution import attributor_for
 
         given = run.attributor
         attributor = attributor_for(run.engine, **(given or {})) if given is None or isinstance(given, dict) else given

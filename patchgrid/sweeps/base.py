@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..cache import NOISED, CacheSpec
-from ..effects import PairRows, reading_from
 from ..frozen import frozen
 from ..metrics import METRICS, Reading, reads_of
 from ..plan import Request, Start, latest_start, replaced
+from ..rows.effects import PairRows, reading_from
 from ..settings import SpecError
 from .populations import ACCEPTED_PAIRS, Population
 
@@ -101,7 +101,7 @@ class SweepRun:
     pairs: list
     store: object  # an ActivationCache or a MemoryStore
     noise_std: float | None = None  # the noise std given for the pairs' whole data set (run_sweeps)
-    attributor: object = None  # what gradients are taken on (patchgrid.attribution); None: the default
+    attributor: object = None  # what gradients are taken on (patchgrid.methods.attribution); None: the default
     # engine calls over runs, each result handed to `read`; not counted as the grid's progress
     run: Callable[[list[Run], Read, SweepContext], None] | None = None
 
@@ -109,8 +109,8 @@ class SweepRun:
 class SweepKind:
     name: str
     metric = "logit_diff"  # the headline metric (an effect row's `effect` and `recovery`)
-    # How the report draws the kind's rows (patchgrid.report): layer_by_role (a heatmap of layer x
-    # position role), layer_by_head, trace_buckets, paths, atp, or none (not drawn: a cell per neuron)
+    # How the report draws the kind's rows: a name of patchgrid.report.sections.DRAWINGS, or none (not
+    # drawn: a cell per neuron)
     drawing = "layer_by_role"
     # The SweepConfig fields the kind reads beyond the common ones (settings_of): what a run
     # records only when one of its kinds reads it
@@ -300,3 +300,8 @@ def scored(pair) -> dict:
     """What every run of a pair reads: both answers' first tokens at the last prompt position, and
     both answers scored whole after it."""
     return dict(answers=pair.answers, continuations=pair.continuations)
+
+
+def trace_window(layer: int, window: int, n_layers: int) -> range:
+    """Meng et al.'s window: `window` layers centred on `layer`, cut at the model's ends."""
+    return range(max(0, layer - window // 2), min(n_layers, layer - (-window // 2)))

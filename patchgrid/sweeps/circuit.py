@@ -1,6 +1,6 @@
 """Circuits judged by faithfulness, as MIB's circuit track judges them (its `evaluate_graph` and
 `evaluate_area_under_curve`): from the run's edge scores (the edges kind, which runs first), the
-circuits of each size in `circuit_sizes` (percent of the graph's edges; patchgrid.circuits builds
+circuits of each size in `circuit_sizes` (percent of the graph's edges; patchgrid.methods.circuits builds
 them by `circuit_build`), each run on the engine for every pair as a circuit run (plan.Circuit,
 backends.edge_ablation): the clean prompt, every edge outside the circuit carrying its sender's
 value from the corrupt run (`ablation` patching), the data set's mean at that position role
@@ -23,10 +23,10 @@ circuit views average these (circuit_curve, circuit_score). The edges kind's row
 from __future__ import annotations
 
 from ..cache import CacheSpec
-from ..circuits import circuit_size, edge_order
-from ..effects import PairRows
-from ..graph import EdgeGraph, circuit_keys, unsplittable
+from ..methods.circuits import circuit_size, edge_order
+from ..methods.graph import EdgeGraph, circuit_keys, unsplittable
 from ..plan import Circuit, Request
+from ..rows.effects import PairRows
 from .base import Cell, SweepKind, baselines, scored, source_name
 
 

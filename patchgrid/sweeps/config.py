@@ -4,14 +4,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..metrics import METRICS
+from ..model.sites import QKV
 from ..pairs.known import TRACE_FACTS
-from ..rows import DIRECTIONS
+from ..rows.shapes import DIRECTIONS
 from ..settings import SpecError, at_least, normalise_and_check, not_negative, number_list, percent_list, setting
-from ..sites import QKV
-from .paths import PATH_MLPS, check_ends
-from .registry import SWEEP_KINDS
+from .path_ends import PATH_MLPS, check_ends
+from .registered import SWEEP_KINDS
 
-SWEEPS = tuple(SWEEP_KINDS)
 DEFAULT_SWEEPS = ("resid", "attn_out", "mlp_out", "heads")
 HEAD_POSITION_ROLES = ("subject_last", "last")
 # heads and neurons: every position at once plus the head_position_roles' positions, or each
@@ -22,10 +21,10 @@ TRACE_NOISE_SCALE = 3.0  # times the std of the subjects' embeddings over the da
 ATP_KINDS = ("resid", "attn_out", "mlp_out", "heads", "neurons", "qkv")  # what the atp sweep can screen
 DEFAULT_ATP_KINDS = ("resid", "attn_out", "mlp_out", "heads")
 ATP_CORRECTIONS = ("none", "graddrop")
-EDGE_METHODS = ("eap", "eap-ig")  # patchgrid.edge_attribution.METHODS
+EDGE_METHODS = ("eap", "eap-ig")  # patchgrid.methods.edge_attribution.METHODS
 EDGE_POSITIONS = ("summed", "each")  # edges summed over the prompt's positions (MIB's), or one per position
 CIRCUIT_SIZES = (0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0)  # MIB's, in percent of the graph's edges
-CIRCUIT_BUILDS = ("topn", "greedy")  # patchgrid.circuits
+CIRCUIT_BUILDS = ("topn", "greedy")  # patchgrid.methods.circuits
 ABLATIONS = ("patching", "mean", "zero")  # rows.ABLATIONS
 
 
@@ -151,5 +150,3 @@ def check_sweep_needs(config) -> None:
             if order.index(need) > order.index(name):
                 raise SpecError("sweeps", f"{{name}}: {need} must come before {name}, which builds on it")
 
-
-DEFAULT_PATHS = SweepConfig()  # the paths sweep's defaults (path_*)

@@ -1,5 +1,5 @@
-"""Edge attribution: every edge of the model's graph (patchgrid.graph) scored for every pair by EAP
-or EAP-IG (patchgrid.edge_attribution), from gradients on the run's attributor; one row per pair
+"""Edge attribution: every edge of the model's graph (patchgrid.methods.graph) scored for every pair by EAP
+or EAP-IG (patchgrid.methods.edge_attribution), from gradients on the run's attributor; one row per pair
 and edge (per pair, edge and position with edge_positions `each`). Then, per pair, the
 `verify_top` edges with the largest |score| and `verify_random` sampled from the rest (seeded by
 the study's seed and the pair) are patched exactly on the engine by path patching (the paths
@@ -22,10 +22,10 @@ import random
 import zlib
 
 from ..cache import CacheSpec, layer_keys, stream_keys
-from ..effects import effect_row
-from ..graph import INPUT, unsplittable
+from ..methods.graph import INPUT, unsplittable
 from ..metrics import Reading
-from ..sites import LOGITS
+from ..model.sites import LOGITS
+from ..rows.effects import effect_row
 from .base import Cell, SweepKind, as_runs, baselines
 
 
@@ -79,8 +79,8 @@ class EdgeSweep(SweepKind):
     def prepare(self, ctx, run):
         """Every pair's edge scores on the run's attributor (atp's: an Attributor, or the options of
         one on the engine's model); the edges patched exactly, and their first pass."""
-        from ..attribution import attributor_for
-        from ..edge_attribution import edge_scorer_for
+        from ..methods.attribution import attributor_for
+        from ..methods.edge_attribution import edge_scorer_for
 
         given = run.attributor
         attributor = attributor_for(run.engine, **(given or {})) if given is None or isinstance(given, dict) else given
@@ -165,7 +165,7 @@ class EdgeSweep(SweepKind):
         got = ctx.prepared_by(self.name)
         if got is not None and got["verify"]:
             return len(got["verify"][pair.pair_id])
-        from ..graph import EdgeGraph
+        from ..methods.graph import EdgeGraph
 
         graph = EdgeGraph(ctx.n_layers, ctx.n_heads, ctx.n_kv_heads or ctx.n_heads, False)
         per = len(pair.corrupt_ids) if ctx.config.edge_positions == "each" else 1

@@ -16,10 +16,9 @@ from __future__ import annotations
 
 from ..cache import CacheSpec, stream_keys
 from ..plan import Knockout, Request
-from ..rows import KNOCKOUT_GROUPS
-from .base import Cell, SweepKind, grid_layers, scored
+from ..rows.shapes import KNOCKOUT_GROUPS
+from .base import Cell, SweepKind, grid_layers, scored, trace_window
 from .populations import TRACED_FACTS
-from .trace import trace_window
 
 
 def group_positions(pair, group: str) -> tuple[int, ...]:

@@ -29,7 +29,7 @@ def _embedding_weight(folder: Path) -> torch.Tensor:
     from safetensors import safe_open
     from transformers import AutoConfig
 
-    from ..sites import family_of
+    from ..model.sites import family_of
 
     config = AutoConfig.from_pretrained(folder)
     family = family_of(config.model_type)

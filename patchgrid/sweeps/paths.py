@@ -37,13 +37,11 @@ import dataclasses
 
 from ..cache import CacheSpec, layer_keys, stream_keys
 from ..metrics import Reading
+from ..model.sites import LOGITS, parse_unit_name, site_key, unit_name
 from ..plan import Patch, Request
-from ..sites import LOGITS, QKV, parse_unit_name, site_key, unit_name
 from .base import Cell, SweepKind, as_runs, baselines, grid_layers, scored, unit_positions
+from .path_ends import SENDER_KINDS
 
-SENDER_SITES = ("head", "attn_out", "mlp_out")
-SENDER_KINDS = {"heads": "head", "attn_out": "attn_out", "mlp_out": "mlp_out"}  # every one of a site
-PATH_MLPS = ("frozen", "recomputed")  # frozen: direct paths only; recomputed: Wang et al.'s full procedure
 FIRST = "path:"  # the run name prefix of a sender's first pass (its captures are pass 2's sources)
 MLP_IN = "mlp_in"  # a receiver `mlp_in.L`: layer L's MLP reading the stream (the edges sweep's exact confirmation)
 
@@ -64,35 +62,6 @@ def receiver_patch(receiver: str, source: str, positions) -> Patch:
         return Patch("neuron", int(receiver.split(".")[1]), source, positions)
     site, layer, unit = parse_unit_name(receiver)
     return Patch(site, layer, source, positions, unit)
-
-
-def check_ends(senders, receivers, inputs, mlps) -> None:
-    """Refuse a malformed path setting, naming it (layer and head ranges are checked against the
-    model when the grid is built)."""
-    for s in senders:
-        if s not in SENDER_KINDS:
-            site = _parsed(s, "path sender")[0]
-            if site not in SENDER_SITES:
-                raise ValueError(f"path sender {s!r}: a sender is a head (head.L.H), attn_out.L or mlp_out.L, "
-                                 f"or every one of them: {', '.join(SENDER_KINDS)}")
-    for r in receivers:
-        if r not in (LOGITS, "heads") and _parsed(r, "path receiver")[0] != "head":
-            raise ValueError(f"path receiver {r!r}: use logits, heads (every head of a later layer) or head.L.H")
-    bad = [x for x in inputs if x not in QKV]
-    if bad or not inputs:
-        raise ValueError(f"path input {bad[0] if bad else '(none)'!r}: use some of {', '.join(QKV)}")
-    if not senders or not receivers:
-        raise ValueError("path patching needs at least one sender and one receiver")
-    if mlps not in PATH_MLPS:
-        raise ValueError(f"path_mlps {mlps!r}: use one of {', '.join(PATH_MLPS)}")
-
-
-def _parsed(text, what):
-    try:
-        return parse_unit_name(text)
-    except ValueError:
-        raise ValueError(f"{what} {text!r}: expected a site's layer and head, e.g. head.3.2, or attn_out.3, "
-                         "mlp_out.3") from None
 
 
 class PathSweep(SweepKind):

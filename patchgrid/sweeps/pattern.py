@@ -11,8 +11,8 @@ the patched runs read them from there (ctx.derived).
 from __future__ import annotations
 
 from ..cache import CacheSpec
+from ..model.sites import site_key
 from ..plan import Request
-from ..sites import site_key
 from .base import grid_layers
 from .units import UnitSweep
 

@@ -103,8 +103,8 @@ def nothing_to_run(population: Population, table, pairs: str, warehouse: str, ru
     and rejected by reason (most first), with the run's sweep `config` what its rule left out
     (trace_facts: trace_left_out), the likely fixes, and the query that reads the run's
     rejections (the flow loads its pairs table before it stops)."""
-    from ..console import shell_command
     from ..pairs import summary
+    from ..runtime.console import shell_command
 
     counts = summary(table.select(["status", "reason"]).to_pylist())
     accepted = counts.get(("accepted", None), 0)

@@ -7,7 +7,7 @@ rows.SWEEP_NAMES (the effect rows' closed set of sweeps).
 """
 from __future__ import annotations
 
-from ..rows import SWEEP_NAMES
+from ..rows.shapes import SWEEP_NAMES
 from .atp import AtpSweep
 from .base import SweepKind
 from .circuit import CircuitSweep
@@ -17,10 +17,10 @@ from .paths import PathSweep
 from .pattern import PatternSweep
 from .populations import POPULATIONS, Population
 from .position import PositionSweep
+from .registered import SWEEP_KINDS
 from .trace import TraceSweep
 from .units import UnitSweep
 
-SWEEP_KINDS: dict[str, SweepKind] = {}
 SWEEP_KINDS.update((kind.name, kind) for kind in (
     PositionSweep("resid", both_directions=True),
     PositionSweep("resid_pre"),

@@ -8,10 +8,10 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 
 from ..cache import CacheError, CacheSpec
-from ..collector import cyclic_gc_paused
-from ..graph import circuit_keys
+from ..methods.graph import circuit_keys
 from ..metrics import METRICS
 from ..plan import LOGPROBS, Request
+from ..runtime.collector import cyclic_gc_paused
 from .ablated import AblatedSources
 from .base import Cell, SweepContext, SweepKind, SweepRun, as_runs, baselines
 from .config import SweepConfig
@@ -134,7 +134,7 @@ def run_sweeps(engine, pairs, store, config: SweepConfig, progress: Progress | N
     store: the pairs' cached activations and baselines (an ActivationCache or a MemoryStore).
     noise_std: the trace noise scale, when `pairs` is one shard of a larger data set whose
     subjects set it; by default it is computed over `pairs`.
-    attributor: what the atp sweep takes its gradients on (patchgrid.attribution): an Attributor, or
+    attributor: what the atp sweep takes its gradients on (patchgrid.methods.attribution): an Attributor, or
     the options of one on the engine's model (attributor_for's `device` and `dtype`: a ShardSpec's
     `attribution`, StudySpec.attribution_options()); by default float32, on a GPU when there is one.
     """

@@ -8,16 +8,11 @@ import dataclasses
 from collections import defaultdict
 
 from ..cache import CacheSpec, layer_keys, stream_keys
-from ..effects import effect_row
 from ..metrics import Reading
 from ..plan import Noise, Patch, Request, trace_seed
-from .base import Cell, SweepKind, baselines, every_position, grid_layers, scored
+from ..rows.effects import effect_row
+from .base import Cell, SweepKind, baselines, every_position, grid_layers, scored, trace_window
 from .populations import TRACED_FACTS
-
-
-def trace_window(layer: int, window: int, n_layers: int) -> range:
-    """Meng et al.'s window: `window` layers centred on `layer`, cut at the model's ends."""
-    return range(max(0, layer - window // 2), min(n_layers, layer - (-window // 2)))
 
 
 def trace_noise_std(store, pairs, scale: float) -> float:

@@ -10,8 +10,8 @@ neuron), at every position at once and at chosen roles' positions, or at each po
 from __future__ import annotations
 
 from ..cache import CacheSpec, layer_keys, stream_keys
+from ..model.sites import SITES
 from ..plan import Patch, Request
-from ..sites import SITES
 from .base import Cell, SweepKind, grid_layers, scored, unit_positions
 
 

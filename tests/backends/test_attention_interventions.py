@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from patchgrid.backends.patterns import attend, blocked_keys, pattern_rows
+from patchgrid.model.sites import get_module, site_module
 from patchgrid.plan import Knockout, Patch, PlanError, Request
-from patchgrid.sites import get_module, site_module
 from tests.support.backends import assert_results_close, reading_logprobs
 
 CLEAN = tuple(range(21, 45))

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from patchgrid.backends.edge_ablation import check_circuits
-from patchgrid.graph import EdgeGraph, circuit_keys
+from patchgrid.methods.graph import EdgeGraph, circuit_keys
+from patchgrid.model.sites import FAMILIES, ModelShape
 from patchgrid.plan import Circuit, Patch, PlanError, Request
-from patchgrid.sites import FAMILIES, ModelShape
 from tests.support.engines import TINY, needs_vllm
 from tests.support.pairs import shipped_pairs
 from tests.test_attribution import _metric, _model64

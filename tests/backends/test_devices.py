@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 import torch
 
+from patchgrid.backends.vllm_worker.held import plan_index, request_id
 from patchgrid.backends.vllm_worker.hooks import put
-from patchgrid.backends.vllm_worker.request import plan_index, request_id
 from patchgrid.backends.vllm_worker.session import Session as _Session
-from patchgrid.models import prepare
+from patchgrid.model.models import prepare
+from patchgrid.model.sites import LLAMA
 from patchgrid.plan import Noise, Patch, Request, Start, encode_tensor, forwards, to_columns
-from patchgrid.sites import LLAMA
 from tests.support.engines import needs_vllm
 
 CLEAN = (21, 7, 143, 88, 301, 12, 9, 40)
@@ -50,7 +50,7 @@ def test_a_vllm_request_id_names_its_call_and_plan():
 def test_every_write_of_a_step_is_on_the_activations_device():
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from patchgrid.sites import shape_of
+    from patchgrid.model.sites import shape_of
 
     folder = prepare("tiny-llama")
     shape = shape_of(AutoConfig.from_pretrained(folder))
@@ -103,7 +103,7 @@ def test_a_request_whose_length_is_not_its_plans_or_of_no_plan_in_a_started_call
     request's, and in a call that starts mid-stack every request is one of the call's, starting there."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from patchgrid.sites import shape_of
+    from patchgrid.model.sites import shape_of
 
     folder = prepare("tiny-llama")
     shape = shape_of(AutoConfig.from_pretrained(folder))

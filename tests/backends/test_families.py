@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from patchgrid.backends.engine import load_engine
 from patchgrid.cache import stream_keys
-from patchgrid.engine import load_engine
+from patchgrid.model.sites import shape_of
 from patchgrid.plan import LOGPROBS, Noise, Patch, PlanError, Request
-from patchgrid.sites import shape_of
 from tests.support.backends import (
     all_keys,
     assert_patterns_close,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from patchgrid.models import prepare
+from patchgrid.model.models import prepare
 from patchgrid.plan import Request
 from tests.support.engines import needs_vllm
 
@@ -100,7 +100,7 @@ def test_hf_reads_float32_logits_of_a_bf16_model(engines, smol_request, smol_hf_
 def _vllm_final_rows(vl, norm: str, request) -> torch.Tensor:
     """vLLM's own final-norm output [rows, d_model] over the one forward of `request` (its prompt, then
     its continuation but the last token), hooked in the in-process engine while it runs."""
-    from patchgrid.sites import get_module
+    from patchgrid.model.sites import get_module
 
     assert vl._inprocess
     seen = []

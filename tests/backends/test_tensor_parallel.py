@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from patchgrid.cache import stream_keys
+from patchgrid.model.tp import head_owner, heads_per_rank, merge_rank_captures, rank_z_columns, unit_owner
 from patchgrid.plan import LOGPROBS, Request
-from patchgrid.tp import head_owner, heads_per_rank, merge_rank_captures, rank_z_columns, unit_owner
 from tests.support.backends import all_keys, assert_results_close, effect_spread, every_site_requests, starting
 from tests.support.engines import needs_vllm
 

@@ -82,7 +82,7 @@ def test_hooks_removed_and_unpatched_run_is_bitwise_baseline(pair_of_engines):
 def test_a_neuron_patch_writes_one_column_of_the_down_projection_input(pair_of_engines):
     """Against a plain transformers forward whose hook writes the column itself: the neuron site is
     the down projection's input, one column per neuron."""
-    from patchgrid.sites import get_module
+    from patchgrid.model.sites import get_module
 
     hf, vl = pair_of_engines
     layer, neuron, pos = hf.shape.n_layers - 2, 11, len(CORRUPT) - 1

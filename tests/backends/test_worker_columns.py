@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from patchgrid.backends.vllm_worker.columns import Columns, entries
-from patchgrid.backends.vllm_worker.request import Sources
+from patchgrid.backends.vllm_worker.held import Sources
 from patchgrid.backends.vllm_worker.results import CallResults
 from patchgrid.backends.vllm_worker.session import site_widths
 from patchgrid.plan import Noise, Patch, Request, Start, encode_tensor, forwards, to_columns

@@ -147,8 +147,8 @@ def test_study_with_the_edges_sweep_fills_the_warehouse_the_summary_and_the_repo
     """Every edge of every pair scored, the strongest and a sample patched exactly on vLLM, the
     strongest edges printed, the agreement and the matrix in the report; circuits built from the
     scores, run on vLLM, their CPR and CMD printed, their curve and diagram in the report."""
-    from patchgrid.graph import EdgeGraph
-    from patchgrid.sites import shape_of
+    from patchgrid.methods.graph import EdgeGraph
+    from patchgrid.model.sites import shape_of
 
     wh = tmp_path / "w.duckdb"
     res = cli("study", "--model", "tiny-llama", "--pairs", str(DATA), "--limit", "2", "--no-require-known",
@@ -159,7 +159,7 @@ def test_study_with_the_edges_sweep_fills_the_warehouse_the_summary_and_the_repo
     assert "circuits (circuit_score, MIB's figures over 2 sizes, on logprob_diff, 2 pairs" in res.stdout
     from transformers import AutoConfig
 
-    from patchgrid.models import prepare
+    from patchgrid.model.models import prepare
 
     n_edges = len(EdgeGraph.of(shape_of(AutoConfig.from_pretrained(prepare("tiny-llama")))).edges)
     (rows,) = query(wh, "SELECT count(*), count(DISTINCT pair_id), count(verify), count(effect) FROM effects "

@@ -16,7 +16,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from patchgrid.spec import StudySpec
+from patchgrid.pipeline.spec import StudySpec
 from tests.support.engines import needs_vllm
 from tests.support.pairs import DATA
 from tests.support.processes import tables
@@ -113,7 +113,7 @@ def _effects(warehouse: Path) -> tuple[list, dict]:
 
 
 def test_actors_ask_for_gpus_and_see_only_their_own(cluster):
-    from patchgrid.cluster import RayEngines
+    from patchgrid.backends.cluster import RayEngines
 
     c, _ = cluster
     with RayEngines("run-devices", "tiny-llama", "0" * 64, "vllm", "test", workers=3, address=c.address,
@@ -151,8 +151,8 @@ def test_a_stuck_call_times_out_and_a_failed_engine_is_replaced(cluster, tmp_pat
     from ray import cloudpickle
 
     import tests.flows.test_ray as this
-    from patchgrid.cluster import RayEngines
-    from patchgrid.engine import using_engine
+    from patchgrid.backends.cluster import RayEngines
+    from patchgrid.backends.engine import using_engine
 
     cloudpickle.register_pickle_by_value(this)  # the works below cross to the actors by value
     c, _ = cluster
@@ -186,7 +186,7 @@ def test_tensor_parallel_engines_serve_every_stage(cluster, prefect_api, tmp_pat
     (two ranks, two GPUs per actor): the same pairs and the numbers of one rank within float32's
     reordered sums."""
     from patchgrid.flows.study import study
-    from patchgrid.progress import reporting_to
+    from patchgrid.runtime.progress import reporting_to
 
     c, _ = cluster
     study(StudySpec.of(warehouse=str(tmp_path / "one.duckdb"), workdir=str(tmp_path / "one"), **TP))
@@ -296,7 +296,7 @@ def test_a_study_on_the_cluster_survives_a_failed_engine_a_killed_actor_and_a_de
     the actors; the faults cost only the shards they hit."""
     import transformers
 
-    import patchgrid.engine as engine_module
+    import patchgrid.backends.engine as engine_module
     from patchgrid.flows.study import study
 
     def refuse(*args, **kwargs):
@@ -329,8 +329,8 @@ def test_a_sigterm_cancels_a_study_on_ray_and_leaves_no_actor(cluster, prefect_a
     study's own handler stays, so a SIGTERM mid-study (what Slurm and Kubernetes send) cancels it, the run is
     recorded as cancelled, not failed, and its actors are killed."""
     from patchgrid.flows.study import study
-    from patchgrid.progress import reporting_to
-    from patchgrid.stopping import Cancelled
+    from patchgrid.runtime.progress import reporting_to
+    from patchgrid.runtime.stopping import Cancelled
     from patchgrid.warehouse.loader import query
 
     c, _ = cluster

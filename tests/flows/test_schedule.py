@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from patchgrid.serving import overlap_line
+from patchgrid.runtime.serving import overlap_line
 from tests.support.engines import needs_vllm
 from tests.support.pairs import DATA
 from tests.support.prefect_server import free_port

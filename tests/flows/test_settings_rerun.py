@@ -16,8 +16,8 @@ import shutil
 
 import pytest
 
+from patchgrid.pipeline.spec import StudySpec
 from patchgrid.settings import settings_fields
-from patchgrid.spec import StudySpec
 from patchgrid.sweeps import SweepConfig
 from patchgrid.warehouse.loader import query
 from tests.support.pairs import DATA

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from patchgrid.metrics import METRICS
-from patchgrid.spec import StudySpec
+from patchgrid.pipeline.spec import StudySpec
 from patchgrid.sweeps import SweepConfig, count_runs
 from patchgrid.warehouse.loader import query
 from tests.support.engines import needs_vllm

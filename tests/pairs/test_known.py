@@ -91,7 +91,7 @@ TINY_FACTS = [("France", "Paris"), ("Germany", "Berlin"), ("Japan", "Lima"), ("I
 def test_full_answers_are_judged_by_their_whole_log_probability(tmp_path, engines, tokenizers):
     from transformers import AutoModelForCausalLM
 
-    from patchgrid.models import prepare
+    from patchgrid.model.models import prepare
 
     tok = tokenizers("tiny-llama")
     engine = CountingEngine(engines.get("tiny-llama", "hf", dtype="float32"))

@@ -7,7 +7,7 @@ import pytest
 
 from patchgrid.pairs import Limit, accepted_pairs, build_pairs, read_source, traced_facts
 from patchgrid.pairs.limit import FIRST_BATCH, batches
-from patchgrid.progress import reporting_to
+from patchgrid.runtime.progress import reporting_to
 from tests.support.known import known_facts
 from tests.support.pairs import write_jsonl
 

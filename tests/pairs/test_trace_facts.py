@@ -8,10 +8,10 @@ import pytest
 
 from patchgrid.pairs import build_pairs, read_source, to_table
 from patchgrid.pairs.known import TRACE_FACTS, trace_rejection
+from patchgrid.pipeline.spec import StudySpec
 from patchgrid.plan import Request
-from patchgrid.rows import REASONS
+from patchgrid.rows.shapes import REASONS
 from patchgrid.settings import SpecError
-from patchgrid.spec import StudySpec
 from patchgrid.sweeps.config import SweepConfig
 from patchgrid.sweeps.populations import TRACED_FACTS, nothing_to_run, trace_left_out
 from tests.support.pairs import DATA

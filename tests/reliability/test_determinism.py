@@ -4,8 +4,8 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+from patchgrid.backends.engine import load_engine
 from patchgrid.cache import load_or_build
-from patchgrid.engine import load_engine
 from patchgrid.sweeps import SweepConfig, cache_spec, run_sweeps
 from tests.support.engines import needs_vllm
 from tests.support.pairs import noise_std_for, shipped_pairs

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from patchgrid.spec import StudySpec
+from patchgrid.pipeline.spec import StudySpec
 from patchgrid.warehouse.loader import query
 from tests.support.engines import needs_vllm
 from tests.support.pairs import DATA
@@ -39,7 +39,7 @@ class DyingEngine:
 
 
 def test_engine_death_is_retried_with_a_fresh_engine(prefect_api, tmp_path, monkeypatch):
-    import patchgrid.engine as engine_module
+    import patchgrid.backends.engine as engine_module
     from patchgrid.flows.study import study
 
     real = engine_module.load_engine
@@ -74,7 +74,7 @@ def test_a_killed_engine_core_fails_the_waiting_call_instead_of_hanging():
     import threading
     import time
 
-    from patchgrid.engine import load_engine
+    from patchgrid.backends.engine import load_engine
     from patchgrid.plan import Request
 
     engine = load_engine("tiny-llama", "vllm", multiprocess=True)

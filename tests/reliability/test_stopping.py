@@ -85,7 +85,7 @@ def test_ctrl_c_at_a_terminal_mid_sweep_stops_within_10s_cancelled_and_leaves_no
 def test_a_signal_decides_how_the_run_ended_even_when_its_exception_is_replaced(monkeypatch):
     """Prefect's engine, interrupted while it sets up a task, raises its own ValueError in place of
     the Cancelled the signal raised (seen in CI): the run is still cancelled, not failed."""
-    from patchgrid import stopping
+    from patchgrid.runtime import stopping
 
     monkeypatch.setattr(stopping, "_received", [])
     assert stopping.signalled() is None
@@ -104,7 +104,7 @@ def test_a_signal_decides_how_the_run_ended_even_when_its_exception_is_replaced(
 
 def test_a_stop_is_remembered_until_the_next_study_in_the_same_process(monkeypatch):
     """In a notebook a study interrupted once must not make the next one's failures read as cancelled."""
-    from patchgrid import stopping
+    from patchgrid.runtime import stopping
 
     monkeypatch.setattr(stopping, "_received", [])
     with pytest.raises(stopping.Cancelled):
@@ -126,7 +126,7 @@ def _library_handler(signum, frame):
 def test_a_library_that_sets_its_own_sigterm_handler_does_not_take_the_studys(monkeypatch):
     """ray.init, called inside a study's cancel_on_signals block (a study on Ray), sets a SIGTERM handler
     that calls sys.exit: after handlers_kept the block's handler is back, and a SIGTERM still cancels."""
-    from patchgrid import stopping
+    from patchgrid.runtime import stopping
 
     monkeypatch.setattr(stopping, "_received", [])
     with pytest.raises(stopping.Cancelled):
@@ -141,7 +141,7 @@ def test_a_library_that_sets_its_own_sigterm_handler_does_not_take_the_studys(mo
 
 
 def test_a_sigterm_the_librarys_handler_took_inside_the_block_still_cancels(monkeypatch):
-    from patchgrid import stopping
+    from patchgrid.runtime import stopping
 
     monkeypatch.setattr(stopping, "_received", [])
     with pytest.raises(stopping.Cancelled):
@@ -155,7 +155,7 @@ def test_a_sigterm_the_librarys_handler_took_inside_the_block_still_cancels(monk
 
 def test_a_default_handler_is_left_to_the_library():
     """Outside a study (a notebook's own Ray) the library's handler stays: nothing of ours to put back."""
-    from patchgrid import stopping
+    from patchgrid.runtime import stopping
 
     before = signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:

@@ -4,8 +4,8 @@ import dataclasses
 
 import torch
 
+from patchgrid.model.sites import site_key
 from patchgrid.plan import Knockout, Noise, Patch, Request, Start, latest_start
-from patchgrid.sites import site_key
 
 TOL = 1e-4
 

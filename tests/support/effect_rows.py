@@ -1,4 +1,4 @@
-"""Synthetic effect rows in today's shape, made by `patchgrid.effects.effect_row` from
+"""Synthetic effect rows in today's shape, made by `patchgrid.rows.effects.effect_row` from
 `patchgrid.metrics.Reading`s, so that warehouse and report tests follow the one definition of a
 row (which metrics it carries, which run an effect is measured from)."""
 from __future__ import annotations
@@ -7,9 +7,9 @@ from dataclasses import fields
 
 import pyarrow.parquet as pq
 
-from patchgrid.effects import effect_row, write_effects
 from patchgrid.metrics import METRICS, Reading
 from patchgrid.pairs.pair import Pair
+from patchgrid.rows.effects import effect_row, write_effects
 from patchgrid.sweeps import Cell
 
 # A pair's two baselines on every metric: the clean run knows its answer (kl 0, rank 0), the

@@ -18,7 +18,7 @@ needs_vllm = pytest.mark.skipif(not HAVE_VLLM, reason="vLLM is not installed (ma
 
 # At most this many vLLM engines live at once in a test session (each holds its weights and a KV
 # cache): the one used least recently is closed to make room, and started again if a later test
-# needs it (patchgrid.engine.EnginePool). Hugging Face engines are not bounded.
+# needs it (patchgrid.backends.engine.EnginePool). Hugging Face engines are not bounded.
 MAX_LIVE = {"vllm": 3}
 
 

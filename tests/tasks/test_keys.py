@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from patchgrid.engine import EnginePool
-from patchgrid.spec import StudySpec
+from patchgrid.backends.engine import EnginePool
+from patchgrid.pipeline.spec import StudySpec
 from patchgrid.tasks.cache import cache_inputs
 from patchgrid.tasks.keys import engine_inputs, keyed_by
 from patchgrid.tasks.pairs import pairing_inputs

@@ -10,8 +10,8 @@ import pytest
 import torch
 from scipy import stats
 
-from patchgrid.circuits import circuit_size, edge_order
-from patchgrid.graph import EdgeGraph
+from patchgrid.methods.circuits import circuit_size, edge_order
+from patchgrid.methods.graph import EdgeGraph
 from patchgrid.sweeps import SweepConfig
 from patchgrid.sweeps.base import Cell, SweepContext, baselines
 from patchgrid.sweeps.circuit import CircuitSweep

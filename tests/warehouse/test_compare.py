@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 import patchgrid
-from patchgrid.effects import write_effects
 from patchgrid.pairs import to_table as pairs_table
+from patchgrid.rows.effects import write_effects
 from patchgrid.warehouse.compare import CELL, compare
 from patchgrid.warehouse.loader import WarehouseError, load_run, query, start_run
 from tests.support.effect_rows import make_pair, row

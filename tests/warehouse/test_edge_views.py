@@ -10,8 +10,8 @@ import pytest
 import torch
 from scipy import stats
 
-from patchgrid.graph import EdgeGraph
-from patchgrid.sites import FAMILIES, ModelShape
+from patchgrid.methods.graph import EdgeGraph
+from patchgrid.model.sites import FAMILIES, ModelShape
 from patchgrid.sweeps import SweepConfig
 from patchgrid.sweeps.base import SweepContext
 from patchgrid.sweeps.edges import EdgeSweep

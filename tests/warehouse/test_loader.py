@@ -9,8 +9,8 @@ import statistics
 import duckdb
 import pytest
 
-from patchgrid.effects import write_effects
 from patchgrid.pairs import to_table as pairs_table
+from patchgrid.rows.effects import write_effects
 from patchgrid.warehouse.layout import Layout
 from patchgrid.warehouse.loader import SCHEMA_VERSION, WarehouseError, ensure, load_run, query, start_run
 from tests.support.effect_rows import CLEAN, CORRUPT, baseline, make_pair, row, shifted
@@ -311,7 +311,7 @@ def _old_shaped_load(wh, run_id: str, seed=0) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from patchgrid.rows import EFFECT, PAIR_IN_WAREHOUSE
+    from patchgrid.rows.shapes import EFFECT, PAIR_IN_WAREHOUSE
     from patchgrid.warehouse.layout import publish_dir, stamp
     from patchgrid.warehouse.loader import finish_run
 

@@ -200,7 +200,7 @@ def test_path_matrix(study):
     cols, rows = path_matrix(wh, "r")
     got = [dict(zip(cols, r)) for r in rows]
     assert {g["metric"] for g in got} == {"logprob_diff"}  # the default: every pair has it
-    from patchgrid.rows import POSITION_ROLES
+    from patchgrid.rows.shapes import POSITION_ROLES
 
     roles = [g["position_role"] for g in got]  # every role, in the pairs' order, `all` last
     assert roles == sorted(roles, key=POSITION_ROLES.index) and set(roles) == {"last", "all"}

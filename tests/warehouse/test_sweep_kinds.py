@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from patchgrid.effects import write_effects
 from patchgrid.pairs import to_table as pairs_table
+from patchgrid.rows.effects import write_effects
 from patchgrid.sweeps import SWEEP_KINDS
 from patchgrid.warehouse.kinds import DRAWING_SHAPES, ROW_SHAPES, row_shape
 from patchgrid.warehouse.layout import Layout

@@ -9,9 +9,9 @@ import statistics
 
 import pytest
 
-from patchgrid.effects import write_effects
 from patchgrid.pairs import to_table as pairs_table
 from patchgrid.pairs.align import position_roles, tokenize_with_subject
+from patchgrid.rows.effects import write_effects
 from patchgrid.warehouse.loader import load_run, query, start_run
 from tests.support.effect_rows import CLEAN, CORRUPT, make_pair, row, shifted
 

@@ -8,9 +8,9 @@ import statistics
 
 import pytest
 
-from patchgrid.effects import write_effects
 from patchgrid.metrics import METRICS, MIN_SPAN, Reading, recovery
 from patchgrid.pairs import to_table as pairs_table
+from patchgrid.rows.effects import write_effects
 from patchgrid.warehouse.loader import load_run, query, start_run
 from tests.support.effect_rows import CLEAN, CORRUPT, between, make_pair, row, shifted, write_and_read_back
 

@@ -56,7 +56,7 @@ CREATE TABLE IF NOT EXISTS effects (
     pair_id            VARCHAR NOT NULL,
     relation           VARCHAR,           -- copied from pairs, so summaries need no join
     sweep              VARCHAR NOT NULL,  -- a sweep kind (patchgrid.sweeps.SWEEP_KINDS)
-    site               VARCHAR NOT NULL,  -- a site kind (patchgrid.sites.SITES)
+    site               VARCHAR NOT NULL,  -- a site kind (patchgrid.model.sites.SITES)
     direction          VARCHAR NOT NULL,  -- denoise | noise
     layer              INTEGER,
     position           INTEGER,

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from ...graph import EdgeGraph, circuit_keys
-from ...sites import get_module
+from ...methods.graph import EdgeGraph, circuit_keys
+from ...model.sites import get_module
 from ..edge_ablation import Ablation, Abort, Layout, head_outputs, receiver_qkv
 from .hooks import ForwardHook
 

@@ -8,7 +8,7 @@ each patch's and start's rows in the stacked sources (request.Sources), which te
 holds a head or neuron, and the KL references' order.
 
 What few plans hold beyond these (noise, captures, circuits, pattern patches, knockouts, top_k,
-log-probabilities) is a request.Request each, `special[k]`, which the step and the readout visit
+log-probabilities) is a held.HeldRequest each, `special[k]`, which the step and the readout visit
 one by one.
 
     n_prompt, n_tokens  [plans]  the prompt's length (patches and noise address its positions), and the
@@ -35,10 +35,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...model.sites import SITES, parse_key
+from ...model.tp import units_per_rank
 from ...plan import decode_array
-from ...sites import SITES, parse_key
-from ...tp import units_per_rank
-from .request import Request, Sources
+from .held import HeldRequest, Sources
 
 
 class Columns:
@@ -60,7 +60,7 @@ class Columns:
             missing = names[int(a["reference"][(a["reference"] >= 0) & (self.reference < 0)][0])]
             raise RuntimeError(f"patchgrid worker: KL reference {missing!r} holds no log-probabilities in this call")
         first_row = _first_rows(sources, names, keys)
-        self.special = {int(k): Request(plan, sources, widths, dtype, k=int(k)) for k, plan in wired["special"]}
+        self.special = {int(k): HeldRequest(plan, sources, widths, dtype, k=int(k)) for k, plan in wired["special"]}
         self.is_special = np.zeros(n, dtype=bool)
         self.is_special[list(self.special)] = True
 

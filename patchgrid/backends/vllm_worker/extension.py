@@ -5,7 +5,7 @@ V1 model runner. Everything crosses as plain data (msgpack in multiprocess mode)
 """
 from __future__ import annotations
 
-from ...sites import FAMILIES, get_module
+from ...model.sites import FAMILIES, get_module
 from .hooks import Wrapped
 from .kernels import use_cpu_kernels
 from .midstack import current_start_layer, start_by

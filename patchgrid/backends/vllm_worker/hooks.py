@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from ...sites import QKV, SITES, get_module, parse_key, site_key, site_module
+from ...model.sites import QKV, SITES, get_module, parse_key, site_key, site_module
 from ..patterns import knocked_out, patched_head, pattern_rows
 
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from ...model.sites import Family, get_module
 from ...plan import stream_key
-from ...sites import Family, get_module
 from .hooks import put, unbatched
 
 

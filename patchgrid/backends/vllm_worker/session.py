@@ -11,16 +11,16 @@ from __future__ import annotations
 import numpy as np
 
 from ...metrics import KlReference
+from ...model.sites import SITES, Family, get_module
+from ...model.tp import units_per_rank
 from ...plan import LOGPROBS, decode_tensor, to_columns
-from ...sites import SITES, Family, get_module
-from ...tp import units_per_rank
 from ..unembed import Scratch
 from .circuit import CircuitHooks
 from .columns import Columns
+from .held import Sources, plan_indices
 from .hooks import SiteHooks
 from .midstack import MidstackStart
 from .readout import LogitsReadout, PendingReads
-from .request import Sources, plan_indices
 from .results import CallResults
 from .step import Step, plan_step
 

@@ -8,7 +8,7 @@ per site, so each hook does one indexed copy: their patches are selected from th
 (columns.Columns) in a few array operations for the whole step, and each site key's values gathered
 once (from the stacked sources, request.Sources); so are the rows the readout reads and the start
 stream. Only the requests that hold more (noise, captures, circuits, recomputed heads:
-request.Request) are visited one by one. Everything is put together on the CPU and moved to the
+held.HeldRequest) are visited one by one. Everything is put together on the CPU and moved to the
 activations' device once per step: on a GPU the values are gathered into pinned memory and copied
 without blocking (`staged`).
 """
@@ -17,10 +17,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ...model.sites import SITES, parse_key
 from ...plan import stream_key
-from ...sites import SITES, parse_key
 from .columns import Columns, entries
-from .request import Request, Sources
+from .held import HeldRequest, Sources
 
 _NONE = np.zeros(0, dtype=np.int64)
 
@@ -39,7 +39,7 @@ class Step:
         self.read_plans = self.read_first = self.read_count = _NONE
         self.read_rows = None
         self.done = _NONE  # the plans whose last position is in this step
-        self.done_special: list[Request] = []  # those of them that hold more (columns.Columns.special)
+        self.done_special: list[HeldRequest] = []  # those of them that hold more (columns.Columns.special)
         # circuit runs: [(request, first row, first position, end position)], and once the circuit
         # hooks have begun the step, [(rows, edge_ablation.Ablation, source values)] (circuit.CircuitHooks)
         self.circuit_rows: list[tuple] = []
@@ -158,7 +158,7 @@ def _patch_writes(step: Step, columns: Columns, plans, pos0, pos1, shift, source
 
 
 def _add_special(step: Step, columns: Columns, plans, row0, pos0, pos1, done) -> None:
-    """What the step's requests that hold more (request.Request) add: noise at the positions it
+    """What the step's requests that hold more (held.HeldRequest) add: noise at the positions it
     computes, their circuit and recomputed heads' rows, their captures' buffers; and those that finish."""
     noise = []
     for i in np.flatnonzero(columns.is_special[plans]).tolist():

@@ -8,12 +8,13 @@ import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from .engine import BACKENDS, DEFAULT_BACKEND
-from .models import DEFAULT_MODEL
-from .pairs.pair import Pair
-from .pairs.sources import FORMATS
-from .rows import ANSWER_POLICIES
-from .settings import (
+from ..backends.engine import BACKENDS, DEFAULT_BACKEND
+from ..model.models import DEFAULT_MODEL
+from ..pairs.pair import Pair
+from ..pairs.shipped import SHIPPED_PAIRS
+from ..pairs.sources import FORMATS
+from ..rows.shapes import ANSWER_POLICIES
+from ..settings import (
     SpecError,
     above_zero,
     at_least,
@@ -25,14 +26,13 @@ from .settings import (
     setting,
     settings_fields,
 )
-from .shipped import SHIPPED_PAIRS
-from .sweeps import SweepConfig
+from ..sweeps import SweepConfig
 
 RUNNERS = ("local", "ray")
 VLLM_SIZES = ("gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens")  # the vLLM engine's, by name
 RUN_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 DEVICE = re.compile(r"^(cpu|cuda(:[0-9]+)?)$")
-ATP_DTYPES = ("float32", "bfloat16", "float16")  # the gradient model's (patchgrid.attribution)
+ATP_DTYPES = ("float32", "bfloat16", "float16")  # the gradient model's (patchgrid.methods.attribution)
 LABEL_LENGTH = 200  # a run's name (--name), at most
 
 
@@ -56,7 +56,7 @@ def check_sweep_settings_apply(config: SweepConfig, study=None) -> None:
     """A setting that only some sweep kinds read (their `settings`: the sweeps' own, and the study's
     where `study` is given) and that differs from its default is refused when none of those kinds
     runs: it would change nothing; so is an ablation none of them takes."""
-    from .sweeps import SWEEP_KINDS, settings_of
+    from ..sweeps import SWEEP_KINDS, settings_of
 
     holders = [(f, config) for f in settings_fields(SweepConfig)]
     holders += [(f, study) for f in settings_fields(type(study))] if study is not None else []
@@ -194,7 +194,7 @@ class StudySpec:
         return self._recorded(noted=False)
 
     def _recorded(self, noted: bool) -> dict:
-        from .sweeps import settings_of
+        from ..sweeps import settings_of
 
         return {**recorded(self, set(), noted=noted),
                 **recorded(self.sweep, set(settings_of(self.sweeps)), noted=noted)}
@@ -209,7 +209,7 @@ class StudySpec:
         return {**tp, **{name: getattr(self, name) for name in VLLM_SIZES if getattr(self, name) is not None}}
 
     def attribution_options(self) -> dict:
-        """The gradient model's device and dtype (patchgrid.attribution.attributor_for's options)."""
+        """The gradient model's device and dtype (patchgrid.methods.attribution.attributor_for's options)."""
         return {"device": self.atp_device, "dtype": self.atp_dtype}
 
     def with_run_id(self, run_id: str) -> StudySpec:
@@ -219,14 +219,14 @@ class StudySpec:
         """What can be checked on this machine before any work starts: the data set exists, the
         warehouse can be written (a missing folder of it is made by its first write, not here:
         a study refused later leaves no file), the runner's packages are there."""
-        from .warehouse.loader import check_writable
+        from ..warehouse.loader import check_writable
 
         source = Path(self.pairs)
         is_hub_name = self.pairs.count("/") == 1 and not self.pairs.startswith((".", "/", "~"))
         if not source.exists() and not is_hub_name:
             raise SpecError("pairs", f"{self.pairs}: no such file (nor a hub data-set name owner/name)")
         if source.is_file():
-            from .pairs import read_source
+            from ..pairs import read_source
 
             read_source(self.pairs, self.pairs_format)  # a file that cannot be read stops here, naming its line
         check_writable(self.warehouse)  # one not there yet is left unmade: its first write makes it, folders too

@@ -14,10 +14,10 @@ whose answers take several forwards (plan.forwards) is the sum of each forward's
 positions, which every forward shares.
 
 q, k and v are the tensors attention reads (after the rotary embedding and q/k norms: what the
-engine patches), handed over by a tap on each layer's attention (patchgrid.qkfix's attention
+engine patches), handed over by a tap on each layer's attention (patchgrid.methods.qkfix's attention
 implementations: transformers' sdpa, or the model's eager attention where scores are soft-capped,
 GPT-J's `_attn`), which computes attention as the model does. Queries and keys are estimated with
-AtP*'s QK fix (Kramár et al. 2024, arXiv 2403.00745, section 3.1.1; patchgrid.qkfix): the head's
+AtP*'s QK fix (Kramár et al. 2024, arXiv 2403.00745, section 3.1.1; patchgrid.methods.qkfix): the head's
 attention pattern recomputed exactly with the clean query (key), linear only from the pattern on,
 dM/dA read from the gradient at z; their plain AtP (linear through the softmax) is returned beside
 it (`plain`), and `qk_fix=False` takes it as the estimate. v lies after the softmax: linear, as AtP.
@@ -45,14 +45,14 @@ from pathlib import Path
 
 import torch
 
-from .plan import Request, forwards
+from ..model.sites import QKV, SITES, ModelShape, get_module, parse_key, site_key, site_module
+from ..plan import Request, forwards
 from .qkfix import ATTENTION, ATTENTION_EAGER, TAP, Scores, qk_estimates, register_attention, tap_attention_method
-from .sites import QKV, SITES, ModelShape, get_module, parse_key, site_key, site_module
 
 ATP_SITES = ("resid", "attn_out", "mlp_out", "head", "neuron", "q", "k", "v")
 BATCH_PAIRS = 16  # pairs of one prompt length per gradient batch (the memory plan sizes its activations by it)
 CORRECTIONS = ("none", "graddrop")
-QK_FIXED = ("q", "k")  # the sites AtP*'s QK fix estimates (patchgrid.qkfix)
+QK_FIXED = ("q", "k")  # the sites AtP*'s QK fix estimates (patchgrid.methods.qkfix)
 class _Gate(torch.autograd.Function):
     """The identity, whose backward passes no gradient while its layer is the one dropped (GradDrop)."""
 

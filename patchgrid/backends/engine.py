@@ -10,14 +10,14 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
-from .models import prepare
-from .plan import Request, Result
-from .sites import ModelShape, shape_of
+from ..model.models import prepare
+from ..model.sites import ModelShape, shape_of
+from ..plan import Request, Result
 
 if TYPE_CHECKING:  # the command line starts without torch (seconds of its start-up)
     import torch
 
-    from .metrics import Reading
+    from ..metrics import Reading
 
 BACKENDS = ("vllm", "hf")
 DEFAULT_BACKEND = "vllm"
@@ -62,10 +62,10 @@ def load_engine(model: str, backend: str = DEFAULT_BACKEND, *, dtype: str = "aut
         # run the dtype the checkpoint says.
         dtype = model_dtype(config)
     if backend == "hf":
-        from .backends.hf import HFEngine
+        from .hf import HFEngine
 
         return HFEngine(folder, shape, dtype=dtype, **options)
-    from .backends.vllm import VllmEngine
+    from .vllm import VllmEngine
 
     return VllmEngine(folder, shape, dtype=dtype, **options)
 
@@ -145,7 +145,7 @@ class EnginePool:
 
 class Engines:
     """Where a study's model work runs: `run(work)` calls `work(engine)` on an engine of the study's
-    model and returns its result. LocalEngines runs it in this process; patchgrid.cluster.RayEngines
+    model and returns its result. LocalEngines runs it in this process; patchgrid.backends.cluster.RayEngines
     in the next free engine actor of a Ray cluster. `provenance`: a file to record which engine ran
     it in (JSON)."""
 

@@ -1,7 +1,7 @@
 """Circuits from edge scores, as MIB's circuit track builds them (the EAP-IG code's `Graph.apply_topn`
 and `apply_greedy`), and what a circuit of a given size is.
 
-A circuit of n edges is the first n of an order over the graph's edges (patchgrid.graph), built from
+A circuit of n edges is the first n of an order over the graph's edges (patchgrid.methods.graph), built from
 one score per edge (the mean over the run's pairs of each pair's score):
 
     topn    by |score|, largest first (ties: the graph's order);

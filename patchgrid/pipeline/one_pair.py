@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import metrics
-from .cache import MemoryStore
-from .metrics import METRICS
-from .pairs.align import Answer, Rejection, answer_tokens, check_follows, position_roles
-from .pairs.pair import Pair
-from .sites import PATCHABLE
-from .sweeps import SweepConfig, cache_spec, kind_for_site, run_sweeps
+from .. import metrics
+from ..cache import MemoryStore
+from ..metrics import METRICS
+from ..model.sites import PATCHABLE
+from ..pairs.align import Answer, Rejection, answer_tokens, check_follows, position_roles
+from ..pairs.pair import Pair
+from ..sweeps import SweepConfig, cache_spec, kind_for_site, run_sweeps
 
 
 class PairError(ValueError):

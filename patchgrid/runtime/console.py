@@ -46,7 +46,7 @@ def one_line_failures() -> None:
 
 
 class ProgressBars:
-    """A study's progress (patchgrid.progress's listener): one tqdm bar on stderr per stage, the
+    """A study's progress (patchgrid.runtime.progress's listener): one tqdm bar on stderr per stage, the
     stage's name its description; a stage that starts closes the one before. On a terminal the bar
     redraws in place; elsewhere (a log, a test reading stderr) it is a line every few seconds, and
     at each stage's start and end. Use it as a context manager: the last bar is closed on exit."""

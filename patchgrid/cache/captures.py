@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..model.sites import site_key
 from ..plan import stream_key
-from ..sites import site_key
 
 NOISED = "noised."  # run names noised.0, noised.1, ...: causal tracing's noised runs, one per sample
 

@@ -1,10 +1,10 @@
 """The atp memory plan: before any model loads, what a study whose sweeps include `atp` (or `edges`,
-whose gradient batch is planned as patchgrid.edge_attribution cuts it) needs on its
+whose gradient batch is planned as patchgrid.methods.edge_attribution cuts it) needs on its
 engine's GPU, and the engine options that make it fit.
 
 On one GPU sit the vLLM engine (its weights, vLLM's own working memory and the KV cache, all within
 `gpu_memory_utilization` of the GPU's memory) and, unless `atp_device` puts it elsewhere, the
-gradient model of patchgrid.attribution (its weights in `atp_dtype`, and one gradient batch's
+gradient model of patchgrid.methods.attribution (its weights in `atp_dtype`, and one gradient batch's
 activations). The plan lowers the engine's fraction to leave the gradient model room where the
 engine still keeps its weights and a KV cache of one full-length sequence; otherwise it stops with
 one line giving the numbers and the settings that would fit.
@@ -23,8 +23,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .attribution import BATCH_PAIRS
-from .settings import SpecError
+from ..methods.attribution import BATCH_PAIRS
+from ..settings import SpecError
 
 if TYPE_CHECKING:
     from .spec import StudySpec
@@ -139,7 +139,7 @@ def memory_plan(spec: StudySpec, device_memory: int | None, *, config=None, weig
     if config is None:
         from transformers import AutoConfig
 
-        from .models import prepare
+        from ..model.models import prepare
 
         folder = prepare(spec.model)
         config = AutoConfig.from_pretrained(folder, trust_remote_code=False)
@@ -155,7 +155,7 @@ def memory_plan(spec: StudySpec, device_memory: int | None, *, config=None, weig
 def plan_for(spec: StudySpec, config, device_memory: int | None, *, params: int, weight_bytes: int,
              seq_len: int) -> Plan:
     """The plan from the figures memory_plan gathers."""
-    from .sites import shape_of
+    from ..model.sites import shape_of
 
     shape = shape_of(config)
     tp = spec.tensor_parallel_size
@@ -251,9 +251,9 @@ def activation_bytes(shape, kinds, dtype: str, seqs: int, tokens: int, config=No
 
 def edge_bytes(shape, spec, seqs: int, tokens: int, config=None) -> int:
     """The edges sweep's gradient batch: its forward's graph (as activation_bytes, no site held) and the
-    senders' outputs and receivers' gradients of its pairs (patchgrid.edge_attribution's batch)."""
-    from .edge_attribution import edge_batch_pairs, edge_tensor_bytes
-    from .graph import EdgeGraph
+    senders' outputs and receivers' gradients of its pairs (patchgrid.methods.edge_attribution's batch)."""
+    from ..methods.edge_attribution import edge_batch_pairs, edge_tensor_bytes
+    from ..methods.graph import EdgeGraph
 
     graph = EdgeGraph(shape.n_layers, shape.n_heads, shape.kv_heads, shape.family.mlp_norm is None)
     each = spec.sweep.edge_positions == "each"
@@ -275,7 +275,7 @@ def data_set_tokens(spec: StudySpec, folder: Path) -> int:
     longest prompt and its longest answer, in the model's tokens (PLAN_TOKENS for one with no prompts)."""
     from transformers import AutoTokenizer
 
-    from .pairs import read_source
+    from ..pairs import read_source
 
     _, records = read_source(spec.pairs, spec.pairs_format)
     tok = AutoTokenizer.from_pretrained(folder)
@@ -292,7 +292,7 @@ def data_set_tokens(spec: StudySpec, folder: Path) -> int:
 
 
 def _config_dtype(config) -> str:
-    from .engine import model_dtype
+    from ..backends.engine import model_dtype
 
     dtype = model_dtype(config)
     return dtype if dtype in DTYPE_BYTES else "float32"

@@ -7,7 +7,7 @@ once per call (`pg_begin`); each vLLM request's id names its plan (`request_id`)
 forward shares one SamplingParams. The values the plans patch in are the call's sources, held in
 the worker and named by the plan: a plan names the rows of the stacked sources (`Sources`) each
 patch reads, and the step gathers every value of a site key in one index (step.plan_step). What every
-plan holds is read into the call's columns (columns.Columns); a `Request` here is a forward that
+plan holds is read into the call's columns (columns.Columns); a `HeldRequest` here is a forward that
 holds more (noise, captures, a circuit, pattern patches, a knockout, top_k or log-probabilities).
 """
 from __future__ import annotations
@@ -15,8 +15,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ...model.sites import parse_key, site_key
 from ...plan import LOGPROBS, Forward, Noise, WirePlan, decode_tensor, encode_tensor, gaussian_noise, tree_rows
-from ...sites import parse_key, site_key
 
 
 def request_id(call: int, k: int) -> str:
@@ -77,7 +77,7 @@ def tree(n_tokens: int, n_prompt: int, branch: int) -> list[int]:
     return tree_rows(Forward((0,) * n_tokens, (), branch, True), n_prompt)
 
 
-class Request:
+class HeldRequest:
     """A forward (a vLLM request, plan.forwards) that holds more than the call's columns
     (columns.Columns): noise, captures, a circuit, pattern patches, a knockout, top_k or
     log-probabilities; and what it gathers of those across scheduler steps."""

@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-from .sites import LOGITS, ModelShape, site_key
+from ..model.sites import LOGITS, ModelShape, site_key
 
 INPUT = "input"
 RECEIVER_INPUTS = ("q", "k", "v", "mlp_in", LOGITS)  # what a receiver's name starts with

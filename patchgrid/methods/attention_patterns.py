@@ -4,8 +4,8 @@ each query position's weights over the key positions, as the model's attention c
 transformers computes attention)."""
 from __future__ import annotations
 
-from .plan import Request
-from .sites import site_key
+from ..model.sites import site_key
+from ..plan import Request
 
 
 def check_units(what: str, asked, count: int) -> list[int]:

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from .metrics import Reading, recovery
-from .rows import EFFECT
-from .sites import unit_name
+from ..metrics import Reading, recovery
+from ..model.sites import unit_name
+from .shapes import EFFECT
 from .staging import write_parquet
 
 SCHEMA = EFFECT.schema

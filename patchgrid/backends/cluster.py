@@ -28,8 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..runtime.stopping import handlers_kept
 from .engine import Engines
-from .stopping import handlers_kept
 
 NAMESPACE = "patchgrid"
 # The lines a local Ray that a study starts itself keeps small: no dashboard, a small object store.

@@ -40,7 +40,7 @@ def serve(flow, *, name: str, **deployment) -> None:
     """Serve `flow` as the deployment `name` (Runner.add_flow's keywords: cron, parameters, concurrency_limit)
     from this process, as Flow.serve does, until the first SIGINT or SIGTERM. Either first sends SIGTERM to every
     flow run this process started (each stops as a study does, recorded cancelled; the runner waits for them),
-    then goes to the handler the signal had before (patchgrid.stopping's, under the CLI: Cancelled, raised
+    then goes to the handler the signal had before (patchgrid.runtime.stopping's, under the CLI: Cancelled, raised
     here). Prefect's own SIGTERM handler would stop the runner without stopping its runs, and exit 0."""
     from prefect.runner import Runner
 

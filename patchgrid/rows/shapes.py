@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .metrics import METRICS
-from .sites import SITE_KINDS
+from ..metrics import METRICS
+from ..model.sites import SITE_KINDS
 
 # Meng et al.'s token roles, plus `before_subject` for tokens that precede the subject (their
 # plots leave those out; averaging them into `further` would dilute it with zeros).

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .console import shell_command
-from .warehouse.loader import query
+from ..runtime.console import shell_command
+from ..warehouse.loader import query
 
 STRONGEST_PER_SWEEP = 3  # cells shown for each sweep
 

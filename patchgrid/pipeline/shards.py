@@ -3,14 +3,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .cache import ActivationCache
-from .effects import write_effects
+from ..cache import ActivationCache
+from ..rows.effects import write_effects
+from ..rows.shapes import BASELINE
+from ..rows.staging import write_parquet
+from ..runtime.progress import Progress
+from ..sweeps import SweepConfig, run_sweeps
 from .fingerprint import fingerprint
-from .progress import Progress
-from .rows import BASELINE
 from .spec import ShardSpec
-from .staging import write_parquet
-from .sweeps import SweepConfig, run_sweeps
 
 
 def split(pairs, size: int, cache_folder: str, sweeps: SweepConfig, noise_std: float, out_dir: Path, *,

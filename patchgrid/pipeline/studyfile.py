@@ -11,9 +11,9 @@ import dataclasses
 import difflib
 from pathlib import Path
 
-from .settings import SpecError, checked, flag_of, is_list, scalar_type, settings_fields
+from ..settings import SpecError, checked, flag_of, is_list, scalar_type, settings_fields
+from ..sweeps import SweepConfig
 from .spec import StudySpec
-from .sweeps import SweepConfig
 
 CLASSES = (StudySpec, SweepConfig)
 NOT_IN_A_FILE = ("config",)  # the file's own content, recorded from it

@@ -1,4 +1,4 @@
-"""Edge attribution patching on the graph of patchgrid.graph: every edge of a pair scored from
+"""Edge attribution patching on the graph of patchgrid.methods.graph: every edge of a pair scored from
 gradients on plain transformers (vLLM has no backward pass), by EAP or EAP-IG.
 
 EAP (Syed et al. 2023, arXiv 2310.10348) scores an edge u -> v as
@@ -22,7 +22,7 @@ k = 0 .. steps - 1, as the EAP-IG code does: its first point is the corrupt run,
 EAP-IG is EAP. The default of 30 steps is the EAP-IG code's (`get_scores_eap_ig`).
 
 M is the log-probability difference of the clean and corrupt answers, each summed over its tokens
-(patchgrid.attribution's objective; for one-token answers the logit difference). Edges are position-
+(patchgrid.methods.attribution's objective; for one-token answers the logit difference). Edges are position-
 agnostic by default (summed over the prompt's positions, as MIB's); `per_position` keeps each
 position's term. Answers of several tokens: every forward of a pair adds its gradient over the
 prompt's positions, which every forward shares.
@@ -33,9 +33,9 @@ from collections import defaultdict
 
 import torch
 
+from ..model.sites import site_key, site_module
+from ..plan import Request, forwards
 from .graph import EdgeGraph
-from .plan import Request, forwards
-from .sites import site_key, site_module
 
 METHODS = ("eap", "eap-ig")
 IG_STEPS = 30  # the EAP-IG code's default (get_scores_eap_ig)
@@ -60,7 +60,7 @@ def edge_batch_pairs(graph: EdgeGraph, d_model: int, tokens: int, most: int, per
 
 
 class EdgeScorer:
-    """EAP and EAP-IG edge scores on an Attributor's model (patchgrid.attribution: its taps on q, k
+    """EAP and EAP-IG edge scores on an Attributor's model (patchgrid.methods.attribution: its taps on q, k
     and v, its clean and corrupt forwards)."""
 
     def __init__(self, attributor):

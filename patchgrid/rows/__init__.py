@@ -1,0 +1,2 @@
+"""What a study writes: every row shape (pairs, baselines, effects), effect rows from readings,
+Parquet files written whole."""
