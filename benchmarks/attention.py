@@ -1,4 +1,4 @@
-"""The attention sweeps on vLLM (issue 33): pattern patching and attention knockout against the plain
+"""The attention sweeps on vLLM: pattern patching and attention knockout against the plain
 head sweep on the same facts, on smollm2-135m, in one process on one engine.
 
   heads     the heads sweep: each head's clean output (z) patched into the corrupt run, layer x head,

@@ -1,6 +1,6 @@
 """How long a fully cached rerun of a study takes against a model folder of a few GB, with the
 weights' fingerprint record and the cache's recorded stats, and without them (every weight file and
-every cache file hashed again, as before they were recorded).
+every cache file hashed again, as when no record exists).
 
 Builds a llama-family model folder of seeded random float32 weights (tiny-llama's tokenizer, wide
 layers: about 2.4 GB in 1 GB safetensors shards; no patchgrid-model.json, so its weights are hashed

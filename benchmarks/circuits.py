@@ -1,4 +1,4 @@
-"""Edges and circuits on smollm2-135m and the shipped IOI set (issue 32): every edge scored by EAP
+"""Edges and circuits on smollm2-135m and the shipped IOI set: every edge scored by EAP
 and EAP-IG, the strongest and a random sample confirmed exactly on vLLM, circuits judged by
 faithfulness at MIB's ten sizes, against exhaustive exact edge patching of the same pairs.
 

@@ -8,9 +8,8 @@ kernel (`weight_packed_linear`, sgl-kernel's, which vLLM uses for weights of at 
 A started step of the benchmarks' grids holds about 700 to 1,100 rows (each engine call holds the
 runs of one start layer), an every-layer step about 5,000 to 7,000. Where a kernel takes as long
 on one core as on all of them, it ran on one: on a 2-core machine with AMX, in bf16, oneDNN runs
-qkv and down at a started step's size on one core (docs/benchmarks.md, issue 31's fourteenth
-session). Random weights and inputs; each figure the quickest of `--repeats` passes over the
-layers' weights, in microseconds a call.
+qkv and down at a started step's size on one core (docs/benchmarks.md). Random weights and inputs;
+each figure the quickest of `--repeats` passes over the layers' weights, in microseconds a call.
 
     .venv/bin/python benchmarks/cpu_linears.py [--model smollm2-135m] [--dtype bfloat16|float16|float32]
         [--rows 726,1065,5262] [--repeats 3]

@@ -8,14 +8,14 @@
 
 All four run in this process on the same sweep, in the model's own dtype or in float32 on a CPU
 without bf16 units (benchmarks/machine.bench_dtype; --dtype); the figures that matter are the ratios.
-Targets: skip >= 2.0x hf-batch (issue 31); full >= 1.0x hf-batch; skip >= 10x hf-loop. Beside each figure, its
+Targets: skip >= 2.0x hf-batch; full >= 1.0x hf-batch; skip >= 10x hf-loop. Beside each figure, its
 agreement with a Hugging Face float32 reference (benchmarks/agreement.py: top-1, total variation,
 largest metric difference; supported, degraded or wrong) on a sample of the same pairs' patched runs.
 
     .venv/bin/python benchmarks/engine_throughput.py [--model smollm2-135m] [--dtype ...] [--repeats 3]
         [--loop-runs 500]
 
-Its defaults finish in about 10 minutes on a 2-core machine (issue 31; in float32, 15 min 41 s with
+Its defaults finish in about 10 minutes on a 2-core machine (in float32, 15 min 41 s with
 5 repeats and the loop over all 3,120 runs).
 """
 from __future__ import annotations

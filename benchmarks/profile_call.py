@@ -4,7 +4,7 @@ planning, patchgrid's hooks, patchgrid's readout and the sweep code around the e
 same tokens as a plain vLLM prefill, split the same way.
 
 On a model whose matrix work is negligible (tiny-llama, the default) what is left is the per-request
-work that decides the speed on a GPU with a large model (issue 31).
+work that decides the speed on a GPU with a large model.
 
 How the split is made: cProfile records, per function, the time spent in its own code and, per
 caller, how much of that came from each caller. Each function's own time goes to the part its file

@@ -18,7 +18,7 @@ the plain prefill timed after it, lowest to highest, and the quickest full sweep
 plain prefill: on shared cores other work only ever adds time, so these show how far it moved the
 figure. The model runs in its
 own dtype, or in float32 on a CPU without bf16 units (benchmarks/machine.bench_dtype; --dtype).
-Targets (issue 31): intervention overhead (full / plain) <= 1.15 on tiny-llama; skip / full >= 1.9
+Targets: intervention overhead (full / plain) <= 1.15 on tiny-llama; skip / full >= 1.9
 for the default sweep set and >= 1.8 for causal tracing on smollm2-135m.
 Beside each engine figure, its agreement with a Hugging Face float32 reference on the same pairs
 (benchmarks/agreement.py: top-1, total variation, largest metric difference; supported, degraded or
@@ -33,7 +33,7 @@ rows a started step multiplies. Over 2 pairs a started step of smollm2 held abou
 at which oneDNN, in bf16 on a 2-core AMX machine, multiplies two of the four linear layers on one
 core (benchmarks/cpu_linears.py): skip / full read 1.41x there against 1.74-1.94x over 4 pairs and
 1.94-1.95x over 8 (docs/benchmarks.md). Its defaults finish in about 10 minutes on a 2-core machine
-(issue 31): 11 min in float32 on a 2-core Intel machine with AMX.
+(11 min in float32 on a 2-core Intel machine with AMX).
 """
 from __future__ import annotations
 
