@@ -46,6 +46,8 @@ PARTS = (
     ("patchgrid hooks", ("patchgrid/backends/vllm_worker/hooks.py", "patchgrid/backends/vllm_worker/midstack.py")),
     ("patchgrid readout", ("patchgrid/backends/vllm_worker/readout.py", "patchgrid/backends/unembed.py",
                            "patchgrid/metrics.py")),
+    # the engine interface and its pool (backends/engine.py) call the sweeps' engine work: sweep code
+    ("patchgrid sweep code", ("patchgrid/backends/engine.py", "patchgrid/backends/cluster.py")),
     ("patchgrid step planning", ("patchgrid/backends/", "patchgrid/plan/")),
     ("patchgrid sweep code", ("patchgrid/",)),
     ("model forward", ("vllm/model_executor/", "vllm/attention/", "vllm/v1/attention/", "vllm/_custom_ops.py",
