@@ -112,15 +112,15 @@ def main():
 
     from transformers import AutoTokenizer
 
-    from benchmarks.machine import bench_dtype, machine
     from patchgrid.backends.engine import load_engine
     from patchgrid.cache import load_or_build
     from patchgrid.methods.attribution import Attributor
+    from patchgrid.runtime.machine import machine, machine_dtype
     from patchgrid.sweeps import SWEEP_KINDS, SweepConfig, cache_spec, count_runs
     from tests.support.pairs import shipped_pairs
 
     print(machine())
-    dtype, why = bench_dtype(args.dtype)
+    dtype, why = machine_dtype(args.dtype)
     print(f"will run on {args.model} in {dtype} on vLLM ({why}), float32 for the gradients: {args.pairs} pairs, "
           f"every site patched exactly against attribution patching's screen confirmed for the top {args.top} "
           f"and {args.random} random sites per pair")

@@ -54,15 +54,15 @@ def main():
 
     from transformers import AutoTokenizer
 
-    from benchmarks.machine import bench_dtype, machine
     from patchgrid.backends.engine import load_engine
     from patchgrid.cache import load_or_build
+    from patchgrid.runtime.machine import machine, machine_dtype
     from patchgrid.settings import number_list
     from patchgrid.sweeps import SweepConfig, cache_spec
     from tests.support.pairs import shipped_pairs
 
     print(machine())
-    dtype, why = bench_dtype(args.dtype)
+    dtype, why = machine_dtype(args.dtype)
     layers = None if args.layers is None else number_list(args.layers)
     print(f"will run on {args.model} in {dtype} on vLLM ({why}): {args.pairs} shipped fact pairs the model knows; "
           f"the heads, pattern and knockout sweeps (window {args.window}) over "

@@ -100,10 +100,10 @@ def main():
 
 
 def run(args, tmp: Path):
-    from benchmarks.machine import machine
     from patchgrid.cache import model_identity
     from patchgrid.flows.study import study
     from patchgrid.pipeline.spec import StudySpec
+    from patchgrid.runtime.machine import machine
     from tests.support.pairs import DATA
 
     model, work = tmp / "model", tmp / "work"

@@ -149,15 +149,15 @@ def main():
                         help="edges of one pair patched exactly to time exhaustive edge patching")
     args = parser.parse_args()
 
-    from benchmarks.machine import bench_dtype, machine
     from patchgrid.backends.engine import load_engine
     from patchgrid.cache import load_or_build
     from patchgrid.methods.attribution import Attributor
     from patchgrid.methods.edge_attribution import EdgeScorer
+    from patchgrid.runtime.machine import machine, machine_dtype
     from patchgrid.sweeps import SweepConfig, cache_spec, run_sweeps
 
     print(machine())
-    dtype, why = bench_dtype(args.dtype)
+    dtype, why = machine_dtype(args.dtype)
     print(f"will run on {args.model} in {dtype} on vLLM ({why}), float32 for the gradients: {args.pairs} IOI pairs; "
           f"EAP and EAP-IG ({args.ig_steps} steps) scores of every edge; the edges sweep confirming the top "
           f"{args.top} and {args.random} random edges per pair; {args.exhaustive_sample} edges of one pair patched "

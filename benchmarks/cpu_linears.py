@@ -15,7 +15,8 @@ each figure the quickest of `--repeats` passes over the layers' weights, in micr
         [--rows 726,1065,5262] [--repeats 3]
 
 In the model's own dtype (bf16 for smollm2-135m), or in float32 on a CPU without bf16 units
-(benchmarks/machine.bench_dtype), where bf16 would be emulated. It finishes in under a minute on a 2-core machine.
+(patchgrid.runtime.machine.machine_dtype), where bf16 would be emulated. It finishes in under a minute on a
+2-core machine.
 """
 from __future__ import annotations
 
@@ -60,14 +61,14 @@ def main():
     import vllm._custom_ops as ops
     from transformers import AutoConfig
 
-    from benchmarks.machine import bench_dtype, machine
     from patchgrid.backends.engine import model_dtype
     from patchgrid.model.models import prepare
     from patchgrid.model.sites import shape_of
+    from patchgrid.runtime.machine import machine, machine_dtype
 
     print(machine())
     config = AutoConfig.from_pretrained(prepare(args.model))
-    name, why = bench_dtype(args.dtype)
+    name, why = machine_dtype(args.dtype)
     name = model_dtype(config) if name == "auto" else name
     dtype = getattr(torch, name)
     model_shape = shape_of(config)

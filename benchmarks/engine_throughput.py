@@ -7,7 +7,7 @@
   hf-batch Hugging Face, all patched runs of the sweep in one batched forward
 
 All four run in this process on the same sweep, in the model's own dtype or in float32 on a CPU
-without bf16 units (benchmarks/machine.bench_dtype; --dtype); the figures that matter are the ratios.
+without bf16 units (patchgrid.runtime.machine.machine_dtype; --dtype); the figures that matter are the ratios.
 Targets: skip >= 2.0x hf-batch; full >= 1.0x hf-batch; skip >= 10x hf-loop. Beside each figure, its
 agreement with a Hugging Face float32 reference (benchmarks/agreement.py: top-1, total variation,
 largest metric difference; supported, degraded or wrong) on a sample of the same pairs' patched runs.
@@ -83,10 +83,10 @@ def main():
     from transformers import AutoTokenizer
 
     from benchmarks.agreement import Judge
-    from benchmarks.machine import bench_dtype, machine
     from patchgrid.backends.engine import load_engine
     from patchgrid.model.models import prepare
     from patchgrid.pipeline.one_pair import tokenize_pair
+    from patchgrid.runtime.machine import machine, machine_dtype
 
     tok = AutoTokenizer.from_pretrained(prepare(args.model))
     pair = tokenize_pair(tok, "The capital of France is", "The capital of Germany is", " Paris", " Berlin")
@@ -105,7 +105,7 @@ def main():
         agree[name] = "" if args.no_agreement else "\n" + judge.line(engine, started)
 
     print(machine())
-    dtype, why = bench_dtype(args.dtype)
+    dtype, why = machine_dtype(args.dtype)
     print(f"will run on {args.model} in {dtype} ({why}): the resid grid of {len(pairs)} pairs four ways (vLLM "
           f"skipping and every layer, hf batched: median of {args.repeats}; hf one run per forward: "
           f"{args.loop_runs or 'all'} runs, {args.loop_repeats} time{'s' if args.loop_repeats > 1 else ''})"

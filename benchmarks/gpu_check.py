@@ -490,7 +490,7 @@ def device_line(device: str) -> str:
                 f"{props.major}.{props.minor}), {torch.cuda.device_count()} visible; " + line)
     else:
         line = f"no GPU used (--device {device}: a dry run); " + line
-    from benchmarks.machine import machine
+    from patchgrid.runtime.machine import machine
 
     return f"{machine()}\n{line}"
 

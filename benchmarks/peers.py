@@ -314,7 +314,7 @@ def main() -> int:
         return run_peer(args)
 
     sys.path.insert(0, str(HERE.parents[1]))
-    from benchmarks.machine import machine
+    from patchgrid.runtime.machine import machine
 
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -152,10 +152,10 @@ def main():
 
     from transformers import AutoTokenizer
 
-    from benchmarks.machine import machine
     from benchmarks.sweep_throughput import full_run_tokens, plain_prefill
     from patchgrid.backends.engine import load_engine
     from patchgrid.cache import load_or_build
+    from patchgrid.runtime.machine import machine
     from patchgrid.sweeps import SweepConfig, cache_spec, count_runs, run_sweeps
     from tests.support.pairs import shipped_pairs
 

@@ -50,7 +50,7 @@ def main():
     t0 = time.monotonic()
     subprocess.run(cmd("killed"), env=env, cwd=tmp, check=True, capture_output=True)
     resume = time.monotonic() - t0
-    from benchmarks.machine import machine
+    from patchgrid.runtime.machine import machine
 
     print(machine())
     print(f"{args.model}, {args.limit} pairs in {n_shards} shards, sweeps {args.sweeps}")

@@ -17,7 +17,7 @@ median printed, so that other work on shared cores moves each figure alike. Besi
 the plain prefill timed after it, lowest to highest, and the quickest full sweep over the quickest
 plain prefill: on shared cores other work only ever adds time, so these show how far it moved the
 figure. The model runs in its
-own dtype, or in float32 on a CPU without bf16 units (benchmarks/machine.bench_dtype; --dtype).
+own dtype, or in float32 on a CPU without bf16 units (patchgrid.runtime.machine.machine_dtype; --dtype).
 Targets: intervention overhead (full / plain) <= 1.15 on tiny-llama; skip / full >= 1.9
 for the default sweep set and >= 1.8 for causal tracing on smollm2-135m.
 Beside each engine figure, its agreement with a Hugging Face float32 reference on the same pairs
@@ -202,13 +202,13 @@ def main():
     from transformers import AutoTokenizer
 
     from benchmarks.agreement import Judge
-    from benchmarks.machine import bench_dtype, machine
     from patchgrid.backends.engine import load_engine
+    from patchgrid.runtime.machine import machine, machine_dtype
     from patchgrid.sweeps import SweepConfig
     from tests.support.pairs import noise_std_for, shipped_pairs
 
     print(machine())
-    dtype, why = bench_dtype(args.dtype)
+    dtype, why = machine_dtype(args.dtype)
     plan = [f"{args.pairs} pairs x sweeps {args.sweeps} (skip, full, plain prefill)"] if args.pairs else []
     if args.trace_pairs:
         plan.append(f"causal tracing of {args.trace_pairs} facts x {args.trace_samples} samples (skip, full)")

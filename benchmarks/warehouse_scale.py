@@ -209,7 +209,7 @@ def main():
         t_many = time.perf_counter() - t0
     print(f"4 concurrent loaders: {many:,} rows in {t_many:.2f} s: {many / t_many:,.0f} rows/s "
           f"(one loader: {one / t_one:,.0f} rows/s; ratio {(many / t_many) / (one / t_one):.2f}x)")
-    from benchmarks.machine import machine
+    from patchgrid.runtime.machine import machine
 
     print(machine())
 

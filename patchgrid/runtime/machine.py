@@ -1,4 +1,4 @@
-"""What machine a benchmark ran on, printed beside its figures: speed ratios differ between CPUs,
+"""What machine this is, printed beside a benchmark's figures: speed ratios differ between CPUs,
 most of all between those with AMX (bf16 matrix tiles), with only AVX-512 BF16, and with neither."""
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def bf16_units(flags: set[str] | None = None) -> bool:
     return bool({"amx_bf16", "avx512_bf16"} & flags)
 
 
-def bench_dtype(requested: str | None, flags: set[str] | None = None, gpu: bool | None = None) -> tuple[str, str]:
+def machine_dtype(requested: str | None, flags: set[str] | None = None, gpu: bool | None = None) -> tuple[str, str]:
     """(the dtype a benchmark runs the model in, why): the one asked for (--dtype); else the model's
     own ("auto": bf16 for smollm2-135m) on a GPU or a CPU with bf16 units, and float32 on a CPU
     without them, where bf16 is emulated (engine_throughput.py at its defaults did not finish in 25
