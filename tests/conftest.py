@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
+from collections import Counter
 
 import pytest
 
@@ -21,11 +23,36 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ["PREFECT_LOCAL_STORAGE_PATH"] = tempfile.mkdtemp(prefix="patchgrid-prefect-results-")
 
 
+class CountedPool(EnginePool):
+    """The session's pool, counting the engines it starts and their seconds (the summary's `engine
+    starts` line): an engine started twice in a session is a test order or a pool bound to mend."""
+
+    starts: list[tuple[str, str, float]] = []  # (model, backend and options, seconds)
+
+    def get(self, model, backend=engine_module.DEFAULT_BACKEND, **options):
+        if (model, backend, tuple(sorted(options.items()))) in self._engines:
+            return super().get(model, backend, **options)
+        began = time.monotonic()
+        engine = super().get(model, backend, **options)
+        self.starts.append((model, f"{backend} {options}" if options else backend, time.monotonic() - began))
+        return engine
+
+
 @pytest.fixture(scope="session")
 def engines():
     """The session's engines (patchgrid.backends.engine.EnginePool), started on first use and shared by every test."""
-    with EnginePool(max_live=MAX_LIVE) as pool:
+    with CountedPool(max_live=MAX_LIVE) as pool:
         yield pool
+
+
+def pytest_terminal_summary(terminalreporter):
+    starts = CountedPool.starts
+    if not starts:
+        return
+    again = Counter((model, how) for model, how, _ in starts)
+    twice = sorted(f"{model} ({how}) x{n}" for (model, how), n in again.items() if n > 1)
+    terminalreporter.write_line(f"engine starts: {len(starts)} in {sum(s for *_, s in starts):.0f} s"
+                                + (f"; started more than once: {', '.join(twice)}" if twice else ""))
 
 
 @pytest.fixture(scope="session")

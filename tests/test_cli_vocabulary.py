@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -15,23 +13,11 @@ from patchgrid.cli import build_parser, main
 from patchgrid.pipeline.spec import StudySpec
 from patchgrid.settings import SpecError, settings_fields
 from patchgrid.sweeps import SweepConfig
+from tests.support.processes import cli, one_line_error
 
 PAIR = ["--clean", "The capital of France is", "--corrupt", "The capital of Spain is"]
 DECLARED = {f.name: f.default for cls in (StudySpec, SweepConfig) for f in settings_fields(cls)}
 OWN_DEFAULTS = {"demo": {"limit", "trace_samples"}}  # the demo's small study, said in its --help
-
-
-def cli(*args, cwd=None, timeout=300):
-    return subprocess.run([sys.executable, "-m", "patchgrid", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=cwd)
-
-
-def one_line_error(res, message):
-    assert res.returncode == 2, res.stderr
-    lines = res.stderr.strip().splitlines()
-    assert lines[-1] == f"patchgrid: error: {message}" or (lines[-1].startswith("patchgrid: error:")
-                                                           and message in lines[-1]), res.stderr
-    assert "Traceback" not in res.stderr
 
 
 def commands(parser=None, prefix=()):
@@ -98,19 +84,12 @@ REFUSED = [
 ]
 
 
-@pytest.mark.parametrize("args, message", REFUSED[:2])
-def test_a_setting_that_cannot_apply_is_refused_in_one_line(tmp_path, args, message):
-    res = cli(*args, "--model", "tiny-llama", "--warehouse", "w.duckdb", cwd=tmp_path, timeout=120)
-    one_line_error(res, message)
-    assert list(tmp_path.iterdir()) == []  # refused before anything is written
-
-
-@pytest.mark.parametrize("args, message", REFUSED[2:])
+@pytest.mark.parametrize("args, message", REFUSED)
 def test_each_command_refuses_a_setting_that_cannot_apply(tmp_path, monkeypatch, capsys, args, message):
     monkeypatch.chdir(tmp_path)
     assert main([*args, "--model", "tiny-llama", "--warehouse", "w.duckdb"]) == 2
     assert capsys.readouterr().err.strip() == f"patchgrid: error: {message}"
-    assert list(tmp_path.iterdir()) == []
+    assert list(tmp_path.iterdir()) == []  # refused before anything is written
 
 
 def test_the_python_api_and_the_flow_refuse_it_too(tmp_path):

@@ -2,9 +2,11 @@
 study run created by Prefect's scheduler, run, and loaded into the warehouse. Real processes: a Prefect
 server, `patchgrid serve` or `prefect deploy` plus a process worker.
 
-A cron schedule fires at minute boundaries, so each test waits up to a minute for its run; the study
-itself (tiny-llama, one pair, one sweep) takes under a minute. Once the first run has started, the
-deployment is paused, so that no second run (every minute) is running when the processes are stopped.
+A cron schedule fires at minute boundaries, so the served deployment's test (the one on a real cron
+schedule) waits up to a minute for its run; the prefect.yaml deployment runs on a schedule of seconds
+(`interval`), which Prefect's scheduler handles as it does a cron one. The study itself (tiny-llama,
+one pair, one sweep) takes under a minute. Once the first run has started, the deployment is paused,
+so that no second run is running when the processes are stopped.
 The served deployment's test also shows what a run due while another runs meets (issue 28, as
 test_schedule_overlap.py's tests do for the options): on the same server, after the same wait for the
 first minute boundary, which is most of such a test's time.
@@ -29,6 +31,7 @@ from tests.support.prefect_server import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 EVERY_MINUTE = "* * * * *"
+EVERY_FEW_SECONDS = 10  # the prefect.yaml deployment's schedule in the test: an interval, in seconds
 # the hf backend: what is scheduled is the point here, not the engine (which starts in a second on hf)
 STUDY = {"model": "tiny-llama", "pairs": str(DATA), "limit": 1, "require_known": False, "backend": "hf",
          "sweep": {"sweeps": ["resid"]}}
@@ -133,8 +136,9 @@ def wait_for(what: str, fn, timeout: float, processes: Processes, every: float =
         time.sleep(every)
 
 
-def wait_for_scheduled_run(client, deployment, processes: Processes):
-    """The first run of the deployment, followed to its final state; no run is ever created here."""
+def wait_for_scheduled_run(client, deployment, processes: Processes, cron: bool = True):
+    """The first run of the deployment, followed to its final state; no run is ever created here.
+    `cron`: its schedule is a cron one (its runs are due at whole minutes)."""
     from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
 
     def runs():
@@ -143,8 +147,9 @@ def wait_for_scheduled_run(client, deployment, processes: Processes):
     def started():
         return [r for r in runs() if r.state and not r.state.is_scheduled()]
 
-    first = wait_for("the schedule's first run to start (none is created when the server's scheduler fails)",
-                     started, START_TIMEOUT_S, processes)[0]
+    # the earliest due: a later one, due while it runs, is turned away (the deployment's limit of one run)
+    first = min(wait_for("the schedule's first run to start (none is created when the server's scheduler fails)",
+                         started, START_TIMEOUT_S, processes), key=lambda r: r.expected_start_time)
     client.pause_deployment(deployment.id)  # removes the runs scheduled after it; leaves this one running
 
     def final():
@@ -154,7 +159,8 @@ def wait_for_scheduled_run(client, deployment, processes: Processes):
     run = wait_for("the scheduled run to finish", final, RUN_TIMEOUT_S, processes, every=2)
     assert run.state.is_completed(), f"{run.state}\n{processes.logs()}"
     assert run.auto_scheduled, "the run was not created by the scheduler"
-    assert run.expected_start_time.second == 0 and run.expected_start_time.microsecond == 0  # a cron time
+    if cron:
+        assert run.expected_start_time.second == 0 and run.expected_start_time.microsecond == 0  # a cron time
     assert all(r.auto_scheduled for r in runs())  # nothing but the scheduler made runs
     return run
 
@@ -288,11 +294,11 @@ def skip_a_run_due_while_a_long_one_runs(client, deployment, processes: Processe
 
 
 def deployment_file(tmp_path: Path, warehouse: Path) -> Path:
-    """The shipped prefect.yaml's nightly study, every minute, over tiny-llama and one test pair."""
+    """The shipped prefect.yaml's nightly study, every few seconds, over tiny-llama and one test pair."""
     shipped = yaml.safe_load((REPO / "prefect.yaml").read_text())
     dep = next(d for d in shipped["deployments"] if d["name"] == "nightly-study")
     assert dep["entrypoint"] == "flows/study.py:study"
-    dep["schedules"] = [{"cron": EVERY_MINUTE, "timezone": "UTC"}]
+    dep["schedules"] = [{"interval": EVERY_FEW_SECONDS, "timezone": "UTC"}]
     dep["parameters"] = {"spec": {**STUDY, "warehouse": str(warehouse), "workdir": str(tmp_path / "work")}}
     spec = {"name": shipped["name"], "prefect-version": shipped["prefect-version"], "pull": shipped["pull"],
             "deployments": [dep]}
@@ -343,9 +349,9 @@ def test_prefect_yaml_deployment_with_a_worker_runs_on_its_schedule(tmp_path, pr
                     env=env, cwd=tmp_path)
     with SyncPrefectClient(api) as client:
         deployment = client.read_deployment_by_name("study/nightly-study")
-        assert [s.schedule.cron for s in deployment.schedules] == [EVERY_MINUTE]
+        assert [s.schedule.interval.total_seconds() for s in deployment.schedules] == [EVERY_FEW_SECONDS]
         assert deployment.work_pool_name == pool
-        run = wait_for_scheduled_run(client, deployment, processes)
+        run = wait_for_scheduled_run(client, deployment, processes, cron=False)
         assert run.work_pool_name == pool
     processes.stop_all()
     assert_warehouse_holds_one_completed_run(warehouse, tmp_path)

@@ -9,13 +9,9 @@ the limit and the overlap asked for, registered as asked, and refused when meani
 """
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import yaml
 
 from tests.flows.test_schedule import (
-    EVERY_MINUTE,
     REPO,
     Processes,
     free_port,
@@ -40,13 +36,6 @@ def test_serve_registers_the_limit_and_overlap_asked_for(tmp_path):
         assert "at most 2 runs at once; a run due while 2 are running waits" in serve_log(processes)
     finally:
         processes.stop_all()
-
-
-def test_serve_refuses_a_concurrency_limit_below_one(tmp_path):
-    res = subprocess.run([sys.executable, "-m", "patchgrid", "serve", "--cron", EVERY_MINUTE, "--model", "tiny-llama",
-                          "--concurrency-limit", "0"], capture_output=True, text=True, timeout=60, cwd=tmp_path)
-    assert res.returncode == 2
-    assert "--concurrency-limit 0: at least 1 run must be allowed at once" in res.stderr.strip().splitlines()[-1]
 
 
 def test_prefect_yaml_runs_each_deployment_one_at_a_time_skipping_a_late_run():

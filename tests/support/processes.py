@@ -118,7 +118,7 @@ def tables(warehouse: Path) -> dict:
         con.close()
 
 
-def cli(*args, cwd, timeout=120):
+def cli(*args, cwd=None, timeout=120):
     """`python -m patchgrid ARGS` in a process of its own, run to its end."""
     return subprocess.run([sys.executable, "-m", "patchgrid", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=cwd)

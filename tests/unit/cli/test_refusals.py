@@ -1,15 +1,31 @@
-"""A catalogue of bad inputs: each gives one clear line naming the problem and a non-zero exit."""
+"""A catalogue of bad inputs, each refused by the command line before any work starts: exit 2 and
+one line naming the problem, no traceback, nothing written, no model's own code run. Run in this
+process (`patchgrid.cli.main`); that a command run as a process exits with the same code and line is
+shown once, in tests/process/cli/test_refusal_in_a_process.py."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import duckdb
 import pytest
 
+from patchgrid.cli import main
 from patchgrid.warehouse.loader import SCHEMA_VERSION, ensure
 from tests.support.pairs import DATA
+
+
+def refused(args, capsys) -> str:
+    """`patchgrid ARGS` run here: refused with exit 2 and one error line; that line."""
+    try:
+        code = main([str(a) for a in args])
+    except SystemExit as exc:  # argparse's own refusals (an invalid choice)
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "Traceback" not in err, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("patchgrid") and ": error: " in last, err
+    return last
 
 
 def _no_config(tmp):
@@ -60,11 +76,17 @@ def _corrupted(tmp):
     return {"--warehouse": str(tmp / "w.duckdb")}
 
 
+def _broken_pairs(tmp):
+    (tmp / "facts.jsonl").write_text('{"case_id": 0}\n{broken\n')
+    return {"--pairs": str(tmp / "facts.jsonl")}
+
+
 STUDY = [
     ("limit zero", {"--limit": "0"}, "--limit 0 must be at least 1"),
     ("trace samples zero", {"--trace-samples": "0"}, "--trace-samples 0 must be at least 1"),
     ("unknown sweep", {"--sweeps": "resid,bogus"}, "unknown sweep 'bogus'"),
     ("missing pairs file", {"--pairs": "missing.jsonl"}, "--pairs missing.jsonl: no such file"),
+    ("pairs file with a broken line", _broken_pairs, "facts.jsonl line 2: not valid JSON"),
     ("warehouse under a file", {"--warehouse": "/dev/null/w.duckdb"}, "/dev/null is a file, not a folder"),
     ("unknown model name", {"--model": "gpt-17"}, "unknown model 'gpt-17'"),
     ("model folder without config", _no_config, "has no config.json"),
@@ -75,29 +97,25 @@ STUDY = [
     ("warehouse read-only", _read_only, "is read-only"),
     ("DuckDB file that is not a warehouse", _foreign_duckdb, "not a patchgrid warehouse"),
     ("warehouse corrupted", _corrupted, "cannot be opened"),
+    ("path sender not a sender", {"--path-senders": "q.1.0"}, "path sender 'q.1.0'"),
+    ("path mlps not a choice", {"--path-mlps": "half"}, "invalid choice: 'half'"),
+    ("verify top negative", {"--verify-top": "-2"}, "--verify-top -2 must not be negative"),
+    ("atp kind not screenable", {"--atp-kinds": "heads,trace"}, "unknown atp kind 'trace'"),
+    ("site the family lacks", {"--model": "tiny-gptj", "--sweeps": "resid,resid_mid"},
+     "sweep resid_mid: site resid_mid: the gptj block is parallel"),
+    ("neurons of a mixture of experts",
+     {"--model": "tiny-qwen3-moe", "--atp-kinds": "heads,neurons", "--sweeps": "atp"},
+     "sweep atp: site neuron: the qwen3_moe MLP is a mixture of experts"),
 ]
 
 
-def run(args, cwd):
-    return subprocess.run([sys.executable, "-m", "patchgrid", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=180)
-
-
-def assert_one_clear_line(res, message):
-    assert res.returncode != 0
-    err = res.stderr.strip().splitlines()
-    assert "Traceback" not in res.stderr, res.stderr[-2000:]
-    assert err and err[-1].startswith("patchgrid: error:"), res.stderr[-2000:]
-    assert message in err[-1], err[-1]
-
-
 @pytest.mark.parametrize("name, change, message", STUDY, ids=[s[0] for s in STUDY])
-def test_study_refuses(tmp_path, name, change, message):
+def test_study_refuses(tmp_path, monkeypatch, capsys, name, change, message):
+    monkeypatch.chdir(tmp_path)
     args = {"--model": "tiny-llama", "--pairs": str(DATA), "--warehouse": str(tmp_path / "w.duckdb"),
             "--workdir": str(tmp_path / "work")}
     args.update(change(tmp_path) if callable(change) else change)
-    res = run(["study", *[x for kv in args.items() for x in kv]], tmp_path)
-    assert_one_clear_line(res, message)
+    assert message in refused(["study", *[x for kv in args.items() for x in kv]], capsys)
     assert not (tmp_path / "ran").exists(), "a model's own code ran"
     assert not (tmp_path / "work").exists(), "the study started despite the bad input"
 
@@ -111,29 +129,27 @@ PAIR_FILES = [
 
 
 @pytest.mark.parametrize("name, content, message", PAIR_FILES, ids=[p[0] for p in PAIR_FILES])
-def test_pairs_check_refuses(tmp_path, name, content, message):
+def test_pairs_check_refuses(tmp_path, capsys, name, content, message):
     (tmp_path / "bad.jsonl").write_bytes(content)
-    res = run(["pairs", "check", "--model", "tiny-llama", "--pairs", str(tmp_path / "bad.jsonl"), "--out",
-               str(tmp_path / "o.parquet")], tmp_path)
-    assert_one_clear_line(res, message)
+    assert message in refused(["pairs", "check", "--model", "tiny-llama", "--pairs", tmp_path / "bad.jsonl",
+                               "--out", tmp_path / "o.parquet"], capsys)
+    assert not (tmp_path / "o.parquet").exists()
 
 
-def test_query_and_report_refuse(tmp_path):
-    assert_one_clear_line(run(["query", "--warehouse", str(tmp_path / "none.duckdb"), "SELECT 1"], tmp_path),
-                          "does not exist")
+def test_query_report_and_sweep_refuse(tmp_path, capsys):
+    assert "does not exist" in refused(["query", "--warehouse", tmp_path / "none.duckdb", "SELECT 1"], capsys)
     ensure(tmp_path / "w.duckdb")
-    assert_one_clear_line(run(["query", "--warehouse", str(tmp_path / "w.duckdb"), "SELEC oops"], tmp_path),
-                          "query failed")
-    assert_one_clear_line(run(["report", "--warehouse", str(tmp_path / "w.duckdb"), "--run", "nope", "--out",
-                               str(tmp_path / "r")], tmp_path), "run 'nope' is not in the warehouse")
-    assert_one_clear_line(run(["sweep", "--pairs-table", str(tmp_path / "none.parquet")], tmp_path), "no such file")
+    assert "query failed" in refused(["query", "--warehouse", tmp_path / "w.duckdb", "SELEC oops"], capsys)
+    assert "run 'nope' is not in the warehouse" in refused(
+        ["report", "--warehouse", tmp_path / "w.duckdb", "--run", "nope", "--out", tmp_path / "r"], capsys)
+    assert not (tmp_path / "r").exists()
+    assert "no such file" in refused(["sweep", "--pairs-table", tmp_path / "none.parquet"], capsys)
 
 
-def test_study_refuses_a_broken_pairs_file_before_it_starts(tmp_path):
-    """The data set is read before the flow starts: one line naming file and line, no run begun."""
-    bad = tmp_path / "facts.jsonl"
-    bad.write_text('{"case_id": 0}\n{broken\n')
-    res = run(["study", "--model", "tiny-llama", "--pairs", str(bad), "--warehouse", str(tmp_path / "w.duckdb"),
-               "--workdir", str(tmp_path / "work")], tmp_path)
-    assert_one_clear_line(res, "facts.jsonl line 2: not valid JSON")
-    assert not (tmp_path / "work").exists() and not (tmp_path / "w.duckdb").exists()
+def test_serve_refuses_a_bad_cron_and_a_limit_below_one(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert "--cron 'every night' is not a cron expression" in refused(
+        ["serve", "--cron", "every night", "--pairs", DATA, "--model", "tiny-llama"], capsys)
+    assert "--concurrency-limit 0: at least 1 run must be allowed at once" in refused(
+        ["serve", "--cron", "* * * * *", "--model", "tiny-llama", "--concurrency-limit", "0"], capsys)
+    assert list(tmp_path.iterdir()) == []
