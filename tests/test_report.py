@@ -16,6 +16,7 @@ from patchgrid.metrics import METRICS
 from patchgrid.pairs import to_table
 from patchgrid.report import FORMATS, heatmap_figure, scatter_figure, svg_heatmap, write_report
 from patchgrid.report.figures import FEW_PAIRS, Scatter, note, pairs
+from patchgrid.sweeps.registry import row_shapes
 from patchgrid.warehouse.loader import load_run, query, start_run
 from tests.support.effect_rows import (
     CLEAN,
@@ -152,7 +153,7 @@ def build(tmp, atp=False, paths=False):
                   "path_senders": ["heads", "attn_out", "mlp_out"], "path_receivers": ["logits", "heads"],
                   "path_inputs": ["q", "k", "v"], "path_mlps": "recomputed"}
     start_run(wh, {"run_id": "run-report", "model": "synthetic-model", "params": params})
-    load_run(wh, "run-report", to_table(pairs), baselines, [effects])
+    load_run(wh, "run-report", to_table(pairs), baselines, [effects], sweep_kinds=row_shapes())
     return wh
 
 

@@ -17,6 +17,7 @@ from patchgrid.report.figures import LayerCurve
 from patchgrid.report.files import write_figure
 from patchgrid.report.knockout_figures import knockout_section
 from patchgrid.rows.effects import effect_row
+from patchgrid.rows.shapes import KNOCKOUT_DIRECTION, KNOCKOUT_SITE
 from patchgrid.sweeps import Cell
 from patchgrid.sweeps.trace import trace_window
 from patchgrid.warehouse.loader import connect, load_run, query, start_run
@@ -50,7 +51,8 @@ def knockout_rows() -> tuple[list, list]:
         for group in GROUPS:
             for layer in range(N_LAYERS):
                 window = len(trace_window(layer, WINDOW, N_LAYERS))  # as KnockoutSweep.rows writes it
-                cell = Cell("knockout", "pattern", "noise", layer, LAST, window=window, blocked=group)
+                cell = Cell("knockout", KNOCKOUT_SITE, KNOCKOUT_DIRECTION, layer, LAST, window=window,
+                            row_columns=(("blocked", group),))
                 knocked = shifted(clean, p=clean.p * (1 + change(group, layer, i) / 100) if clean.p else 0.01)
                 rows.append(effect_row(pair, cell, knocked, clean, CORRUPT, "p"))
     return rows, baselines
@@ -74,7 +76,7 @@ def study(tmp_path_factory):
     plain, _ = write_and_read_back([row(make_pair("f0", ROLES, subject=(0, 2)), 0.5, layer=0, position=LAST)],
                                    tmp / "plain.parquet")
     start_run(wh, {"run_id": "plain", "model": "m", "params": {"sweeps": ["resid"]}})
-    load_run(wh, "plain", pairs, baselines[:1], [plain], sweep_kinds={"resid": "layer_by_role"})
+    load_run(wh, "plain", pairs, baselines[:1], [plain], sweep_kinds={"resid": "exact"})
     return wh, stored
 
 
@@ -201,3 +203,19 @@ def test_the_study_summary_names_each_groups_deepest_layer(study):
     assert lows[0]["window"] == WINDOW and lows[0]["n_pairs"] == N_FACTS - 1
     assert "attention knockout" in "\n".join(knockout_lines(lows))
     assert knockout_lows(wh, "plain") == [] and knockout_lines([]) == []
+
+
+def test_knockout_rows_say_what_they_are(study):
+    """Their direction and site name a knockout (no noising patch of a pattern), they are filed as the
+    kind's own shape and are in no effect view; the kind's cells are so."""
+    from patchgrid.sweeps import SweepConfig, SweepContext
+    from patchgrid.sweeps.knockout import KnockoutSweep
+
+    wh, _ = study
+    assert _rows(wh, "SELECT DISTINCT direction, site, row_shape FROM effects WHERE run_id = 'k'") == [
+        {"direction": KNOCKOUT_DIRECTION, "site": KNOCKOUT_SITE, "row_shape": "knockout"}]
+    assert _rows(wh, "SELECT count(*) AS n FROM effect_summary WHERE run_id = 'k'") == [{"n": 0}]
+    ctx = SweepContext(SweepConfig(sweeps=("knockout",), knockout_window=WINDOW), N_LAYERS, 4)
+    cells = KnockoutSweep().cells(make_pair("f0", ROLES, subject=(0, 2)), ctx)
+    assert {(c.direction, c.site, c.row_column("blocked")) for c in cells} == {
+        (KNOCKOUT_DIRECTION, KNOCKOUT_SITE, group) for group in GROUPS}

@@ -12,6 +12,7 @@ import pytest
 from patchgrid.pairs import to_table as pairs_table
 from patchgrid.pipeline.summary import cell_name, commands, study_summary
 from patchgrid.rows.effects import write_effects
+from patchgrid.sweeps.registry import row_shapes
 from patchgrid.warehouse.loader import load_run, start_run
 from tests.support.effect_rows import atp_row, make_pair, row
 
@@ -42,7 +43,7 @@ def warehouse(tmp_path):
         effects.append(atp_row(p, 0.1, layer=1))
     start_run(wh, {"run_id": "r", "model": "m", "started": datetime(2026, 1, 1, 12, 0, 0)})
     load_run(wh, "r", pairs_table(pairs), [], [write_effects(effects, tmp_path / "e.parquet")],
-             finished=datetime(2026, 1, 1, 12, 0, 41, 500000))
+             finished=datetime(2026, 1, 1, 12, 0, 41, 500000), sweep_kinds=row_shapes())
     return wh
 
 

@@ -2,8 +2,9 @@
 and for the in-memory connection patchgrid's own queries and report read through.
 
 Base views (`runs`, `pairs`, `baselines`, `effects`) are generated from the row shapes in
-patchgrid/rows/shapes.py: `run_id`, then exactly the shape's columns and types; `sweep_kinds` (each load's
-record of how its kinds are drawn and the shape of their rows) from kinds.py. `metrics` and
+patchgrid/rows/shapes.py: `run_id`, then exactly the shape's columns and types (`effects`: every row
+shape's files at once, each row with its `row_shape`); `sweep_kinds` (each load's record of the shape
+of each sweep's rows) from kinds.py. The views select effect rows by their `row_shape`. `metrics` and
 `effect_metrics` (the effect rows, one per metric) are generated from patchgrid/metrics.py; the
 summaries on top of them are `views.sql`. `published` lists each run's current load (its
 latest); every data view reads only published loads, so a load being written, or one
@@ -25,14 +26,24 @@ from importlib import resources
 from pathlib import Path
 
 from patchgrid.metrics import METRICS
-from patchgrid.rows.shapes import EFFECT, WAREHOUSE_TABLES, sql_type
+from patchgrid.rows.shapes import BASE_RUNS, EFFECT, ROW_SHAPES, WAREHOUSE_TABLES, sql_type
 
 from .kinds import SWEEP_KIND
 from .layout import SCHEMA_VERSION, TMP_PREFIX, Layout, stamp
 
 # Neither loads an extension behind the user's back; both hold for every connection opened here.
 BASE_CONFIG = {"autoload_known_extensions": False, "autoinstall_known_extensions": False}
-HIVE = "hive_partitioning = true, hive_types = {'run_id': 'VARCHAR', 'load': 'VARCHAR'}"
+
+
+def _hive(*keys: str) -> str:
+    """read_parquet's options for files under the folders `key=value/` of `keys`."""
+    types = ", ".join(f"'{key}': 'VARCHAR'" for key in keys)
+    return f"hive_partitioning = true, hive_types = {{{types}}}, union_by_name = true"
+
+
+# What each base view's files are partitioned by (layout.Layout.glob; effects: kinds.shape_folder)
+PARTITIONS = {"pairs": ("run_id", "load"), "baselines": ("run_id", "load"), "sweep_kinds": ("run_id", "load"),
+              "effects": ("run_id", "load", "row_shape")}
 
 
 def _q(name: str) -> str:
@@ -49,15 +60,11 @@ def _columns(table: str, alias: str) -> str:
     return ", ".join(cols if table == "runs" else [f"{alias}.run_id::VARCHAR AS run_id", *cols])
 
 
-def _sweep_kinds_view(layout: Layout, snapshot: bool) -> str:
-    """`sweep_kinds`: the published loads' records of their kinds. A reader's snapshot of a warehouse
-    no writer has opened since loads recorded them has no such file: there the view is empty."""
-    cols = ", ".join(f"t.{_q(f.name)}::{sql_type(f)} AS {_q(f.name)}" for f in SWEEP_KIND.schema)
-    if snapshot and next(layout.runs.glob("*/load=*/sweep_kinds.parquet"), None) is None:
-        nulls = ", ".join(f"NULL::{sql_type(f)} AS {_q(f.name)}" for f in SWEEP_KIND.schema)
-        return f"CREATE OR REPLACE VIEW sweep_kinds AS SELECT NULL::VARCHAR AS run_id, {nulls} WHERE false"
-    return (f"CREATE OR REPLACE VIEW sweep_kinds AS SELECT t.run_id::VARCHAR AS run_id, {cols} FROM published p "
-            f"JOIN read_parquet({_lit(layout.glob('sweep_kinds'))}, {HIVE}, union_by_name = true) t "
+def _published(layout: Layout, table: str, columns: str) -> str:
+    """SQL creating the view `table` of the published loads' files of it."""
+    # the published load is bound first: a load that lands meanwhile is filtered out, not half read
+    return (f"CREATE OR REPLACE VIEW {table} AS SELECT {columns} FROM published p "
+            f"JOIN read_parquet({_lit(layout.glob(table))}, {_hive(*PARTITIONS[table])}) t "
             f"ON t.run_id = p.run_id AND t.load = p.load")
 
 
@@ -75,13 +82,9 @@ def base_view_statements(layout: Layout, snapshot: bool) -> list[str]:
         f"CREATE OR REPLACE {kind} runs AS SELECT {_columns('runs', 's')} FROM (SELECT *, row_number() OVER "
         f"(PARTITION BY run_id ORDER BY filename DESC) AS state_rank FROM {status_files}) s WHERE s.state_rank = 1",
     ]
-    for table in ("pairs", "baselines", "effects"):
-        # the published load is bound first: a load that lands meanwhile is filtered out, not half read
-        statements.append(
-            f"CREATE OR REPLACE VIEW {table} AS SELECT {_columns(table, 't')} FROM published p "
-            f"JOIN read_parquet({_lit(layout.glob(table))}, {HIVE}, union_by_name = true) t "
-            f"ON t.run_id = p.run_id AND t.load = p.load")
-    statements.append(_sweep_kinds_view(layout, snapshot))
+    statements += [_published(layout, table, _columns(table, "t")) for table in ("pairs", "baselines", "effects")]
+    kinds = ", ".join(f"t.{_q(f.name)}::{sql_type(f)} AS {_q(f.name)}" for f in SWEEP_KIND.schema)
+    statements.append(_published(layout, "sweep_kinds", f"t.run_id::VARCHAR AS run_id, {kinds}"))
     return statements
 
 
@@ -90,20 +93,20 @@ IDENTITY = tuple(EFFECT.columns[:EFFECT.columns.index("metric")])
 # A pair's cell: its rows at the positions of one role are averaged into one (a pair may have
 # several `further` positions).
 PAIR_CELL = tuple(c for c in IDENTITY if c != "position")
-# The rows that are patched runs, not estimates (kinds.py): an estimated row (attribution patching)
-# was patched exactly only when its estimate ranked high or it was sampled, so its exact effects are
-# a selected subset. The effect views leave estimated rows out; atp_summary and atp_agreement
-# (views.sql) read them.
-EXACT_ROWS = "estimate IS NULL AND circuit_size IS NULL AND blocked IS NULL"
-# The estimated rows that are attribution patching's sites (an edge's score has a receiver besides:
-# edge_summary reads those).
-ATP_ROWS = "estimate IS NOT NULL AND receiver IS NULL"
-EDGE_ROWS = "estimate IS NOT NULL AND receiver IS NOT NULL"
-# A circuit's run of a pair (the circuit kind's rows: circuit_curve and circuit_score read them).
-CIRCUIT_ROWS = "circuit_size IS NOT NULL"
-# A knockout's run of a pair (the knockout kind's rows, one per group, layer and pair: knockout_curve
-# reads them; their own shape, since effect views would average the groups together).
-KNOCKOUT_ROWS = "blocked IS NOT NULL"
+# The shapes whose rows the effect views average (effect_metrics, pair_effects and the summaries on
+# them): one patched run per row, its effect its own (kinds.py). An estimate or an edge was patched
+# exactly only when its score ranked high or it was sampled, so its exact effects are a selected
+# subset (atp_summary, atp_agreement, edge_summary read them); a circuit's and a knockout's rows have
+# views of their own (the effect views would average a knockout's groups together).
+EFFECT_VIEW_SHAPES = ("exact", "path", "noised")
+
+
+def shape_is(*shapes: str) -> str:
+    """SQL selecting the effect rows of `shapes`."""
+    unknown = [s for s in shapes if s not in ROW_SHAPES]
+    if unknown:
+        raise ValueError(f"{unknown[0]!r} is not a row shape (rows.shapes.EFFECT_SHAPES)")
+    return f"row_shape = {_lit(shapes[0])}" if len(shapes) == 1 else f"row_shape IN ({', '.join(map(_lit, shapes))})"
 
 
 def _measures(name: str, metric) -> dict[str, str]:
@@ -114,8 +117,9 @@ def _measures(name: str, metric) -> dict[str, str]:
     pat, cln, cor = (f"{prefix}_{name}::DOUBLE" for prefix in ("patched", "clean", "corrupt"))
     recovery = "NULL::DOUBLE" if metric.min_span is None else \
         f"CASE WHEN {cln} <> {cor} THEN ({pat} - {cor}) / ({cln} - {cor}) END"
+    from_clean = ", ".join(_lit(d) for d, run in BASE_RUNS.items() if run == "clean")
     return {"patched": pat, "clean": cln, "corrupt": cor,
-            "effect": f"{pat} - CASE WHEN direction = 'noise' THEN {cln} ELSE {cor} END",
+            "effect": f"{pat} - CASE WHEN direction IN ({from_clean}) THEN {cln} ELSE {cor} END",
             "recovery": recovery, "moved": f"{pat} - {cor}", "span": f"{cln} - {cor}"}
 
 
@@ -127,14 +131,14 @@ def metric_statements() -> list[str]:
 
     A row that has no value on a metric (logit_diff of a multi-token answer; every metric but
     logit_diff and p in a load written before they existed, read as NULL) is no row of that metric.
-    Estimated rows (attribution patching's, `EXACT_ROWS` false) are in none of these views but `atp_effects`.
+    These views hold the rows of EFFECT_VIEW_SHAPES; each other shape has views of its own.
     """
     def span(m):
         return "NULL::DOUBLE" if m.min_span is None else repr(float(m.min_span))
 
     rows = ", ".join(f"({_lit(name)}, {_lit(m.meaning)}, {int(m.better)}, {span(m)})" for name, m in METRICS.items())
     ident = ", ".join(_q(c) for c in IDENTITY)
-    exact = EXACT_ROWS
+    exact = shape_is(*EFFECT_VIEW_SHAPES)
     measures = {name: _measures(name, m) for name, m in METRICS.items()}
     # One branch per metric: a filter on `metric` prunes the other branches' Parquet columns unread.
     long = " UNION ALL ".join(
@@ -165,16 +169,17 @@ def metric_statements() -> list[str]:
     knockouts = " UNION ALL ".join(
         f"SELECT run_id, pair_id, relation, blocked, layer, \"window\", {_lit(name)} AS metric, metric = {_lit(name)} "
         f"AS headline, {ms['patched']} AS value, {ms['clean']} AS clean_value FROM effects "
-        f"WHERE {KNOCKOUT_ROWS} AND patched_{name} IS NOT NULL" for name, ms in measures.items())
+        f"WHERE {shape_is('knockout')} AND patched_{name} IS NOT NULL" for name, ms in measures.items())
+    rows_of = "SELECT * EXCLUDE (row_shape)"  # the rows of one shape
     return [f"CREATE OR REPLACE VIEW metrics AS SELECT * FROM (VALUES {rows}) t(metric, meaning, better, min_span)",
             f"CREATE OR REPLACE VIEW effect_metrics AS {long}",
             f"CREATE OR REPLACE VIEW pair_effects AS {pair_effects}",
-            f"CREATE OR REPLACE VIEW atp_effects AS SELECT *, CASE metric {span} END AS span "
-            f"FROM effects WHERE {ATP_ROWS}",
-            f"CREATE OR REPLACE VIEW edge_effects AS SELECT *, CASE metric {span} END AS span "
-            f"FROM effects WHERE {EDGE_ROWS}",
-            f"CREATE OR REPLACE VIEW circuit_effects AS SELECT *, CASE metric {value} END AS value, "
-            f"CASE metric {full} END AS full_value FROM effects WHERE {CIRCUIT_ROWS}",
+            f"CREATE OR REPLACE VIEW atp_effects AS {rows_of}, CASE metric {span} END AS span "
+            f"FROM effects WHERE {shape_is('estimate')}",
+            f"CREATE OR REPLACE VIEW edge_effects AS {rows_of}, CASE metric {span} END AS span "
+            f"FROM effects WHERE {shape_is('edge')}",
+            f"CREATE OR REPLACE VIEW circuit_effects AS {rows_of}, CASE metric {value} END AS value, "
+            f"CASE metric {full} END AS full_value FROM effects WHERE {shape_is('circuit')}",
             f"CREATE OR REPLACE VIEW knockout_effects AS {knockouts}"]
 
 

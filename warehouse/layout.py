@@ -3,12 +3,15 @@
 A warehouse is a folder of Parquet files plus a small DuckDB file of view definitions:
 
     warehouse.duckdb                           views only: what dashboards open, read-only
-    warehouse.data/patchgrid.json              {"schema": 2}
+    warehouse.data/patchgrid.json              {"schema": 3}
     warehouse.data/runs/run_id=<id>/status/<stamp>.parquet          one rows.RUN row per state
     warehouse.data/runs/run_id=<id>/load=<stamp>/pairs.parquet      a run's rows, one folder per load
                                                .../baselines.parquet
-                                               .../effects/part-<k>.parquet
-                                               .../sweep_kinds.parquet   how its kinds are drawn (kinds.py)
+                                               .../effects/row_shape=<shape>/part-<k>.parquet  by row shape
+                                               .../sweep_kinds.parquet   the shape of each sweep's rows
+                                                                         (kinds.py)
+
+Schema 2 kept every effect row in one shape (effects/part-<k>.parquet); migrate.py turns it into 3.
 
 Nothing is ever changed in place. A writer builds a file or a load folder under a name no glob
 matches and renames it into place (atomic on POSIX file systems and NFS), so a reader sees a
@@ -27,7 +30,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 # A superseded load stays on disk this long, so that a reader that listed it still reads it.
 SUPERSEDED_GRACE_S = 600.0
 TMP_PREFIX = ".tmp-"  # never matched by a reader's glob
@@ -82,7 +85,7 @@ class Layout:
         root = self.runs.resolve()
         return str(root / {"status": "*/status/*.parquet", "pairs": "*/load=*/pairs.parquet",
                            "baselines": "*/load=*/baselines.parquet",
-                           "effects": "*/load=*/effects/*.parquet",
+                           "effects": "*/load=*/effects/row_shape=*/*.parquet",
                            "sweep_kinds": "*/load=*/sweep_kinds.parquet"}[what])
 
     def exists(self) -> bool:

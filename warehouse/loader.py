@@ -10,18 +10,25 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from patchgrid.rows.shapes import BASELINE, EFFECT, PAIR, PAIR_IN_WAREHOUSE, RUN, RUN_STATUSES, RowError
+from patchgrid.rows.shapes import (
+    BASELINE,
+    EFFECT,
+    EFFECT_SHAPES,
+    PAIR,
+    PAIR_IN_WAREHOUSE,
+    RUN,
+    RUN_STATUSES,
+    RowError,
+)
 
 from .catalog import BASE_CONFIG, catalog_is_current, open_snapshot, write_catalog
-from .kinds import SWEEP_KIND, sweep_kind_table
+from .kinds import BATCH_ROWS, SWEEP_KIND, ShapedEffects, empty_effects, shapes_by_sweep
 from .layout import EMPTY_RUN, SCHEMA_VERSION, Layout, publish_dir, publish_file, remove_superseded, stamp
 
 __all__ = ["SCHEMA_VERSION", "WarehouseError", "check_writable", "connect", "ensure", "finish_run", "load_run",
@@ -70,7 +77,9 @@ def _identify(path: Path) -> tuple[str, tuple | None]:
         con.close()
 
 
-def _check_version(layout: Layout) -> None:
+def _check_version(layout: Layout) -> bool:
+    """Refuse a data folder of a newer schema; migrate one of an older (migrate.py). Returns whether
+    it was migrated."""
     try:
         version = layout.version()
     except ValueError as exc:
@@ -78,20 +87,30 @@ def _check_version(layout: Layout) -> None:
     if version > SCHEMA_VERSION:
         raise WarehouseError(f"warehouse {layout.catalog} is from a newer patchgrid (schema v{version}; this one "
                              f"knows v{SCHEMA_VERSION}): upgrade patchgrid")
+    if version == SCHEMA_VERSION:
+        return False
+    from .migrate import migrate_v2
+
+    try:
+        print(migrate_v2(layout), file=sys.stderr)
+    except OSError as exc:
+        raise WarehouseError(f"warehouse {layout.catalog} has schema v{version}: the first patchgrid that can write "
+                             f"it migrates it to v{SCHEMA_VERSION}, and this one cannot ({exc})") from None
+    return True
 
 
 def _shapes_fingerprint() -> str:
     import hashlib
 
-    text = "|".join(str(shape.schema) for shape in (PAIR_IN_WAREHOUSE, BASELINE, EFFECT, RUN, SWEEP_KIND))
+    shapes = (PAIR_IN_WAREHOUSE, BASELINE, EFFECT, *EFFECT_SHAPES.values(), RUN, SWEEP_KIND)
+    text = "|".join(f"{shape.name}: {shape.schema}" for shape in shapes)
     return hashlib.sha256(text.encode()).hexdigest()[:8]
 
 
 def _empty_load(folder: Path) -> None:
     pq.write_table(PAIR_IN_WAREHOUSE.table([]), folder / "pairs.parquet")
     pq.write_table(BASELINE.table([]), folder / "baselines.parquet")
-    (folder / "effects").mkdir()
-    pq.write_table(EFFECT.table([]), folder / "effects" / "part-00000.parquet")
+    empty_effects(folder / "effects")
     pq.write_table(SWEEP_KIND.table([]), folder / "sweep_kinds.parquet")
 
 
@@ -207,27 +226,16 @@ def finish_run(path: str | Path, run_id: str, status: str, *, finished=None, rea
     _write_state(layout, {**row, "status": status, "finished": finished, "reason": reason})
 
 
-def _checked_effects(source: Path, target: Path) -> int:
-    """The effect file at `target`: hard-linked when it already has the shape, else rewritten in
-    it; its closed columns checked first. Returns its row count."""
-    meta = pq.read_metadata(source)
-    if meta.schema.to_arrow_schema().remove_metadata() == EFFECT.schema:
-        closed = pq.read_table(source, columns=list(EFFECT.closed))
-        for column in EFFECT.closed:
-            EFFECT.check(pa.table({column: pc.unique(closed.column(column))}), columns=[column])
-        try:
-            os.link(source, target)
-        except OSError:  # another file system, or links not allowed
-            shutil.copyfile(source, target)
-        return meta.num_rows
-    table = pq.read_table(source)
-    missing = [c for c in EFFECT.columns if c not in table.column_names]
+def _staged_effects(source: Path):
+    """A staged effect file's rows in the EFFECT shape, BATCH_ROWS at a time, their closed columns checked."""
+    staged = pq.ParquetFile(source)
+    missing = [c for c in EFFECT.columns if c not in staged.schema_arrow.names]
     if missing:
         raise RowError(f"effect file {source}: no column {missing[0]!r}")
-    table = table.select(EFFECT.columns).cast(EFFECT.schema)
-    EFFECT.check(table)
-    pq.write_table(table, target)
-    return table.num_rows
+    for batch in staged.iter_batches(batch_size=BATCH_ROWS, columns=EFFECT.columns):
+        table = pa.Table.from_batches([batch]).select(EFFECT.columns).cast(EFFECT.schema)
+        EFFECT.check(table)
+        yield table
 
 
 def load_run(path: str | Path, run_id: str, pairs, baselines, effect_files, *, finished=None,
@@ -236,12 +244,14 @@ def load_run(path: str | Path, run_id: str, pairs, baselines, effect_files, *, f
     its earlier one, and record the run as `status`.
 
     pairs: a pyarrow table in the rows.PAIR shape; baselines: rows.BASELINE rows (a list of dicts or
-    a table); effect_files: Parquet files in the rows.EFFECT shape; sweep_kinds: {sweep: drawing}
-    (SweepKind.drawing) of the kinds the rows may come from, recorded with the load (kinds.py;
-    None records none, and the views infer what they need). `progress`: told (files done, files),
-    the effect files one by one and then the pairs and baselines. Returns counts of rows loaded.
+    a table); effect_files: Parquet files in the rows.EFFECT shape; sweep_kinds: {sweep: row shape}
+    (SweepKind.row_shape: patchgrid.sweeps.registry.row_shapes()) of the kinds the rows may come
+    from: each row is filed under its sweep's shape (kinds.py; a sweep it does not name has exact
+    rows), and a row setting a column its shape does not have is refused. `progress`: told (files
+    done, files), the effect files one by one and then the pairs and baselines. Returns counts of
+    rows loaded.
     """
-    kinds = sweep_kind_table(sweep_kinds)
+    shapes_of = shapes_by_sweep(sweep_kinds)
     PAIR.check(pairs)
     base_table = BASELINE.table(baselines) if isinstance(baselines, list) else baselines.select(BASELINE.columns)
     BASELINE.check(base_table)
@@ -252,13 +262,13 @@ def load_run(path: str | Path, run_id: str, pairs, baselines, effect_files, *, f
     progress = progress or (lambda done, total: None)
 
     def fill(folder: Path) -> None:
-        (folder / "effects").mkdir()
+        effects = ShapedEffects(folder / "effects")
         progress(0, files)
         for k, f in enumerate(effect_files):
-            counts["effects"] += _checked_effects(Path(f), folder / "effects" / f"part-{k:05d}.parquet")
+            counts["effects"] += effects.write(k, _staged_effects(Path(f)), shapes_of)
             progress(k + 1, files)
         pq.write_table(base_table.cast(BASELINE.schema), folder / "baselines.parquet")
-        pq.write_table(kinds, folder / "sweep_kinds.parquet")
+        pq.write_table(effects.record(), folder / "sweep_kinds.parquet")
         pq.write_table(pairs.select(PAIR_IN_WAREHOUSE.columns).cast(PAIR_IN_WAREHOUSE.schema),
                        folder / "pairs.parquet")
         progress(files, files)
@@ -287,7 +297,8 @@ def connect(path: str | Path, query: str | None = None):
         return con
     if not layout.exists():
         raise WarehouseError(f"warehouse {path}: its data folder {layout.data} is missing")
-    _check_version(layout)
+    if _check_version(layout):  # migrated from an older schema: its dashboard file is rewritten too
+        ensure(path)
     try:
         return open_snapshot(layout, query)
     except duckdb.Error as exc:

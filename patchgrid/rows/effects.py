@@ -8,7 +8,7 @@ import pyarrow as pa
 
 from ..metrics import Reading, recovery
 from ..model.sites import unit_name
-from .shapes import EFFECT
+from .shapes import BASE_RUNS, EFFECT
 from .staging import write_parquet
 
 SCHEMA = EFFECT.schema
@@ -33,14 +33,15 @@ def reading_from(row: dict, prefix: str) -> Reading:
 
 
 def cell_columns(pair, cell) -> dict:
-    """The columns of an effect row that say which pair and cell it is."""
+    """The columns of an effect row that say which pair and cell it is (the cell's own row columns
+    among them: a circuit's size, a knockout's group)."""
     return {
         "pair_id": pair.pair_id, "relation": pair.relation, "sweep": cell.sweep, "site": cell.site,
         "direction": cell.direction, "layer": cell.layer, "position": cell.position,
         "position_role": "all" if cell.position is None else pair.roles[cell.position],
         "head": cell.head, "neuron": cell.neuron, "window": cell.window,
         "sender": None if cell.receiver is None else unit_name(cell.site, cell.layer, cell.head),
-        "receiver": cell.receiver, "blocked": cell.blocked,
+        "receiver": cell.receiver, **dict(cell.row_columns),
     }
 
 
@@ -52,8 +53,9 @@ def baseline_columns(clean: Reading, corrupt: Reading) -> dict:
 class PairRows:
     """The effect rows of one pair's cells (a grid makes one per run): the patched run's reading
     beside the pair's baselines, on every metric, and the effect and recovery on the headline
-    `metric`. Denoising is measured from the corrupt run, noising from the clean run. What every row
-    of the pair shares (its baselines' columns and values) is made once."""
+    `metric`, measured from the run the row's direction goes into (shapes.BASE_RUNS: denoising from
+    the corrupt run, noising and knockouts from the clean run). What every row of the pair shares (its
+    baselines' columns and values) is made once."""
 
     def __init__(self, pair, clean: Reading, corrupt: Reading, metric: str):
         self.pair, self.metric = pair, metric
@@ -64,7 +66,7 @@ class PairRows:
         """`cell`'s row; `patched` None: a site estimated but not patched (atp)."""
         value = None if patched is None else getattr(patched, self.metric)
         clean, corrupt = self.clean_value, self.corrupt_value
-        ref = clean if cell.direction == "noise" else corrupt
+        ref = clean if BASE_RUNS[cell.direction] == "clean" else corrupt
         row = cell_columns(self.pair, cell)  # the row grows in place
         row["metric"] = self.metric
         row["effect"] = None if value is None or ref is None else value - ref

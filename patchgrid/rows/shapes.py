@@ -3,8 +3,9 @@
 The sweeps produce effect rows in `EFFECT`, the pairs step writes `PAIR`, the activation cache
 keeps `BASELINE`, a study records `RUN`. Parquet staging files use these schemas, and the
 warehouse's views (generated from these shapes by warehouse/catalog.py) give `run_id` and then
-exactly these columns (the warehouse keeps `PAIR_IN_WAREHOUSE`, a subset of `PAIR`); a test checks
-them column for column, type for type.
+exactly these columns (the warehouse keeps `PAIR_IN_WAREHOUSE`, a subset of `PAIR`, and files effect
+rows by their shape, `EFFECT_SHAPES`, each shape with its own columns only); a test checks them
+column for column, type for type.
 
 Columns with a closed set of values are checked whenever rows are turned into a table, so an
 unknown sweep, site or status never reaches a file.
@@ -38,7 +39,13 @@ REASONS = (
 # The sweep kinds (patchgrid.sweeps.registry registers a kind by each name, in this order)
 SWEEP_NAMES = ("resid", "resid_pre", "resid_mid", "attn_out", "mlp_out", "embed", "heads", "neurons", "qkv",
                "pattern", "trace", "atp", "paths", "edges", "circuit", "knockout")
-DIRECTIONS = ("denoise", "noise")  # clean into corrupt | corrupt into clean
+DIRECTIONS = ("denoise", "noise")  # a patch's: clean into corrupt | corrupt into clean
+# An attention knockout's rows (sweeps.knockout): their direction and site name it, the clean run with
+# the last position's attention edges to a group of positions blocked
+KNOCKOUT_DIRECTION, KNOCKOUT_SITE = "knockout", "attention_edges"
+# Each direction an effect row may have -> the run its own run equals below its intervention, which
+# its effect is measured from
+BASE_RUNS = {"denoise": "corrupt", "noise": "clean", KNOCKOUT_DIRECTION: "clean"}
 VERIFY = ("top", "random")  # why an atp row's site was patched exactly
 # What a patch (or an edge outside a circuit) gets: the other run's value, the data set's mean at
 # that site and position role, or zero (sweeps.config's `ablation`)
@@ -138,9 +145,44 @@ EFFECT = RowShape("effect", pa.schema([
     ("ablation", pa.string()),
     # every metric of the patched run and the pair's baselines (trace: corrupt is the noised run's)
     *_metric_columns(("patched", "clean", "corrupt")),
-]), {"sweep": SWEEP_NAMES, "site": SITE_KINDS, "direction": DIRECTIONS,
+]), {"sweep": SWEEP_NAMES, "site": SITE_KINDS + (KNOCKOUT_SITE,), "direction": tuple(BASE_RUNS),
      "metric": tuple(METRICS), "position_role": POSITION_ROLES, "verify": VERIFY, "ablation": ABLATIONS,
      "blocked": KNOCKOUT_GROUPS})
+
+# The columns every effect row has, whatever its shape: which pair and cell it is, its headline metric's
+# effect and recovery, and every reading of the patched run and the pair's baselines.
+_EVERY_EFFECT_ROW = ("pair_id", "relation", "sweep", "site", "direction", "layer", "position", "position_role",
+                     "head", "neuron", "metric", "effect", "recovery",
+                     *(name for name, _ in _metric_columns(("patched", "clean", "corrupt"))))
+
+
+def _effect_shape(name: str, *own: str) -> RowShape:
+    """The effect rows of one shape: the columns every effect row has and its `own`, in EFFECT's order."""
+    unknown = [c for c in own if c not in EFFECT.columns]
+    if unknown:
+        raise ValueError(f"effect row shape {name!r}: {unknown[0]!r} is not a column of EFFECT")
+    return EFFECT.select(name, [c for c in EFFECT.columns if c in _EVERY_EFFECT_ROW or c in own])
+
+
+# Each sweep kind's rows have one of these shapes (SweepKind.row_shape), with exactly its columns: the
+# warehouse files each shape apart and its views select rows by shape (warehouse/kinds.py).
+EFFECT_SHAPES = {shape.name: shape for shape in (
+    # one patched run per row, its effect its own (every kind's that declares no other)
+    _effect_shape("exact", "ablation"),
+    # attribution patching: an estimate per site, only a selected subset also patched exactly (`verify`)
+    _effect_shape("estimate", "estimate", "estimate_graddrop", "verify"),
+    # path patching: one path from a sender to a receiver per row
+    _effect_shape("path", "sender", "receiver"),
+    # causal tracing: the clean prompt noised, one site restored per row (`corrupt_*`: the noised run's)
+    _effect_shape("noised", "window"),
+    # edge attribution: one edge's score per row, a selected subset also patched exactly (`verify`)
+    _effect_shape("edge", "sender", "receiver", "estimate", "verify", "circuit_rank"),
+    # circuits: one circuit run of a pair per row
+    _effect_shape("circuit", "circuit_size", "circuit_edges", "ablation"),
+    # attention knockout: one group of positions blocked from the last over a window of layers per row
+    _effect_shape("knockout", "window", "blocked"),
+)}
+ROW_SHAPES = tuple(EFFECT_SHAPES)
 
 PAIR = RowShape("pair", pa.schema([
     ("pair_id", pa.string()),
@@ -199,8 +241,13 @@ RUN = RowShape("run", pa.schema([
     ("reason", pa.string()),  # why a run failed or was cancelled, in one line
 ]), {"status": RUN_STATUSES})
 
+# The warehouse's effect rows: every shape's columns, and the row's shape (NULL where a row's shape
+# does not have a column)
+EFFECT_IN_WAREHOUSE = RowShape("effect", EFFECT.schema.append(pa.field("row_shape", pa.string())),
+                               {**EFFECT.closed, "row_shape": ROW_SHAPES})
+
 # warehouse table -> the shape of its rows after `run_id` (runs: the whole row)
-WAREHOUSE_TABLES = {"runs": RUN, "pairs": PAIR_IN_WAREHOUSE, "baselines": BASELINE, "effects": EFFECT}
+WAREHOUSE_TABLES = {"runs": RUN, "pairs": PAIR_IN_WAREHOUSE, "baselines": BASELINE, "effects": EFFECT_IN_WAREHOUSE}
 
 _SQL_TYPES = {pa.string(): "VARCHAR", pa.int32(): "INTEGER", pa.int64(): "BIGINT", pa.float32(): "FLOAT",
               pa.float64(): "DOUBLE", pa.bool_(): "BOOLEAN", pa.timestamp("us"): "TIMESTAMP",

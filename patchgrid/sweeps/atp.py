@@ -26,7 +26,7 @@ class AtpSweep(SweepKind):
     rest patched exactly. Its prepare phase makes the estimates and the choice (`estimates()`)."""
     ablatable_why = "its estimates are first order in the clean - corrupt difference"
 
-    name, drawing = "atp", "atp"
+    name, drawing, row_shape = "atp", "atp", "estimate"
     # Every atp row's metric, whatever the pair's answers: the AtP objective, the log-probability
     # difference of the answers each summed over its tokens (patchgrid.methods.attribution), which for
     # one-token answers equals the logit difference. One name for every pair, so that atp_summary

@@ -25,6 +25,7 @@ from ..frozen import frozen
 from ..metrics import METRICS, Reading, reads_of
 from ..plan import Request, Start, latest_start, replaced
 from ..rows.effects import PairRows, reading_from
+from ..rows.shapes import BASE_RUNS
 from ..settings import SpecError
 from .populations import ACCEPTED_PAIRS, Population
 
@@ -46,8 +47,14 @@ class Cell:
     sample: int | None = None  # trace: the noise sample
     neuron: int | None = None
     receiver: str | None = None  # paths: `logits` or a later head's input (sites.unit_name); site etc.: the sender
-    size: float | None = None  # circuit: the circuit's size in percent of the graph's edges (0: empty)
-    blocked: str | None = None  # knockout: the group of positions the last position may not read
+    # What else tells a kind's cells apart, as columns of its own row shape that its rows carry, in
+    # (column, value) pairs: circuit: (("circuit_size", percent of the graph's edges),); knockout:
+    # (("blocked", the group of positions the last position may not read),)
+    row_columns: tuple[tuple[str, object], ...] = ()
+
+    def row_column(self, column: str):
+        """The value of one of the cell's `row_columns` (None: it has none)."""
+        return dict(self.row_columns).get(column)
 
     @property
     def source(self) -> str:
@@ -57,10 +64,10 @@ class Cell:
     @property
     def base_run(self) -> str:
         """The cached run this patched run equals below its patches (where it may start): the run
-        the patch goes into, or for causal tracing the noised run of its sample."""
+        its direction goes into (rows.shapes.BASE_RUNS), or for causal tracing the noised run of its sample."""
         if self.sample is not None:
             return f"{NOISED}{self.sample}"
-        return "clean" if self.direction == "noise" else "corrupt"
+        return BASE_RUNS[self.direction]
 
 
 @dataclass(frozen=True)
@@ -109,6 +116,9 @@ class SweepRun:
 class SweepKind:
     name: str
     metric = "logit_diff"  # the headline metric (an effect row's `effect` and `recovery`)
+    # The shape of its effect rows (a name of rows.shapes.EFFECT_SHAPES: the columns they have, and
+    # which views read them)
+    row_shape = "exact"
     # How the report draws the kind's rows: a name of patchgrid.report.sections.DRAWINGS, or none (not
     # drawn: a cell per neuron)
     drawing = "layer_by_role"

@@ -31,7 +31,7 @@ from .base import Cell, SweepKind, baselines, scored, source_name
 
 
 class CircuitSweep(SweepKind):
-    name, drawing = "circuit", "circuit"
+    name, drawing, row_shape = "circuit", "circuit", "circuit"
     metric = "logprob_diff"
     settings = ("circuit_sizes", "circuit_build")
     builds_on = ("edges",)
@@ -75,8 +75,12 @@ class CircuitSweep(SweepKind):
                "baselines": {p.pair_id: baselines(run.store.baselines[p.pair_id]) for p in run.pairs}}
         return ctx.with_prepared(self.name, got)
 
+    def cell_of_size(self, size: float) -> Cell:
+        """A pair's run of the circuit of `size` (percent of the graph's edges; 0: the empty circuit)."""
+        return Cell(self.name, None, row_columns=(("circuit_size", size),))
+
     def cells(self, pair, ctx):
-        return [Cell(self.name, None, size=s) for s in (0.0,) + tuple(ctx.config.circuit_sizes)]
+        return [self.cell_of_size(s) for s in (0.0,) + tuple(ctx.config.circuit_sizes)]
 
     def patch_source(self, index: int, cell, ctx) -> str:
         ablation = ctx.config.ablation
@@ -85,28 +89,29 @@ class CircuitSweep(SweepKind):
     def reading_without_run(self, cell, ctx, pair):
         """The full circuit is the clean run; with patching, the empty circuit is the corrupt run."""
         clean, corrupt = ctx.prepared_by(self.name)["baselines"][pair.pair_id]
-        if cell.size == 100:
+        size = cell.row_column("circuit_size")
+        if size == 100:
             return clean
-        if cell.size == 0 and ctx.config.ablation == "patching":
+        if size == 0 and ctx.config.ablation == "patching":
             return corrupt
         return None
 
     def request(self, pair, cell, ctx, source):
-        return Request(pair.clean_ids, **scored(pair), circuit=Circuit(source, ctx.prepared_by(self.name)["circuits"][
-            cell.size]))
+        kept = ctx.prepared_by(self.name)["circuits"][cell.row_column("circuit_size")]
+        return Request(pair.clean_ids, **scored(pair), circuit=Circuit(source, kept))
 
     def rows(self, pair, readings, baseline, ctx):
         clean, corrupt = baselines(baseline)
         metric, row_of = self.metric, PairRows(pair, clean, corrupt, self.metric).row
         circuits = ctx.prepared_by(self.name)["circuits"]
         got = dict(readings)
-        empty, full = got[Cell(self.name, None, size=0.0)].value(metric), clean.value(metric)
+        empty, full = got[self.cell_of_size(0.0)].value(metric), clean.value(metric)
         out = []
         for cell, r in readings:
-            row = row_of(cell, r)
+            row = row_of(cell, r)  # circuit_size among its columns
             value = r.value(metric)
             row.update(effect=value - empty,
                        recovery=(value - empty) / (full - empty) if full != empty else None,
-                       circuit_size=cell.size, circuit_edges=len(circuits[cell.size]), ablation=ctx.config.ablation)
+                       circuit_edges=len(circuits[row["circuit_size"]]), ablation=ctx.config.ablation)
             out.append(row)
         return out

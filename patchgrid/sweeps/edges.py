@@ -39,7 +39,7 @@ def sender_columns(sender: str) -> dict:
 
 class EdgeSweep(SweepKind):
     ablatable_why = "its scores are first order in the clean - corrupt difference"
-    name, drawing = "edges", "edges"
+    name, drawing, row_shape = "edges", "edges", "edge"
     # the EAP objective, whatever the pair's answers (as atp's): log p(clean) - log p(corrupt), each summed
     # over its tokens, which for one-token answers is the logit difference
     metric = "logprob_diff"

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from ..cache import CacheSpec, stream_keys
 from ..plan import Knockout, Request
-from ..rows.shapes import KNOCKOUT_GROUPS
+from ..rows.shapes import KNOCKOUT_DIRECTION, KNOCKOUT_GROUPS, KNOCKOUT_SITE
 from .base import Cell, SweepKind, grid_layers, scored, trace_window
 from .populations import TRACED_FACTS
 
@@ -31,9 +31,10 @@ def group_positions(pair, group: str) -> tuple[int, ...]:
 
 class KnockoutSweep(SweepKind):
     """The clean prompt with the last position's attention to one group of positions blocked over a
-    window of layers; rows: the knocked-out run against the clean run (direction `noise`)."""
+    window of layers; rows: the knocked-out run against the clean run (direction `knockout`, site
+    `attention_edges`, the group in `blocked`)."""
 
-    name, metric, drawing = "knockout", "p", "knockout"
+    name, metric, drawing, row_shape = "knockout", "p", "knockout", "knockout"
     population = TRACED_FACTS
     settings = ("knockout_window",)
     sites = ()
@@ -45,13 +46,14 @@ class KnockoutSweep(SweepKind):
 
     def cells(self, pair, ctx):
         last = len(pair.clean_ids) - 1
-        return [Cell(self.name, "pattern", "noise", layer, last, window=ctx.config.knockout_window, blocked=group)
+        return [Cell(self.name, KNOCKOUT_SITE, KNOCKOUT_DIRECTION, layer, last, window=ctx.config.knockout_window,
+                     row_columns=(("blocked", group),))
                 for group in KNOCKOUT_GROUPS if group_positions(pair, group) for layer in grid_layers(ctx)]
 
     def request(self, pair, cell, ctx, source):
         layers = tuple(trace_window(cell.layer, cell.window, ctx.n_layers))
-        return Request(tokens=pair.clean_ids, knockout=Knockout(layers, (cell.position,),
-                                                                group_positions(pair, cell.blocked)), **scored(pair))
+        blocked = group_positions(pair, cell.row_column("blocked"))
+        return Request(tokens=pair.clean_ids, knockout=Knockout(layers, (cell.position,), blocked), **scored(pair))
 
     @staticmethod
     def unchanged(cell, first_change):

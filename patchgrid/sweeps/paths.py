@@ -66,7 +66,7 @@ def receiver_patch(receiver: str, source: str, positions) -> Patch:
 
 class PathSweep(SweepKind):
     ablatable_why = "a path carries the clean run's value through runs frozen at the corrupt one's"
-    name, drawing = "paths", "paths"
+    name, drawing, row_shape = "paths", "paths", "path"
     settings = ("path_senders", "path_receivers", "path_inputs", "path_mlps")
 
     # ---- the grid ----

@@ -2,12 +2,13 @@
 the flow, the spec and the report read their declarations from here).
 
 To add a sweep kind: a `SweepKind` subclass in its own file of patchgrid/sweeps/ (sweeps.base says
-what it may declare and which phases it may have), its entry below, and its name in
-rows.SWEEP_NAMES (the effect rows' closed set of sweeps).
+what it may declare and which phases it may have, its `row_shape` among them), its entry below, and
+its name in rows.SWEEP_NAMES (the effect rows' closed set of sweeps). A kind whose rows fit no shape
+of rows.EFFECT_SHAPES declares a new one there (its columns), and the warehouse's views that read it.
 """
 from __future__ import annotations
 
-from ..rows.shapes import SWEEP_NAMES
+from ..rows.shapes import ROW_SHAPES, SWEEP_NAMES
 from .atp import AtpSweep
 from .base import SweepKind
 from .circuit import CircuitSweep
@@ -43,6 +44,15 @@ SWEEP_KINDS.update((kind.name, kind) for kind in (
 _unnamed = [name for name in SWEEP_KINDS if name not in SWEEP_NAMES]
 if _unnamed:
     raise ImportError(f"sweep kind {_unnamed[0]!r} is not in rows.SWEEP_NAMES: its effect rows would be refused")
+_unshaped = [name for name, kind in SWEEP_KINDS.items() if kind.row_shape not in ROW_SHAPES]
+if _unshaped:
+    raise ImportError(f"sweep kind {_unshaped[0]!r}: row shape {SWEEP_KINDS[_unshaped[0]].row_shape!r} is not one "
+                      f"of rows.EFFECT_SHAPES ({', '.join(ROW_SHAPES)})")
+
+
+def row_shapes() -> dict[str, str]:
+    """{sweep: the shape of its effect rows} of every kind: what a load is told (warehouse.loader.load_run)."""
+    return {name: kind.row_shape for name, kind in SWEEP_KINDS.items()}
 
 
 def settings_of(names) -> tuple[str, ...]:

@@ -30,7 +30,7 @@ class TraceSweep(SweepKind):
     take the noised run as the corrupt baseline."""
     ablatable_why = "it restores the clean run's states into runs noised from it"
 
-    name, metric, drawing = "trace", "p", "trace_buckets"
+    name, metric, drawing, row_shape = "trace", "p", "trace_buckets", "noised"
     population, noised = TRACED_FACTS, True
     settings = ("trace_samples", "trace_window", "trace_noise_scale", "trace_sites", "trace_facts")
 

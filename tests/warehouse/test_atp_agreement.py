@@ -14,7 +14,7 @@ from patchgrid.pairs import to_table as pairs_table
 from patchgrid.pairs.pair import Pair
 from patchgrid.sweeps import SweepConfig
 from patchgrid.sweeps.base import SweepContext
-from patchgrid.sweeps.registry import SWEEP_KINDS
+from patchgrid.sweeps.registry import SWEEP_KINDS, row_shapes
 from patchgrid.warehouse.agreement import agreement
 from patchgrid.warehouse.loader import connect, load_run, query, start_run
 from tests.support.effect_rows import (
@@ -42,7 +42,7 @@ def load(tmp_path, rows, pair_ids, name="w"):
     wh = tmp_path / f"{name}.duckdb"
     f, stored = write_and_read_back(rows, tmp_path / f"{name}.parquet")
     start_run(wh, {"run_id": "r", "model": "m"})
-    load_run(wh, "r", pairs_table([pair_record(p) for p in pair_ids]), [], [f])
+    load_run(wh, "r", pairs_table([pair_record(p) for p in pair_ids]), [], [f], sweep_kinds=row_shapes())
     return wh, stored
 
 

@@ -9,6 +9,7 @@ import statistics
 import pytest
 
 from patchgrid.pairs import to_table as pairs_table
+from patchgrid.sweeps.registry import row_shapes
 from patchgrid.warehouse.loader import load_run, query, start_run
 from tests.support.effect_rows import CLEAN, CORRUPT, atp_row, make_pair, row, shifted, write_and_read_back
 
@@ -93,7 +94,7 @@ def load(tmp_path, rows, run_id="r", name="w"):
     wh = tmp_path / f"{name}.duckdb"
     f, stored = write_and_read_back(rows, tmp_path / f"{name}-{run_id}.parquet")
     start_run(wh, {"run_id": run_id, "model": "m"})
-    load_run(wh, run_id, pairs_table([pair_record(f"p{i}") for i in range(6)]), [], [f])
+    load_run(wh, run_id, pairs_table([pair_record(f"p{i}") for i in range(6)]), [], [f], sweep_kinds=row_shapes())
     return wh, stored
 
 

@@ -13,7 +13,7 @@ from scipy import stats
 from patchgrid.methods.circuits import circuit_size, edge_order
 from patchgrid.methods.graph import EdgeGraph
 from patchgrid.sweeps import SweepConfig
-from patchgrid.sweeps.base import Cell, SweepContext, baselines
+from patchgrid.sweeps.base import SweepContext, baselines
 from patchgrid.sweeps.circuit import CircuitSweep
 from patchgrid.sweeps.edges import EdgeSweep
 from tests.support.effect_rows import baseline, between, make_pair
@@ -49,7 +49,7 @@ def circuit_rows(ablation="patching"):
     for k, p in enumerate(pairs):
         rows += EdgeSweep({}).rows(p, [], baseline(p.pair_id), ctx)
         # the circuit at size s recovers s / 100 of the way plus a pair's own wobble; the empty one 0
-        got = [(Cell("circuit", None, size=s), between(0.0 if s == 0 else s / 100 + 0.03 * (k - 2))) for s in sizes]
+        got = [(CircuitSweep().cell_of_size(s), between(0.0 if s == 0 else s / 100 + 0.03 * (k - 2))) for s in sizes]
         recoveries[p.pair_id] = {s: r.value("logprob_diff") for s, r in got}
         rows += CircuitSweep().rows(p, got, baseline(p.pair_id), ctx)
     return rows, order, recoveries

@@ -306,40 +306,27 @@ def test_run_states(tmp_path):
 
 
 def _old_shaped_load(wh, run_id: str, seed=0) -> None:
-    """The synthetic run published as patchgrid wrote loads before every metric had its columns:
-    effect and baseline files with logit difference and p only, pairs without answer_policy."""
+    """The synthetic run in a warehouse of schema v2 (migrated by the next patchgrid to open it), as
+    patchgrid wrote loads before every metric had its columns: effect and baseline files with logit
+    difference and p only, pairs without answer_policy, no record of its kinds."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
-    from patchgrid.rows.shapes import EFFECT, PAIR_IN_WAREHOUSE
-    from patchgrid.warehouse.layout import publish_dir, stamp
-    from patchgrid.warehouse.loader import finish_run
+    from tests.warehouse.v2_loads import v2_effects, v2_load, v2_warehouse
 
     pairs, baselines, effects = synthetic(seed=seed)
-    layout = ensure(wh)
-    start_run(wh, {"run_id": run_id, "model": "m"})
-
-    def fill(folder):
-        (folder / "effects").mkdir()
-        effect_schema = pa.schema([EFFECT.schema.field(c) for c in OLD_EFFECT_COLUMNS])
-        pq.write_table(pa.Table.from_pylist(effects).select(OLD_EFFECT_COLUMNS).cast(effect_schema),
-                       folder / "effects" / "part-00000.parquet")
-        pq.write_table(pa.Table.from_pylist(baselines).select(OLD_BASELINE_COLUMNS).cast(
-            pa.schema([(c, pa.string() if c == "pair_id" else pa.float32()) for c in OLD_BASELINE_COLUMNS])),
-            folder / "baselines.parquet")
-        old_pairs = [c for c in PAIR_IN_WAREHOUSE.columns if c != "answer_policy"]
-        pq.write_table(pairs.select(old_pairs), folder / "pairs.parquet")
-
-    publish_dir(fill, layout.run_dir(run_id), f"load={stamp()}")
-    finish_run(wh, run_id, "completed")
+    layout = Layout.of(wh) if Layout.of(wh).exists() else v2_warehouse(wh)
+    old_baselines = pa.Table.from_pylist(baselines).select(OLD_BASELINE_COLUMNS).cast(
+        pa.schema([(c, pa.string() if c == "pair_id" else pa.float32()) for c in OLD_BASELINE_COLUMNS]))
+    v2_load(layout, run_id, pairs.drop_columns(["answer_policy"]), old_baselines,
+            v2_effects(effects, OLD_EFFECT_COLUMNS), recorded=None)
 
 
 def test_an_old_shaped_load_is_summarised_on_logit_diff_and_p(tmp_path):
     """The same rows loaded in today's shape and in the shape before issue 15: the old load has
     logit difference and p only, and on those it is summarised exactly as the new one."""
     wh = tmp_path / "w.duckdb"
-    load(tmp_path, wh, run_id="run-new")
     _old_shaped_load(wh, "run-old")
+    load(tmp_path, wh, run_id="run-new")  # migrates the warehouse first
     assert count(wh, "effects", "run-old") == count(wh, "effects", "run-new") == 90
     assert query(wh, "SELECT DISTINCT metric FROM effect_summary WHERE run_id = 'run-old' ORDER BY 1")[1] == [
         ("logit_diff",), ("p",)]
@@ -360,9 +347,9 @@ def test_named_queries_take_a_metric_and_fall_back_without_logprob_diff(tmp_path
     from patchgrid.warehouse.queries import stream_by_layer, strongest_effects
 
     wh = tmp_path / "w.duckdb"
+    _old_shaped_load(wh, "run-old")  # written before answers were scored: logit_diff and p only
     load(tmp_path, wh, run_id="one-token")
     load(tmp_path, wh, run_id="multi-token", multi_token=True)
-    _old_shaped_load(wh, "run-old")  # written before answers were scored: logit_diff and p only
     for run, default in (("one-token", "logprob_diff"), ("multi-token", "logprob_diff"), ("run-old", "logit_diff")):
         cols, rows = strongest_effects(wh, run, top=5)
         assert len(rows) == 5 and {r[cols.index("metric")] for r in rows} == {default}, run

@@ -11,6 +11,7 @@ import pytest
 
 from patchgrid.metrics import METRICS
 from patchgrid.pairs import to_table as pairs_table
+from patchgrid.sweeps.registry import row_shapes
 from patchgrid.warehouse.loader import load_run, query, start_run
 from tests.support.effect_rows import CLEAN, CORRUPT, make_pair, row, shifted, write_and_read_back
 
@@ -63,7 +64,8 @@ def load(tmp_path, rows, run_id="r", params=None):
     wh = tmp_path / "w.duckdb"
     f, stored = write_and_read_back(rows, tmp_path / f"{run_id}.parquet")
     start_run(wh, {"run_id": run_id, "model": "m", "params": params or {}})
-    load_run(wh, run_id, pairs_table([pair_record(f"p{i}") for i in range(N_PAIRS)]), [], [f])
+    load_run(wh, run_id, pairs_table([pair_record(f"p{i}") for i in range(N_PAIRS)]), [], [f],
+             sweep_kinds=row_shapes())
     return wh, stored
 
 

@@ -12,6 +12,7 @@ import pytest
 from patchgrid.pairs import to_table as pairs_table
 from patchgrid.pairs.align import position_roles, tokenize_with_subject
 from patchgrid.rows.effects import write_effects
+from patchgrid.sweeps.registry import row_shapes
 from patchgrid.warehouse.loader import load_run, query, start_run
 from tests.support.effect_rows import CLEAN, CORRUPT, make_pair, row, shifted
 
@@ -60,7 +61,7 @@ def trace_warehouse(tmp_path, prompts, params=None):
                             metric="p", clean=clean, corrupt=corrupt, patched=shifted(corrupt, p=p)))
     wh = tmp_path / "w.duckdb"
     start_run(wh, {"run_id": "r", "model": "m", **({"params": params} if params else {})})
-    load_run(wh, "r", pairs_table(pairs), [], [write_effects(rows, tmp_path / "e.parquet")])
+    load_run(wh, "r", pairs_table(pairs), [], [write_effects(rows, tmp_path / "e.parquet")], sweep_kinds=row_shapes())
     cols, got = query(wh, "SELECT * FROM trace_buckets WHERE site = 'resid' AND metric = 'p'")
     return {r["bucket"]: r for r in (dict(zip(cols, x)) for x in got)}
 

@@ -11,6 +11,7 @@ import pytest
 from patchgrid.metrics import METRICS, MIN_SPAN, Reading, recovery
 from patchgrid.pairs import to_table as pairs_table
 from patchgrid.rows.effects import write_effects
+from patchgrid.sweeps.registry import row_shapes
 from patchgrid.warehouse.loader import load_run, query, start_run
 from tests.support.effect_rows import CLEAN, CORRUPT, between, make_pair, row, shifted, write_and_read_back
 
@@ -36,7 +37,8 @@ def effect(pid, recovery, *, span=4.0, roles=("subject_last", "last"), position=
 def warehouse(tmp_path, pairs, effects):
     wh = tmp_path / "w.duckdb"
     start_run(wh, {"run_id": "r", "model": "m"})
-    load_run(wh, "r", pairs_table(pairs), [], [write_effects(effects, tmp_path / "e.parquet")])
+    load_run(wh, "r", pairs_table(pairs), [], [write_effects(effects, tmp_path / "e.parquet")],
+             sweep_kinds=row_shapes())
     return wh
 
 
@@ -148,7 +150,7 @@ def test_every_metric_has_its_own_mean_effect_and_recovery(tmp_path, direction):
     f, stored = write_and_read_back(rows, tmp_path / "e.parquet")
     wh = tmp_path / "w.duckdb"
     start_run(wh, {"run_id": "r", "model": "m"})
-    load_run(wh, "r", pairs_table([pair(f"p{i}", roles=roles) for i in range(6)]), [], [f])
+    load_run(wh, "r", pairs_table([pair(f"p{i}", roles=roles) for i in range(6)]), [], [f], sweep_kinds=row_shapes())
     cols, got = query(wh, "SELECT metric, n_pairs, n_recovery, mean_effect, mean_recovery, ratio_of_means "
                           "FROM effect_summary")
     got = {r[0]: dict(zip(cols[1:], r[1:])) for r in got}
