@@ -9,7 +9,10 @@ from patchgrid.model.sites import SITE_KINDS
 from patchgrid.pairs import to_table as pairs_table
 from patchgrid.rows.effects import to_table as effects_table
 from patchgrid.rows.effects import write_effects
-from patchgrid.rows.shapes import EFFECT, PAIR, SWEEP_NAMES, WAREHOUSE_TABLES, RowError, warehouse_columns
+from patchgrid.rows.shapes import (
+    BASE_RUNS, DIRECTIONS, EFFECT, KNOCKOUT_DIRECTION, KNOCKOUT_SITE, PAIR, SWEEP_NAMES, WAREHOUSE_TABLES, RowError,
+    warehouse_columns,
+)
 from patchgrid.sweeps import SWEEP_KINDS
 from patchgrid.warehouse.loader import connect, ensure, load_run, start_run
 
@@ -39,7 +42,8 @@ def effect(**change):
 
 def test_closed_sets_are_the_registries():
     assert EFFECT.closed["sweep"] == SWEEP_NAMES == tuple(SWEEP_KINDS)  # every kind registered, in order
-    assert EFFECT.closed["site"] == SITE_KINDS
+    assert EFFECT.closed["site"] == SITE_KINDS + (KNOCKOUT_SITE,)  # a knockout's rows name what they are
+    assert EFFECT.closed["direction"] == tuple(BASE_RUNS) == DIRECTIONS + (KNOCKOUT_DIRECTION,)
     assert EFFECT.closed["metric"] == tuple(METRICS)
 
 

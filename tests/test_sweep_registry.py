@@ -11,7 +11,7 @@ import pytest
 from patchgrid.cache import CacheSpec, MemoryStore, layer_keys, stream_keys
 from patchgrid.pipeline.spec import StudySpec
 from patchgrid.plan import Patch, Request
-from patchgrid.rows.shapes import SWEEP_NAMES
+from patchgrid.rows.shapes import ROW_SHAPES, SWEEP_NAMES
 from patchgrid.sweeps import (
     POPULATIONS,
     SWEEP_KINDS,
@@ -93,6 +93,7 @@ def test_the_registry_lists_every_kind_the_rows_name():
         assert kind.drawing in ("layer_by_role", "layer_by_head", "none", "trace_buckets", "paths", "atp", "edges",
                                 "circuit", "knockout")
         assert set(kind.settings) <= set(SweepConfig.__dataclass_fields__) | set(StudySpec.__dataclass_fields__), name
+        assert kind.row_shape in ROW_SHAPES, name  # the shape of its effect rows, which the warehouse files them by
 
 
 def test_what_the_kinds_of_a_run_declare_together():

@@ -9,7 +9,8 @@ import pytest
 
 from patchgrid.cache import CacheError, load_or_build
 from patchgrid.metrics import METRICS
-from patchgrid.sweeps import SweepConfig, cache_spec, count_runs, run_sweeps, trace_window
+from patchgrid.rows.shapes import EFFECT_SHAPES, KNOCKOUT_DIRECTION, KNOCKOUT_SITE
+from patchgrid.sweeps import SWEEP_KINDS, SweepConfig, cache_spec, count_runs, run_sweeps, trace_window
 from tests.support.engines import PRETRAINED_SLOW_DTYPE, TINY, needs_vllm
 from tests.support.pairs import noise_std_for, shipped_pairs
 
@@ -28,7 +29,14 @@ def _long_answers(pairs):
 
 def _key(row):
     return (row["pair_id"], row["sweep"], row["site"], row["direction"], row["layer"], row["position"], row["head"],
-            row["window"], row["blocked"])
+            row["window"], row.get("blocked"))
+
+
+def _in_their_shapes(rows):
+    """Each row sets only columns of the shape its kind declares (what the warehouse files it under)."""
+    for r in rows:
+        shape = EFFECT_SHAPES[SWEEP_KINDS[r["sweep"]].row_shape]
+        assert {column for column, value in r.items() if value is not None} <= set(shape.columns), r["sweep"]
 
 
 def _by_key(rows):
@@ -69,6 +77,7 @@ def test_rows_are_complete_and_consistent(tmp_path, engines, tokenizers):
     pairs = _long_answers(shipped_pairs(tokenizers("tiny-gpt2"), 3))
     cache, _ = load_or_build(hf, pairs, cache_spec(ALL, 4, noise_std_for(hf, pairs)), tmp_path, log=lambda *_: None)
     rows = run_sweeps(hf, pairs, cache, ALL)
+    _in_their_shapes(rows)
     whole = {p.pair_id for p in pairs[:2]}  # answers scored whole: no logit difference, headline logprob_diff
     non_trace = [r for r in rows if r["sweep"] != "trace"]
     n_trace = sum(len(p.clean_ids) * 4 * 3 for p in pairs)  # positions x layers x (resid, mlp, attn)
@@ -290,16 +299,17 @@ def test_pattern_and_knockout_sweeps_equal_the_hf_backend(tmp_path, engines, tok
         for other in (b, c):
             for m in METRICS:
                 assert a[k][f"patched_{m}"] == pytest.approx(other[k][f"patched_{m}"], abs=1e-4), (k, m)
+    _in_their_shapes(a.values())
     knock = [r for r in a.values() if r["sweep"] == "knockout"]
     n = vl.shape.n_layers
     assert len(knock) == sum(n * (3 if p.subject_start > 0 or p.subject_end < len(p.clean_ids) - 1 else 2)
                              for p in pairs)
     for r in knock:
-        assert r["metric"] == "p" and r["direction"] == "noise" and r["site"] == "pattern"
+        assert r["metric"] == "p" and r["direction"] == KNOCKOUT_DIRECTION and r["site"] == KNOCKOUT_SITE
         assert r["effect"] == pytest.approx(r["patched_p"] - r["clean_p"], abs=1e-6)
         assert r["window"] == len(trace_window(r["layer"], 3, n)) and r["position_role"] == "last"
     assert {r["blocked"] for r in knock} == {"subject", "non_subject", "last"}
     assert max(abs(r["patched_logp_clean"] - r["clean_logp_clean"]) for r in knock) > 1e-2  # (p is tiny here)
     patterns = [r for r in a.values() if r["sweep"] == "pattern"]
     assert {r["position_role"] for r in patterns} == {"all", "subject_last", "last"}
-    assert len({r["head"] for r in patterns}) == vl.shape.n_heads and all(r["blocked"] is None for r in patterns)
+    assert len({r["head"] for r in patterns}) == vl.shape.n_heads and all(r.get("blocked") is None for r in patterns)

@@ -91,16 +91,15 @@ def edge_agreement(con, run_id: str) -> list[dict]:
 
 
 def verified_estimates(con, run_id: str, limit: int) -> list[dict]:
-    """The estimated rows also patched exactly (estimate and effect both set), a deterministic
-    sample of `limit` per site kind and metric at most, each with n_rows, how many there were."""
+    """Attribution patching's rows (row shape `estimate`) also patched exactly (their effect set), a
+    deterministic sample of `limit` per site kind and metric at most, each with n_rows, how many there were."""
     return rows(con, """
         SELECT site, metric, verify, estimate, effect, n_rows FROM (
             SELECT site, metric, verify, estimate::DOUBLE AS estimate, effect::DOUBLE AS effect,
                    count(*) OVER (PARTITION BY site, metric) AS n_rows,
                    row_number() OVER (PARTITION BY site, metric
                                       ORDER BY hash(pair_id, layer, position, head, neuron)) AS k
-            FROM effects WHERE run_id = ? AND verify IS NOT NULL
-              AND effect IS NOT NULL AND estimate IS NOT NULL)
+            FROM effects WHERE run_id = ? AND row_shape = 'estimate' AND verify IS NOT NULL AND effect IS NOT NULL)
         WHERE k <= ? ORDER BY site, metric, verify DESC, k""", [run_id, limit])
 
 
