@@ -10,7 +10,15 @@ from patchgrid.pairs import to_table as pairs_table
 from patchgrid.rows.effects import to_table as effects_table
 from patchgrid.rows.effects import write_effects
 from patchgrid.rows.shapes import (
-    BASE_RUNS, DIRECTIONS, EFFECT, KNOCKOUT_DIRECTION, KNOCKOUT_SITE, PAIR, SWEEP_NAMES, WAREHOUSE_TABLES, RowError,
+    BASE_RUNS,
+    DIRECTIONS,
+    EFFECT,
+    KNOCKOUT_DIRECTION,
+    KNOCKOUT_SITE,
+    PAIR,
+    SWEEP_NAMES,
+    WAREHOUSE_TABLES,
+    RowError,
     warehouse_columns,
 )
 from patchgrid.sweeps import SWEEP_KINDS
