@@ -1,7 +1,8 @@
 """The `study` flow: data set -> aligned pairs -> clean-activation cache -> sweeps over shards of
-pairs -> DuckDB warehouse -> summary. Each step is a task in patchgrid.tasks; this file only
-orchestrates. Its one parameter is the study's StudySpec, validated when it is built, and handed
-to every task.
+pairs -> DuckDB warehouse -> summary. Each step is a plain function of patchgrid.pipeline.steps
+(which `patchgrid sweep` calls directly), run here as a task of patchgrid.tasks where Prefect's
+caching, retries or artifacts serve it; this file only orchestrates. Its one parameter is the
+study's StudySpec, validated when it is built, and handed to every task.
 
     python -m patchgrid.flows.study          # the demo study, no Prefect server needed
 
@@ -10,9 +11,6 @@ annotations, and a flow loaded from its entrypoint (a served or deployed run) ca
 as strings.
 """
 
-import subprocess
-from dataclasses import replace
-from datetime import datetime, timezone
 from functools import partial
 from pathlib import Path
 
@@ -23,6 +21,7 @@ from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from patchgrid.backends.engine import Engines, LocalEngines
+from patchgrid.pipeline import steps
 from patchgrid.pipeline.spec import ShardSpec, StudySpec
 from patchgrid.runtime.progress import report
 from patchgrid.runtime.stopping import Cancelled, cancel_on_signals, one_line, signalled
@@ -32,17 +31,6 @@ from patchgrid.tasks.sweeps import measure_trace_noise, sweep_shard
 from patchgrid.tasks.warehouse import load_warehouse, record_run, summarize
 
 DEFAULT = StudySpec()
-
-
-def code_version() -> str:
-    import patchgrid
-
-    try:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
-                             cwd=Path(__file__).parent).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        rev = ""
-    return f"{patchgrid.__version__}+{rev}" if rev else patchgrid.__version__
 
 
 def _produced(task, *args, sound=lambda path: Path(path).exists(), **kwargs) -> str:
@@ -64,10 +52,6 @@ def study(spec: StudySpec = DEFAULT) -> str:
         return run_study(spec)
 
 
-def _now():
-    return datetime.now(timezone.utc).replace(tzinfo=None)
-
-
 def engines_for(spec: StudySpec, model_sha: str) -> Engines:
     """Where the study's model work runs: this process's engine, or the run's engine actors on Ray."""
     from patchgrid.pipeline.memory import describe, gpu_memory, memory_plan, study_engine_options
@@ -81,41 +65,25 @@ def engines_for(spec: StudySpec, model_sha: str) -> Engines:
     from patchgrid.backends.cluster import RayEngines
 
     # the engines' options are worked out in each actor, against the GPU it is given (the atp plan)
-    return RayEngines(spec.run_id, spec.model, model_sha, spec.backend, code_version(), workers=spec.ray_workers,
-                      tensor_parallel_size=spec.tensor_parallel_size, gpus=spec.gpus_per_engine,
-                      options=partial(study_engine_options, spec), address=spec.ray_address,
+    return RayEngines(spec.run_id, spec.model, model_sha, spec.backend, steps.code_version(),
+                      workers=spec.ray_workers, tensor_parallel_size=spec.tensor_parallel_size,
+                      gpus=spec.gpus_per_engine, options=partial(study_engine_options, spec), address=spec.ray_address,
                       timeout_s=spec.ray_timeout_s, log=log)
 
 
 def run_study(spec: StudySpec) -> str:
-    from transformers import AutoConfig
-
-    from patchgrid.cache import model_identity
-    from patchgrid.model.models import prepare
-    from patchgrid.model.sites import shape_of
-    from patchgrid.pipeline.fingerprint import fingerprint
-    from patchgrid.sweeps import by_population, check_family, noised
-    from patchgrid.sweeps.base import check_layers
+    from patchgrid.sweeps import TraceNoise, noised
     from patchgrid.warehouse.loader import finish_run
 
-    folder = prepare(spec.model)
-    model_sha = model_identity(folder)["weights_sha256"]
-    shape = shape_of(AutoConfig.from_pretrained(folder))
-    check_family(spec.sweep, shape.family)
-    check_layers(spec.sweep, shape.n_layers, spec.model)  # before the run starts, from the flow or the API too
+    steps.check_model(spec.model, spec.sweep)  # before the run starts, from the flow or the API too
+    model_sha = steps.model_sha256(spec.model)
     # The same inputs give the same run id: a rerun resumes and replaces, never duplicates.
-    spec = spec.with_run_id(spec.run_id or "run-" + fingerprint(model_sha, spec.identity_params())[:12])
+    spec = spec.with_run_id(spec.run_id or spec.default_run_id(model_sha))
     noise = None
     if noised(spec.sweeps):  # a kind whose runs add noise: its std is set over the whole data set
-        from patchgrid.sweeps import TraceNoise
-
         noise = (TraceNoise(spec.trace_noise, "--trace-noise") if spec.trace_noise is not None
                  else measure_trace_noise(spec, model_sha))
-    measured = None
-    if noise:
-        measured = {**noise.recorded(), **{key: what for population, _ in by_population(spec.sweeps)
-                                           for key, what in population.recorded}}
-    record_run(spec, str(flow_run.get_id() or ""), model_sha, code_version(), _now(), measured)
+    record_run(spec, str(flow_run.get_id() or ""), model_sha, steps.now(), steps.measured(noise, spec.sweeps))
     try:
         # the engines (this process's, or the run's actors) are released however the run ends
         with engines_for(spec, model_sha) as engines:
@@ -123,15 +91,13 @@ def run_study(spec: StudySpec) -> str:
     except BaseException as exc:
         # a run that stops says why, in the warehouse, rather than staying `running` for ever
         status = "cancelled" if isinstance(exc, (Cancelled, KeyboardInterrupt)) or signalled() else "failed"
-        finish_run(spec.warehouse, spec.run_id, status, finished=_now(), reason=one_line(exc))
+        finish_run(spec.warehouse, spec.run_id, status, finished=steps.now(), reason=one_line(exc))
         raise
 
 
 def _sweep_and_load(spec: StudySpec, engines: Engines, model_sha: str, noise_std: float) -> str:
-    from patchgrid.cache import damage
     from patchgrid.pairs import read_pairs
-    from patchgrid.pipeline.shards import split
-    from patchgrid.sweeps import POPULATIONS, by_population, noised, spans_data_set
+    from patchgrid.sweeps import POPULATIONS
     from patchgrid.sweeps.populations import nothing_to_run
 
     logger = get_run_logger()
@@ -141,28 +107,20 @@ def _sweep_and_load(spec: StudySpec, engines: Engines, model_sha: str, noise_std
     table = _produced(align_pairs, spec, model_sha, str(run_dir / "pairs.parquet"), engines)
     # each group of sweep kinds runs on its own population (accepted pairs; the facts the model
     # knows alone, partner or not, for causal tracing): every population is chosen before any work
-    groups = []
-    for population, names in by_population(spec.sweeps):
-        members = population.members(read_pairs(table), spec.limit, spec.sweep)  # under the run's rule (trace_facts)
-        if not members:  # the run's records still reach its pairs and rejections views, then it stops
-            load_warehouse(spec, table, [], [], _now(), status="failed")
-            raise ValueError(nothing_to_run(population, read_pairs(table), spec.pairs, spec.warehouse, spec.run_id,
-                                            spec.sweep))
-        groups.append((population, names, members))
-
-    def sound(folder):  # a cache folder damaged since it was written: found by its checksums, rebuilt
-        return damage(folder) is None
-
+    groups = steps.groups(read_pairs(table), spec.sweep, spec.limit)
+    empty = steps.first_empty(groups)
+    if empty is not None:  # the run's records still reach its pairs and rejections views, then it stops
+        load_warehouse(spec, table, [], [], steps.now(), status="failed")
+        raise ValueError(nothing_to_run(empty.population, read_pairs(table), spec.pairs, spec.warehouse, spec.run_id,
+                                        spec.sweep))
     shards = []
-    for population, names, members in groups:
-        std = noise_std if noised(names) else 0.0
-        folder = _produced(cache_activations, spec, members, str(work / "cache"), model_sha, engines, names, std,
-                           sound=sound)
-        # a kind over the pairs at once (circuit: one circuit from every pair's edge scores): one shard
-        size = len(members) if spans_data_set(names) else spec.shard_size
-        shards += split(members, size, folder, replace(spec.sweep, sweeps=names), std, run_dir / "effects",
-                        first=len(shards), name=population.shard_name, writes_baselines=population.writes_baselines,
-                        attribution=spec.attribution_options())
+    for group in groups:
+        std = group.noise_std(noise_std)
+        # a cache folder damaged since it was written is found by its checksums, and rebuilt
+        folder = _produced(cache_activations, spec, group.members, str(work / "cache"), model_sha, engines,
+                           group.names, std, sound=steps.cache_is_sound)
+        shards += steps.shards_of(group, folder, std, run_dir / "effects", spec.shard_size, first=len(shards),
+                                  attribution=spec.attribution_options())
     if spec.runner == "ray":
         effect_files = sweep_shards_on_ray(spec, shards, model_sha, engines)
     else:
@@ -172,9 +130,9 @@ def _sweep_and_load(spec: StudySpec, engines: Engines, model_sha: str, noise_std
         for k, shard in enumerate(shards):
             effect_files.append(_produced(sweep_shard, spec, shard, model_sha, engines))
             update_progress_artifact(progress, progress=100.0 * (k + 1) / len(shards))
-    load_warehouse(spec, table, [s.baselines_out for s in shards if s.writes_baselines], effect_files, _now())
+    load_warehouse(spec, table, [s.baselines_out for s in shards if s.writes_baselines], effect_files, steps.now())
     top = summarize(spec)
-    chosen = {population: len(members) for population, _, members in groups}
+    chosen = {group.population: len(group.members) for group in groups}
     logger.info("run %s done: %s, in %d shards; strongest: %s", spec.run_id,
                 ", ".join(f"{chosen.get(p, 0)} {p.counted_as}" for p in POPULATIONS), len(shards), top[:1])
     return spec.run_id

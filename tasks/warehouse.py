@@ -3,42 +3,26 @@ from __future__ import annotations
 from prefect import get_run_logger, task
 from prefect.artifacts import create_table_artifact
 
+from patchgrid.pipeline import steps
 from patchgrid.pipeline.spec import StudySpec
 
 
 @task
-def record_run(spec: StudySpec, flow_run_id: str, model_sha256: str, code_version: str, started,
-               measured: dict | None = None) -> None:
-    """The run, as running; `measured`: what the run derived from its inputs (the trace noise),
-    recorded beside its parameters."""
-    from patchgrid.warehouse.loader import start_run
-
-    start_run(spec.warehouse, {"run_id": spec.run_id, "flow_run_id": flow_run_id, "model": spec.model,
-                               "model_hash": model_sha256, "params": {**spec.recorded_params(), **(measured or {})},
-                               "code_version": code_version, "started": started})
+def record_run(spec: StudySpec, flow_run_id: str, model_sha256: str, started, measured: dict | None = None) -> None:
+    """The run, as running (patchgrid.pipeline.steps.start_run_record); `measured`: what the run derived
+    from its inputs (the trace noise), recorded beside its parameters."""
+    steps.start_run_record(spec.warehouse, spec.run_id, spec.model, model_sha256,
+                           {**spec.recorded_params(), **(measured or {})}, started, flow_run_id)
 
 
 @task(retries=2, retry_delay_seconds=2)
 def load_warehouse(spec: StudySpec, pairs_table: str, baseline_files: list[str], effect_files: list[str],
                    finished, status: str = "completed") -> dict:
     """Load the run's staged pairs, baselines and effects in one transaction (replacing, never duplicating),
-    and record the run as `status` (a run that stops with no pairs to sweep: `failed`, its records loaded)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from patchgrid.pairs import read_pairs
-    from patchgrid.rows.shapes import BASELINE
-    from patchgrid.runtime.progress import stage
-    from patchgrid.sweeps import SWEEP_KINDS
-    from patchgrid.warehouse.loader import load_run
-
-    baselines = (pa.concat_tables([pq.read_table(f, schema=BASELINE.schema) for f in baseline_files])
-                 if baseline_files else BASELINE.table([]))
-    # how each kind is drawn, so that the views select its rows by their shape, never by its name
-    kinds = {name: kind.drawing for name, kind in SWEEP_KINDS.items()}
-    counts = load_run(spec.warehouse, spec.run_id, read_pairs(pairs_table), baselines, effect_files,
-                      finished=finished, status=status, sweep_kinds=kinds,
-                      progress=stage("warehouse load (files)"))
+    and record the run as `status` (a run that stops with no pairs to sweep: `failed`, its records loaded):
+    patchgrid.pipeline.steps.load."""
+    counts = steps.load(spec.warehouse, spec.run_id, pairs_table, steps.read_baselines(baseline_files), effect_files,
+                        finished=finished, status=status)
     get_run_logger().info("warehouse %s: loaded %s", spec.warehouse, counts)
     return counts
 

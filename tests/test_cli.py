@@ -8,6 +8,9 @@ import sys
 import pytest
 
 from patchgrid.metrics import METRICS
+from patchgrid.pipeline.spec import default_run_id
+from patchgrid.pipeline.steps import model_sha256
+from patchgrid.sweeps import SweepConfig
 from tests.support.engines import needs_vllm
 
 PAIR = ["--clean", "The capital of France is", "--corrupt", "The capital of Spain is",
@@ -209,9 +212,18 @@ def test_sweep_loads_its_rows_into_a_warehouse_that_query_and_report_read(tmp_pa
     bad = cli(*sweep, "--run-id", "no spaces")
     assert bad.returncode == 2 and "--run-id 'no spaces' may hold only" in bad.stderr.strip().splitlines()[-1]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["facts.jsonl", "pairs.parquet"]
+    # causal tracing runs on the facts the model knows alone: a table made without asking it has none
+    unjudged = cli(*sweep, "--sweeps", "resid,trace")
+    assert unjudged.returncode == 2
+    assert unjudged.stderr.strip().splitlines()[-1] == (
+        "patchgrid: error: --pairs-table pairs.parquet: no fact in the table that the model knows alone (its top "
+        "prediction the answer): nothing to trace; leave trace out of --sweeps, or take a model that knows these "
+        "facts; the table's facts were not judged by the model: write it with `patchgrid pairs check` --require-known")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["facts.jsonl", "pairs.parquet"]
     res = cli(*sweep)
     assert res.returncode == 0, res.stderr[-3000:]
     run_id = res.stdout.strip().splitlines()[-1].split()[1]
+    assert res.stdout.strip().splitlines()[-2].startswith("2 pairs, ") and "traced facts" not in res.stdout
     assert (tmp_path / "rows" / "effects.parquet").is_file() and (tmp_path / "results" / "w.data").is_dir()
     assert res.stdout.strip().splitlines()[-1] == f"run {run_id} -> results/w.duckdb" and run_id.startswith("sweep-")
     got = cli("query", "--warehouse", "results/w.duckdb", "--format", "json",
@@ -222,6 +234,9 @@ def test_sweep_loads_its_rows_into_a_warehouse_that_query_and_report_read(tmp_pa
     assert (run["run_id"], run["model"], run["status"]) == (run_id, "tiny-llama", "completed")
     assert params["command"] == "sweep" and params["sweeps"] == ["resid"] and params["limit"] == 2
     assert params["pairs_table"] == str(tmp_path / "pairs.parquet")
+    # its id is a study's rule (patchgrid.pipeline.spec.default_run_id) under the sweep command's prefix
+    own = {k: params[k] for k in ("command", "model", "pairs_table", "limit", "backend")}
+    assert run_id == default_run_id("sweep", model_sha256("tiny-llama"), own, SweepConfig(sweeps=("resid",)))
     counts = cli("query", "--warehouse", "results/w.duckdb", "--format", "csv",
                  "SELECT (SELECT count(DISTINCT pair_id) FROM effects) AS swept, (SELECT count(*) FROM pairs) AS pairs,"
                  " (SELECT max(n_pairs) FROM effect_summary WHERE sweep = 'resid') AS n")
@@ -236,6 +251,40 @@ def test_sweep_loads_its_rows_into_a_warehouse_that_query_and_report_read(tmp_pa
     twice = cli("query", "--warehouse", "results/w.duckdb", "--format", "csv",
                 "SELECT (SELECT count(*) FROM runs), (SELECT count(DISTINCT pair_id) FROM effects)")
     assert twice.stdout.splitlines()[1] == "1,2"
+
+
+def test_sweep_runs_causal_tracing_on_the_facts_the_model_knows_alone(tmp_path):
+    """As a study does: each kind on its population, tracing on the facts the model knows alone (partner
+    or not, accepted as a pair or not), the other kinds on the accepted pairs."""
+    from patchgrid.pairs import accepted_pairs, read_pairs, traced_facts
+    from tests.support.pairs import DATA
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "patchgrid", *args], capture_output=True, text=True,
+                              timeout=300, cwd=tmp_path)
+
+    # two relations' records, some of which tiny-llama knows alone, a few both ways (accepted pairs)
+    records = [line for line in DATA.read_text().splitlines() if json.loads(line)["relation"] in ("plural", "opposite")]
+    (tmp_path / "facts.jsonl").write_text("\n".join(records) + "\n")
+    made = cli("pairs", "check", "--model", "tiny-llama", "--backend", "hf", "--pairs", "facts.jsonl")  # judged
+    assert made.returncode == 0, made.stderr[-3000:]
+    table = read_pairs(tmp_path / "pairs.parquet")
+    pairs, facts = accepted_pairs(table, 2), traced_facts(table, 2)
+    accepted = {p.pair_id for p in accepted_pairs(table)}
+    assert len(pairs) == 2 and facts and not {f.pair_id for f in facts} <= accepted, "the test needs other facts"
+    res = cli("sweep", "--model", "tiny-llama", "--backend", "hf", "--pairs-table", "pairs.parquet", "--limit", "2",
+              "--sweeps", "resid,trace", "--trace-samples", "2")
+    assert res.returncode == 0, res.stderr[-3000:]
+    lines = res.stdout.strip().splitlines()
+    assert lines[-2].startswith(f"2 pairs, {len(facts)} traced facts, ") and lines[-1].startswith("run sweep-")
+    swept = json.loads(cli("query", "--format", "json", "SELECT sweep, list(DISTINCT pair_id ORDER BY pair_id) AS ids "
+                           "FROM effects GROUP BY ALL").stdout)
+    assert {s["sweep"]: s["ids"] for s in swept} == {"resid": sorted(p.pair_id for p in pairs),
+                                                     "trace": sorted(f.pair_id for f in facts)}
+    (run,) = json.loads(cli("query", "--format", "json", "SELECT params, (SELECT list(pair_id ORDER BY pair_id) "
+                            "FROM baselines) AS baselines FROM runs").stdout)
+    assert json.loads(run["params"])["traced"].startswith("facts the model knows alone")
+    assert run["baselines"] == sorted(p.pair_id for p in pairs)  # tracing's facts have no baselines of their own
 
 
 @needs_vllm

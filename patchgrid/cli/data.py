@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import sys
-from datetime import datetime, timezone
 from pathlib import Path
 
 from ..pipeline.spec import StudySpec, check_sweep_settings_apply
@@ -45,90 +44,91 @@ def cmd_pairs_check(args) -> int:
 
 
 def cmd_sweep(args) -> int:
-    from ..backends.engine import load_engine
-    from ..cache import load_or_build
-    from ..model.models import prepare
-    from ..pairs import accepted_pairs, read_pairs
+    """A pairs table swept as a study sweeps its own (patchgrid.pipeline.steps, without Prefect): each
+    sweep kind on its population (accepted pairs; for causal tracing, the facts the model knows
+    alone), its rows written to --out and loaded into the warehouse as a run of its own."""
+    from ..backends.engine import LocalEngines, using_engine
+    from ..pairs import read_pairs
+    from ..pipeline import steps
     from ..rows.effects import write_effects
-    from ..sweeps import cache_spec, check_family, noised, run_sweeps, subject_noise
+    from ..runtime.console import ProgressBars
+    from ..runtime.progress import reporting_to, stage
+    from ..sweeps import noised
     from ..warehouse.loader import check_writable
 
     try:
         config = SweepConfig(**settings_from(args, SweepConfig))
         check_sweep_settings_apply(config)  # a kind's setting while that kind does not run
-        StudySpec.of(run_id=args.run_id)  # the run id's own check
+        StudySpec.of(run_id=args.run_id, limit=args.limit)  # the run id's and the limit's own checks
     except SpecError as exc:
         raise UsageError(exc.flag_message) from None
-    if args.limit is not None and args.limit < 1:
-        raise UsageError(f"--limit {args.limit} must be at least 1")
     if not Path(args.pairs_table).is_file():
         raise UsageError(f"--pairs-table {args.pairs_table}: no such file (make one with `patchgrid pairs check`)")
     check_writable(args.warehouse)  # before any work; one not there yet is made when the run loads
-    pairs = accepted_pairs(read_pairs(args.pairs_table), args.limit)
-    if not pairs:
-        raise UsageError(f"--pairs-table {args.pairs_table}: holds no accepted pairs")
-    noise = None
-    if noised(config.sweeps):  # as a study does: over the whole data set
-        import pyarrow.parquet as pq
-
-        # as a study measures it: over the whole data set's subjects (every row of the table)
-        subjects = pq.read_table(args.pairs_table, columns=["subject"]).column("subject").to_pylist()
-        noise = subject_noise(prepare(args.model), subjects, config.trace_noise_scale)
-    noise_std = noise.std if noise else 0.0
-    started = _now()
-    engine = load_engine(args.model, args.backend)
     try:
-        try:
-            check_family(config, engine.shape.family)
-        except ValueError as exc:
-            raise UsageError(str(exc)) from None
-        from ..runtime.console import ProgressBars
-        from ..runtime.progress import reporting_to, stage
-
-        with ProgressBars() as bars, reporting_to(bars):  # the cache and the patched runs, on stderr
-            cache, built = load_or_build(engine, pairs, cache_spec(config, engine.shape.n_layers, noise_std),
-                                         Path(args.cache), log=lambda msg: print(msg, file=sys.stderr),
-                                         progress=stage("activation cache (pairs captured)"))
-            print(f"cache {'built' if built else 'found'}: {cache.folder} "
+        steps.check_model(args.model, config)  # a site its family lacks, a layer past its last
+    except SpecError as exc:
+        raise UsageError(exc.flag_message) from None
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    table = read_pairs(args.pairs_table)
+    groups = steps.groups(table, config, args.limit)
+    empty = steps.first_empty(groups)
+    if empty is not None:
+        raise UsageError(_nothing_to_sweep(empty.population, table, args.pairs_table))
+    noise = None
+    if noised(config.sweeps):  # as a study measures it: over the whole data set's subjects (every row of the table)
+        noise = steps.trace_noise(args.model, steps.table_subjects(args.pairs_table), config.trace_noise_scale)
+    started = steps.now()
+    rows, baselines = [], []
+    with LocalEngines(args.model, args.backend) as engines, ProgressBars() as bars, reporting_to(bars):
+        for group in groups:  # the cache and the patched runs of each population, progress on stderr
+            std = group.noise_std(noise.std if noise else 0.0)
+            need = steps.cache_need(args.model, group.sweep, std)
+            cache = steps.activation_cache(engines, group.members, need, args.cache, log=_to_stderr)
+            print(f"cache {'built' if cache.built else 'found'}: {cache.folder} "
                   f"({cache.bytes_per_pair / 1e3:.1f} kB per pair)")
-            rows = run_sweeps(engine, pairs, cache, config, noise_std=noise_std, progress=stage("patched runs"))
-    finally:
-        engine.close()
+            swept, swept_baselines = engines.run(using_engine(steps.sweep_group, group, cache.folder, std,
+                                                              progress=stage("patched runs")))
+            rows += swept
+            baselines += swept_baselines
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)  # made once there are rows to write
     write_effects(rows, args.out)
-    print(f"{len(pairs)} pairs, {len(rows)} effect rows -> {args.out}")
-    measured = noise.recorded() if noise else {}
-    run_id = load_sweep(args, config, [cache.baselines[p.pair_id] for p in pairs], started, measured)
+    chosen = ", ".join(f"{len(group.members)} {group.population.counted_as}" for group in groups)
+    print(f"{chosen}, {len(rows)} effect rows -> {args.out}")
+    run_id = load_sweep(args, config, baselines, started, steps.measured(noise, config.sweeps))
     print(f"run {run_id} -> {args.warehouse}")
     return 0
 
 
-def _now():
-    return datetime.now(timezone.utc).replace(tzinfo=None)
+def _to_stderr(message: str) -> None:
+    print(message, file=sys.stderr)
+
+
+def _nothing_to_sweep(population, table, pairs_table: str) -> str:
+    """Why `patchgrid sweep` stops before any work on a population with no members, in one line."""
+    why = [f"--pairs-table {pairs_table}: {population.missing.format(pairs='the table')}"]
+    if population.fix:
+        why.append(population.fix)
+    if population.asks_model and all(known is None for known in table.column("known_alone").to_pylist()):
+        why.append("the table's facts were not judged by the model: write it with `patchgrid pairs check` "
+                   "--require-known")
+    return "; ".join(why)
 
 
 def load_sweep(args, config: SweepConfig, baselines: list[dict], started, measured: dict) -> str:
     """The sweep's rows as a run of the warehouse, as a study loads its own: its pairs table (the
     rejections too), the swept pairs' baselines and the effects file, and its parameters in `runs`;
-    a rerun with the same inputs (the same run id) replaces its rows. Returns the run id."""
-    from ..cache import model_identity
-    from ..flows.study import code_version
-    from ..model.models import prepare
-    from ..pairs import read_pairs
-    from ..pipeline.fingerprint import fingerprint
-    from ..settings import recorded
-    from ..sweeps import SWEEP_KINDS, settings_of
-    from ..warehouse.loader import load_run, start_run
+    a rerun with the same inputs (the same run id: default_run_id's rule) replaces its rows.
+    Returns the run id."""
+    from ..pipeline import steps
+    from ..pipeline.spec import default_run_id, run_params
 
-    model_sha = model_identity(prepare(args.model))["weights_sha256"]
+    model_sha = steps.model_sha256(args.model)
     own = {"command": "sweep", "model": args.model, "pairs_table": str(Path(args.pairs_table).resolve()),
            "limit": args.limit, "backend": args.backend}
-    params = {**own, **recorded(config, set(settings_of(config.sweeps)))}
-    identity = {**own, **recorded(config, set(settings_of(config.sweeps)), noted=False)}
-    run_id = args.run_id or "sweep-" + fingerprint(model_sha, identity)[:12]
-    start_run(args.warehouse, {"run_id": run_id, "flow_run_id": None, "model": args.model, "model_hash": model_sha,
-                               "params": {**params, **measured}, "code_version": code_version(),
-                               "started": started})
-    load_run(args.warehouse, run_id, read_pairs(args.pairs_table), baselines, [args.out], finished=_now(),
-             sweep_kinds={name: kind.drawing for name, kind in SWEEP_KINDS.items()})
+    run_id = args.run_id or default_run_id("sweep", model_sha, own, config)
+    steps.start_run_record(args.warehouse, run_id, args.model, model_sha, {**run_params(own, config), **measured},
+                           started)
+    steps.load(args.warehouse, run_id, args.pairs_table, baselines, [args.out], finished=steps.now())
     return run_id

@@ -27,6 +27,7 @@ from ..settings import (
     settings_fields,
 )
 from ..sweeps import SweepConfig
+from .fingerprint import fingerprint
 
 RUNNERS = ("local", "ray")
 VLLM_SIZES = ("gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens")  # the vLLM engine's, by name
@@ -80,6 +81,24 @@ def _label(value) -> str | None:
         return None
     shown = repr(value[:LABEL_LENGTH]).replace("{", "{{").replace("}", "}}")
     return f"{{name}} {shown}: a label is one line of 1 to {LABEL_LENGTH} printable characters"
+
+
+def run_params(own: dict, sweep: SweepConfig, *, noted: bool = True) -> dict:
+    """A run's parameters: `own` (the command's settings, already as recorded) and the settings of
+    `sweep` that its kinds read, each by its declaration (patchgrid.settings.recorded); `noted`
+    False leaves out the `noted` ones (how engines were sized, where a pass ran), which leave the
+    numbers as they are: what a run's default id is derived from."""
+    from ..sweeps import settings_of
+
+    return {**own, **recorded(sweep, set(settings_of(sweep.sweeps)), noted=noted)}
+
+
+def default_run_id(prefix: str, model_sha256: str, own: dict, sweep: SweepConfig) -> str:
+    """A run's id when none is given, the one rule for every command that writes runs: `prefix`
+    (`run` for a study, `sweep` for `patchgrid sweep`) and a fingerprint of the model's weights and
+    the run's parameters but the noted ones (run_params). The same inputs give the same run id: a
+    rerun replaces its rows, never duplicates them."""
+    return f"{prefix}-{fingerprint(model_sha256, run_params(own, sweep, noted=False))[:12]}"
 
 
 def sweep_names(sweeps) -> tuple[str, ...]:
@@ -194,10 +213,11 @@ class StudySpec:
         return self._recorded(noted=False)
 
     def _recorded(self, noted: bool) -> dict:
-        from ..sweeps import settings_of
+        return run_params(recorded(self, set(), noted=noted), self.sweep, noted=noted)
 
-        return {**recorded(self, set(), noted=noted),
-                **recorded(self.sweep, set(settings_of(self.sweeps)), noted=noted)}
+    def default_run_id(self, model_sha256: str) -> str:
+        """The run id a study takes when none is given (`run-…`: default_run_id's rule)."""
+        return default_run_id("run", model_sha256, recorded(self, set(), noted=False), self.sweep)
 
     def engine_options(self) -> dict:
         """What every engine of the study starts with (load_engine's options for its backend): its
