@@ -55,7 +55,7 @@ def shapes_by_sweep(sweep_kinds: dict[str, str] | None) -> Callable[[pa.Table], 
     """Each row's shape by its sweep's in `sweep_kinds` ({sweep: row shape}; a sweep not in it:
     UNDECLARED_SHAPE); a shape that is none of ROW_SHAPES is refused."""
     kinds = dict(sweep_kinds or {})
-    SWEEP_KIND.table([{"sweep": sweep, "row_shape": shape} for sweep, shape in kinds.items()])
+    SWEEP_KIND.table([{"sweep": sweep, "row_shape": shape} for sweep, shape in kinds.items()])  # refuses a non-shape
     sweeps, shapes = pa.array(list(kinds), pa.string()), pa.array(list(kinds.values()), pa.string())
 
     def of(table: pa.Table) -> pa.Array:

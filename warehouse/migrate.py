@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from patchgrid.rows.shapes import BASELINE, EFFECT, KNOCKOUT_DIRECTION, KNOCKOUT_SITE, PAIR_IN_WAREHOUSE, RUN
+from patchgrid.rows.shapes import BASELINE, EFFECT, KNOCKOUT_DIRECTION, KNOCKOUT_SITE, PAIR_IN_WAREHOUSE, RUN, RowError
 
 from .catalog import BASE_CONFIG
 from .kinds import BATCH_ROWS, ShapedEffects, shape_folder
@@ -129,8 +129,9 @@ def _noised_sweeps(load: Path) -> pa.Array:
     if kinds is not None and kinds.num_rows and "row_shape" in kinds.column_names:
         return pc.filter(kinds.column("sweep"), pc.equal(kinds.column("row_shape"), "noised")).combine_chunks()
     sweeps = set()
-    for table in _v2_effects(load):
-        sweeps.update(pc.filter(table.column("sweep"), pc.equal(table.column("metric"), "p")).to_pylist())
+    for f in sorted((load / "effects").glob("*.parquet")):
+        for batch in pq.ParquetFile(f).iter_batches(batch_size=BATCH_ROWS, columns=["sweep", "metric"]):
+            sweeps.update(pc.filter(batch.column("sweep"), pc.equal(batch.column("metric"), "p")).to_pylist())
     return pa.array(sorted(s for s in sweeps if s is not None), pa.string())
 
 
@@ -178,7 +179,10 @@ def _migrate_load(layout: Layout, run_id: str, load: Path) -> int:
             _link(load / name, folder / name)
         pq.write_table(effects.record(), folder / "sweep_kinds.parquet")
 
-    publish_dir(fill, layout.run_dir(run_id), f"load={stamp()}")
+    try:
+        publish_dir(fill, layout.run_dir(run_id), f"load={stamp()}")
+    except RowError as exc:
+        raise RowError(f"warehouse {layout.catalog}: run {run_id!r} ({load.name}) cannot be migrated: {exc}") from None
     remove_superseded(layout, run_id)
     return rows
 

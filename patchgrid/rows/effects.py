@@ -35,14 +35,17 @@ def reading_from(row: dict, prefix: str) -> Reading:
 def cell_columns(pair, cell) -> dict:
     """The columns of an effect row that say which pair and cell it is (the cell's own row columns
     among them: a circuit's size, a knockout's group)."""
-    return {
+    row = {
         "pair_id": pair.pair_id, "relation": pair.relation, "sweep": cell.sweep, "site": cell.site,
         "direction": cell.direction, "layer": cell.layer, "position": cell.position,
         "position_role": "all" if cell.position is None else pair.roles[cell.position],
         "head": cell.head, "neuron": cell.neuron, "window": cell.window,
         "sender": None if cell.receiver is None else unit_name(cell.site, cell.layer, cell.head),
-        "receiver": cell.receiver, **dict(cell.row_columns),
+        "receiver": cell.receiver,
     }
+    if cell.row_columns:
+        row.update(cell.row_columns)
+    return row
 
 
 def baseline_columns(clean: Reading, corrupt: Reading) -> dict:
