@@ -38,7 +38,7 @@ from patchgrid.rows.shapes import EFFECT, EFFECT_SHAPES, ROW_SHAPES, RowError, R
 # A sweep its load is not told the shape of has the rows every kind has unless it declares others.
 UNDECLARED_SHAPE = "exact"
 # Effect rows held at once while a load files them by shape
-BATCH_ROWS = 65_536
+BATCH_ROWS = 1 << 18
 
 SWEEP_KIND = RowShape("sweep_kind", pa.schema([
     ("sweep", pa.string()),
@@ -62,6 +62,12 @@ def shapes_by_sweep(sweep_kinds: dict[str, str] | None) -> Callable[[pa.Table], 
         return pc.fill_null(pc.take(shapes, pc.index_in(table.column("sweep"), value_set=sweeps)), UNDECLARED_SHAPE)
 
     return of
+
+
+def _words(shape: RowShape) -> list[str]:
+    """The shape's text columns: those Parquet dictionary-encodes (a reading's floats rarely repeat,
+    and encoding them so makes the files larger and their writing twice as slow)."""
+    return [f.name for f in shape.schema if f.type == pa.string()]
 
 
 def _check_fits(rows: pa.Table, shape: RowShape) -> None:
@@ -90,9 +96,10 @@ class ShapedEffects:
         try:
             for table in tables:
                 shapes = shapes_of(table)
-                for name in pc.unique(shapes).to_pylist():
+                names = pc.unique(shapes).to_pylist()
+                for name in names:
                     shape = EFFECT_SHAPES[name]
-                    rows = table.filter(pc.equal(shapes, name))
+                    rows = table if len(names) == 1 else table.filter(pc.equal(shapes, name))
                     _check_fits(rows, shape)
                     for sweep in pc.drop_null(pc.unique(rows.column("sweep"))).to_pylist():
                         if self.sweeps.setdefault(sweep, name) != name:
@@ -101,7 +108,8 @@ class ShapedEffects:
                     if name not in writers:
                         folder = shape_folder(self.effects, name)
                         folder.mkdir(exist_ok=True)
-                        writers[name] = pq.ParquetWriter(folder / f"part-{part:05d}.parquet", shape.schema)
+                        writers[name] = pq.ParquetWriter(folder / f"part-{part:05d}.parquet", shape.schema,
+                                                         use_dictionary=_words(shape))
                     writers[name].write_table(rows.select(shape.columns))
                 n += table.num_rows
         finally:
