@@ -112,9 +112,9 @@ def _v2_effects(load: Path):
     """A v2 load's effect rows in today's EFFECT shape, file by file and BATCH_ROWS at a time (a
     column a file lacks, written before it existed, is NULL)."""
     for f in sorted((load / "effects").glob("*.parquet")):
-        staged = pq.ParquetFile(f)
-        have = [c for c in EFFECT.columns if c in staged.schema_arrow.names]
-        for batch in staged.iter_batches(batch_size=BATCH_ROWS, columns=have):
+        written = pq.ParquetFile(f)
+        have = [c for c in EFFECT.columns if c in written.schema_arrow.names]
+        for batch in written.iter_batches(batch_size=BATCH_ROWS, columns=have):
             n = batch.num_rows
             yield pa.table({c: batch.column(c).cast(EFFECT.schema.field(c).type) if c in have
                             else pa.nulls(n, EFFECT.schema.field(c).type) for c in EFFECT.columns})
