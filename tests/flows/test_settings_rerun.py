@@ -1,15 +1,11 @@
-"""Every setting, changed alone in a rerun in the same work folder: the rerun completes, the steps
-whose output depends on the setting are computed again, and the others are found cached (issue 27:
-a rerun with more atp kinds found a cache that held too little, and stopped).
-
-The expectations are written here from what each step computes, independently of the cache keys:
-  align_pairs          the pairs table: the data set, the model, how pairs are chosen; written in the run's folder
-  measure_trace_noise  the subjects' embedding std: the model, the data set and its format, the scale
-  cache_activations    the clean/corrupt/noised captures: the pairs and the sites and runs the sweeps read
-  sweep_shard          the effects of a shard; written in the run's folder
-A setting that enters the run's recorded parameters gives another run id, so another run folder:
-the pairs table and the shards are written anew there.
-"""
+"""A few studies rerun in the same work folder with one setting (or several) changed: the rerun
+completes, the steps whose output depends on the change are computed again and the others are found
+cached by Prefect, and a rerun that is the same run gives the same numbers. Every setting is held to
+its steps at the level of the tasks' cache keys in tests/engine/pipeline/test_task_keys.py (the
+expectations: tests/support/reruns.py); these reruns show that Prefect finds its results by those keys:
+a change that leaves every step cached (the run's labels and the engines' sizes, together), one that
+recomputes the sweeps alone (the shard size), one that recomputes every step (the noise scale), and
+another warehouse."""
 from __future__ import annotations
 
 import shutil
@@ -17,98 +13,11 @@ import shutil
 import pytest
 
 from patchgrid.pipeline.spec import StudySpec
-from patchgrid.settings import settings_fields
-from patchgrid.sweeps import SweepConfig
 from patchgrid.warehouse.loader import query
-from tests.support.pairs import DATA
+from tests.support.reruns import BASE, TOGETHER, expected, rerun_spec
 from tests.support.task_runs import task_states
 
-STEPS = ("align_pairs", "measure_trace_noise", "cache_activations", "sweep_shard")
-BASE = dict(model="tiny-llama", pairs=str(DATA), sweeps="resid,trace,atp,paths,edges,circuit,knockout", limit=2,
-            require_known=False, trace_samples=2, shard_size=1, backend="hf", atp_kinds="resid", verify_top=2,
-            verify_random=1, path_senders="attn_out.1", path_inputs="v", ig_steps=2, circuit_sizes="10,50,100")
-# Settings a local rerun cannot change: they need a Ray cluster (tests/flows/test_ray.py runs one).
-NEEDS_RAY = {"runner", "ray_address", "tensor_parallel_size", "ray_timeout_s", "ray_workers", "gpus_per_engine"}
-# Settings that need a model which knows its facts (the tiny test model knows none): recorded, so a
-# change gives another run (checked by tests/test_spec.py); tests/pairs cover what they do.
-NEEDS_A_KNOWING_MODEL = {"require_known"}
-
-# setting -> (new value, steps that must be computed again, steps that must be found cached);
-# a step in neither may go either way (one of the cache's two populations changes, the other not).
-CHANGES = {
-    "model": ("tiny-gpt2", set(STEPS), set()),
-    "pairs": ("reversed", set(STEPS), set()),
-    "limit": (1, {"align_pairs", "cache_activations", "sweep_shard"}, {"measure_trace_noise"}),
-    "warehouse": ("other", set(), set(STEPS)),
-    "workdir": ("other", {"align_pairs", "cache_activations", "sweep_shard"}, {"measure_trace_noise"}),
-    "pairs_format": ("detected", {"align_pairs", "measure_trace_noise", "sweep_shard"}, {"cache_activations"}),
-    "answer_policy": ("first-token", {"align_pairs", "sweep_shard"}, {"measure_trace_noise"}),
-    "trace_noise": (0.5, {"align_pairs", "cache_activations", "sweep_shard"}, {"measure_trace_noise"}),
-    "shard_size": (2, {"sweep_shard"}, {"align_pairs", "measure_trace_noise", "cache_activations"}),
-    "backend": ("vllm", {"align_pairs", "cache_activations", "sweep_shard"}, {"measure_trace_noise"}),
-    "run_id": ("run-by-hand", {"align_pairs", "sweep_shard"}, {"measure_trace_noise", "cache_activations"}),
-    "gpu_memory_utilization": (0.5, set(), set(STEPS)),
-    "max_num_seqs": (64, set(), set(STEPS)),
-    "max_num_batched_tokens": (4096, set(), set(STEPS)),
-    "atp_device": ("cpu", {"sweep_shard"}, {"align_pairs", "measure_trace_noise", "cache_activations"}),
-    "atp_dtype": ("bfloat16", {"align_pairs", "sweep_shard"}, {"measure_trace_noise", "cache_activations"}),
-    "name": ("a label", set(), set(STEPS)),
-    "config": ('limit = 2\nsweeps = "resid,trace,atp,paths,edges,circuit,knockout"\n'
-               'circuit_sizes = "10,50,100"\n', set(),
-               set(STEPS)),
-    "sweeps": ("trace,atp,paths,edges,circuit,knockout", {"align_pairs", "sweep_shard"}, {"measure_trace_noise"}),
-    "resid_directions": (("denoise",), {"align_pairs", "sweep_shard"}, {"measure_trace_noise"}),
-    "head_position_roles": (("last",), {"align_pairs", "sweep_shard"}, {"measure_trace_noise"}),
-    "head_positions": ("every", {"align_pairs", "sweep_shard"}, {"measure_trace_noise", "cache_activations"}),
-    "trace_samples": (3, {"align_pairs", "cache_activations", "sweep_shard"}, {"measure_trace_noise"}),
-    "trace_window": (2, {"align_pairs", "sweep_shard"}, {"measure_trace_noise", "cache_activations"}),
-    "trace_noise_scale": (2.0, set(STEPS), set()),
-    "trace_sites": (("resid",), {"align_pairs", "sweep_shard"}, {"measure_trace_noise"}),
-    "trace_facts": ("rome", {"align_pairs", "sweep_shard"}, {"measure_trace_noise"}),
-    "seed": (1, {"align_pairs", "cache_activations", "sweep_shard"}, {"measure_trace_noise"}),
-    "max_requests": (7, {"sweep_shard"}, {"align_pairs", "measure_trace_noise", "cache_activations"}),
-    "positions": ((0, 2), {"align_pairs", "sweep_shard"}, {"measure_trace_noise"}),
-    "layers": ("0,2-3", {"align_pairs", "sweep_shard"}, {"measure_trace_noise", "cache_activations"}),
-    "start_midstack": (False, {"align_pairs", "cache_activations", "sweep_shard"}, {"measure_trace_noise"}),
-    "metrics": ("logit_diff,kl", {"align_pairs", "sweep_shard"}, {"measure_trace_noise", "cache_activations"}),
-    "atp_kinds": ("resid,attn_out,heads", {"align_pairs", "sweep_shard"}, {"measure_trace_noise"}),
-    "verify_top": (3, {"align_pairs", "sweep_shard"}, {"measure_trace_noise", "cache_activations"}),
-    "verify_random": (0, {"align_pairs", "sweep_shard"}, {"measure_trace_noise", "cache_activations"}),
-    "atp_qk_fix": (False, {"align_pairs", "sweep_shard"}, {"measure_trace_noise", "cache_activations"}),
-    "atp_correction": ("graddrop", {"align_pairs", "sweep_shard"}, {"measure_trace_noise", "cache_activations"}),
-    "path_senders": ("attn_out.0", {"align_pairs", "sweep_shard"}, {"measure_trace_noise"}),
-    "path_receivers": ("heads", {"align_pairs", "sweep_shard"}, {"measure_trace_noise"}),
-    "path_inputs": ("q", {"align_pairs", "sweep_shard"}, {"measure_trace_noise"}),
-    "path_mlps": ("recomputed", {"align_pairs", "sweep_shard"}, {"measure_trace_noise"}),
-    "edge_method": ("eap", {"align_pairs", "sweep_shard"}, {"measure_trace_noise", "cache_activations"}),
-    "ig_steps": (3, {"align_pairs", "sweep_shard"}, {"measure_trace_noise", "cache_activations"}),
-    "edge_positions": ("each", {"align_pairs", "sweep_shard"}, {"measure_trace_noise", "cache_activations"}),
-    "circuit_sizes": ("1,100", {"align_pairs", "sweep_shard"}, {"measure_trace_noise", "cache_activations"}),
-    "circuit_build": ("greedy", {"align_pairs", "sweep_shard"}, {"measure_trace_noise", "cache_activations"}),
-    "knockout_window": (3, {"align_pairs", "sweep_shard"}, {"measure_trace_noise", "cache_activations"}),
-    # mean: the circuit's outside edges read the clean runs' senders, not the corrupt runs'
-    "ablation": ("mean", {"align_pairs", "sweep_shard"}, {"measure_trace_noise"}),
-}
-
-
-def test_every_setting_is_walked():
-    names = {f.name for cls in (StudySpec, SweepConfig) for f in settings_fields(cls)}
-    assert set(CHANGES) | NEEDS_RAY | NEEDS_A_KNOWING_MODEL == names
-    assert not set(CHANGES) & (NEEDS_RAY | NEEDS_A_KNOWING_MODEL)
-
-
-def _value(name, value, tmp_path):
-    if name == "pairs":  # the same records in another order: other pairs
-        other = tmp_path / "reversed.jsonl"
-        other.write_text("".join(reversed(DATA.read_text().splitlines(keepends=True))))
-        return str(other)
-    if name in ("warehouse", "workdir"):
-        return str(tmp_path / f"other-{name}")
-    if name == "pairs_format":
-        from patchgrid.pairs import read_source
-
-        return read_source(str(DATA))[0]
-    return value
+CASES = ["+".join(TOGETHER), "shard_size", "trace_noise_scale", "warehouse"]
 
 
 @pytest.fixture(scope="module")
@@ -127,23 +36,14 @@ def _effects(warehouse, run_id):
     return query(warehouse, sql, [run_id])[1]
 
 
-# The settings that leave every step cached (the run's labels and the engines' sizes, recorded but out
-# of the run id) are changed together in one rerun: several changes keep a step cached only if each
-# change alone does. (The warehouse, also all cached, moves the run elsewhere: a case of its own.)
-TOGETHER = sorted(n for n, (_, recomputed, cached) in CHANGES.items()
-                  if not recomputed and cached == set(STEPS) and n != "warehouse")
-CASES = [n for n in sorted(CHANGES) if n not in TOGETHER] + ["+".join(TOGETHER)]
-
-
 @pytest.mark.parametrize("case", CASES)
-def test_a_rerun_changing_one_setting_recomputes_what_depends_on_it(base_run, case, tmp_path):
+def test_a_rerun_computes_again_what_depends_on_the_change_and_finds_the_rest(base_run, case, tmp_path):
     from patchgrid.flows.study import study
 
     spec, base_id, _ = base_run
     names = case.split("+")
-    recomputed = set().union(*(CHANGES[n][1] for n in names))
-    cached = set.intersection(*(CHANGES[n][2] for n in names))
-    changed = spec.replace(**{n: _value(n, CHANGES[n][0], tmp_path) for n in names})
+    recomputed, cached = expected(case)
+    changed = rerun_spec(spec, case, tmp_path)
     if case == "warehouse":
         shutil.copy(spec.warehouse, changed.warehouse)
     state = study(changed, return_state=True)
@@ -153,13 +53,11 @@ def test_a_rerun_changing_one_setting_recomputes_what_depends_on_it(base_run, ca
         assert "COMPLETED" in states.get(step, set()), f"{case}: {step} was not computed again ({states})"
     for step in cached:
         assert states.get(step, {"CACHED"}) == {"CACHED"}, f"{case}: {step} was computed again ({states})"
-    # a setting that enters the run id gives another run; one that is only noted (recorded, out of the
-    # run id: the engines' sizes) is in the same run's recorded parameters
     identifies = any(n in spec.identity_params() or n in changed.identity_params() for n in names)
-    assert (run_id != base_id) == (identifies or case == "run_id"), case
+    assert (run_id != base_id) == identifies, case
     params = query(changed.warehouse, "SELECT params FROM runs WHERE run_id = ?", [run_id])[1][0][0]
     for name in names:
         if name in changed.recorded_params() and not identifies:
             assert name in params, f"{name} is not in the run's recorded parameters: {params}"
-    if not identifies and case != "run_id":  # the same run: its numbers did not change
+    if not identifies:  # the same run: its numbers did not change
         assert _effects(changed.warehouse, run_id) == _effects(spec.warehouse, base_id)
