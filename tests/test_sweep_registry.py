@@ -3,9 +3,6 @@ runs through run_sweeps, phases included, with no other change; what kinds decla
 it (settings, populations, the model asked when aligning)."""
 from __future__ import annotations
 
-import ast
-from pathlib import Path
-
 import pytest
 
 from patchgrid.cache import CacheSpec, MemoryStore, layer_keys, stream_keys
@@ -27,8 +24,6 @@ from patchgrid.sweeps import (
 )
 from patchgrid.sweeps.base import scored
 from tests.support.pairs import shipped_pairs
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 class LastPosition(SweepKind):
@@ -108,14 +103,3 @@ def test_what_the_kinds_of_a_run_declare_together():
                                                          ("traced_facts", ("trace",))]
     assert aligning_asks_model(("trace",)) and not aligning_asks_model(("resid", "atp", "paths"))
     assert noised(("resid", "trace")) and not noised(("resid", "paths"))
-
-
-def test_no_module_imports_another_modules_private_names():
-    found = []
-    for folder in ("patchgrid", "flows", "tasks", "warehouse"):
-        for path in (ROOT / folder).rglob("*.py"):
-            for node in ast.walk(ast.parse(path.read_text())):
-                if isinstance(node, ast.ImportFrom) and node.module != "__future__":
-                    found += [f"{path.relative_to(ROOT)}:{node.lineno} {a.name}" for a in node.names
-                              if a.name.startswith("_") and not a.name.startswith("__")]
-    assert not found, found
