@@ -328,10 +328,9 @@ def load(warehouse: str, run_id: str, pairs_table: str, baselines, effect_files:
     table) and its effect files into the warehouse in one transaction, replacing its earlier load,
     never duplicating it; the run recorded as `status`. Returns the counts of rows loaded."""
     from ..pairs import read_pairs
-    from ..sweeps import SWEEP_KINDS
+    from ..sweeps.registry import row_shapes
     from ..warehouse.loader import load_run
 
-    # how each kind is drawn, so that the views select its rows by their shape, never by its name
-    kinds = {name: kind.drawing for name, kind in SWEEP_KINDS.items()}
+    # each kind's row shape (SweepKind.row_shape): the warehouse files its rows by it, its views select them by it
     return load_run(warehouse, run_id, read_pairs(pairs_table), baselines, effect_files, finished=finished,
-                    status=status, sweep_kinds=kinds, progress=stage("warehouse load (files)"))
+                    status=status, sweep_kinds=row_shapes(), progress=stage("warehouse load (files)"))
