@@ -116,7 +116,8 @@ def main():
     from patchgrid.cache import load_or_build
     from patchgrid.methods.attribution import Attributor
     from patchgrid.runtime.machine import machine, machine_dtype
-    from patchgrid.sweeps import SWEEP_KINDS, SweepConfig, cache_spec, count_runs
+    from patchgrid.sweeps import SweepConfig, cache_spec, count_runs
+    from patchgrid.sweeps.registry import row_shapes
     from tests.support.pairs import shipped_pairs
 
     print(machine())
@@ -177,7 +178,7 @@ def main():
           f"identical; |difference| median {diff[len(diff) // 2]:.1e}, 99th pct {diff[int(len(diff) * 0.99)]:.1e}, "
           f"max {diff[-1]:.1e} (headline metric). A run may start at another layer when its call groups requests "
           "otherwise, and a started run reads the bf16-rounded stream; in float32 they agree within 1e-5")
-    kinds = {name: kind.drawing for name, kind in SWEEP_KINDS.items()}
+    kinds = row_shapes()
     for label, rows, t in screens:
         print(f"  screen {label}: {t:.1f} s, {t_exh / t:.1f}x faster")
         print_agreement(label, agreement_rows(pairs, rows + exh_rows, kinds))

@@ -54,7 +54,7 @@ def warehouse_of(pairs, rows, params: dict):
     """The rows loaded as one run (`bench`) of a fresh warehouse; a read-only connection to it."""
     from patchgrid.pairs import to_table
     from patchgrid.rows.effects import write_effects
-    from patchgrid.sweeps import SWEEP_KINDS
+    from patchgrid.sweeps.registry import row_shapes
     from patchgrid.warehouse.loader import connect, load_run, start_run
 
     folder = Path(tempfile.mkdtemp())
@@ -63,7 +63,7 @@ def warehouse_of(pairs, rows, params: dict):
                 "subject_start": p.subject_start, "subject_end": p.subject_end} for p in pairs]
     start_run(wh, {"run_id": "bench", "model": "m", "params": params})
     load_run(wh, "bench", to_table(records), [], [write_effects(rows, folder / "rows.parquet")],
-             sweep_kinds={name: kind.drawing for name, kind in SWEEP_KINDS.items()})
+             sweep_kinds=row_shapes())
     return connect(wh)
 
 
