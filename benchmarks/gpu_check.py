@@ -12,7 +12,7 @@ built locally, no hub):
                at every site kind it estimates, on the device against the CPU's
   worker       the vLLM worker's step planning and every hook's write (backends/vllm_worker: the
                session, its site hooks, the mid-stack start and the logits readout) run with
-               activations on the device, as tests/backends/test_devices.py runs them on PyTorch's
+               activations on the device, as tests/engine/backends/test_devices.py runs them on PyTorch's
                `meta` device, without vLLM; on a device with values, what the hooks wrote and read
                against the same on the CPU
 
@@ -324,7 +324,7 @@ def _wire_sources(shape, keys, seed: int = 0) -> dict:
 
 def _runner(model, requests):
     """The parts of vLLM's V1 runner the worker reads, for one step holding every forward whole
-    (as tests/backends/test_devices.py builds it)."""
+    (as tests/engine/backends/test_devices.py builds it)."""
     from types import SimpleNamespace
 
     import numpy as np

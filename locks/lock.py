@@ -2,7 +2,7 @@
 
 Each lock pins every package of one install (CPython 3.11 on Linux x86_64) and starts with the
 digest of the pyproject.toml dependency lists it was resolved from, so that a test sees a lock
-made from another pyproject (tests/test_packaging.py). An existing lock's pins are kept where the
+made from another pyproject (tests/process/test_packaging.py). An existing lock's pins are kept where the
 new dependency lists allow (uv prefers what its output file pins).
 
     python locks/lock.py           # both locks (needs uv: make lock installs it)

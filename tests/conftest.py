@@ -71,6 +71,12 @@ def tokenizers():
     return get
 
 
+@pytest.fixture(scope="session")
+def tok(tokenizers):
+    """smollm2-135m's tokenizer (the pairs' tests)."""
+    return tokenizers("smollm2-135m")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def prefect_server_api(request):
     """The session's Prefect server (tests/support/prefect_server.py): the API that flow runs in

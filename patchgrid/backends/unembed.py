@@ -20,7 +20,7 @@ up only at the call's end and where a request that holds more finishes. Likewise
 vocabulary's product does: a product of one column is a matrix-vector product, and on an AMD EPYC
 with AVX-512 a product of 8 columns took another path than the whole vocabulary's, where 16 and
 more took the same. This is checked on the machine that runs the tests
-(tests/backends/test_float32_logits.py), not promised by BLAS. The Hugging Face backend multiplies a
+(tests/engine/backends/test_float32_logits.py), not promised by BLAS. The Hugging Face backend multiplies a
 forward's rows at once (`block_rows=None`): its forward's own rounding already depends on its batch,
 and a block would make its one-request forwards pay for 128 rows.
 

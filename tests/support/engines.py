@@ -22,10 +22,10 @@ needs_vllm = pytest.mark.skipif(not HAVE_VLLM, reason="vLLM is not installed (ma
 MAX_LIVE = {"vllm": 3}
 
 
-# The pretrained model's two long cases (the shipped facts known to smollm2-135m, tests/pairs/test_known.py;
-# the averaged layer shapes, tests/test_sweeps.py) run the model's own dtype (bf16) on a GPU or a CPU
+# The pretrained model's two long cases (the shipped facts known to smollm2-135m, tests/engine/pairs/test_known.py;
+# the averaged layer shapes, tests/engine/sweeps/test_sweeps.py) run the model's own dtype (bf16) on a GPU or a CPU
 # that multiplies bf16 in hardware, and float32 on a CPU without bf16 units, where bf16 matrix work is
 # emulated several times slower (patchgrid.runtime.machine.machine_dtype: the benchmarks' own rule). What they
 # check is the data set and the method's shapes, not a dtype; the bf16 engine itself is checked against
-# hf in tests/test_patching.py and tests/backends/test_float32_logits.py on every machine.
+# hf in tests/engine/pipeline/test_patching.py and tests/engine/backends/test_float32_logits.py on every machine.
 PRETRAINED_SLOW_DTYPE = machine_dtype(None)[0]

@@ -19,10 +19,10 @@ STEPS = ("align_pairs", "measure_trace_noise", "cache_activations", "sweep_shard
 BASE = dict(model="tiny-llama", pairs=str(DATA), sweeps="resid,trace,atp,paths,edges,circuit,knockout", limit=2,
             require_known=False, trace_samples=2, shard_size=1, backend="hf", atp_kinds="resid", verify_top=2,
             verify_random=1, path_senders="attn_out.1", path_inputs="v", ig_steps=2, circuit_sizes="10,50,100")
-# Settings a local rerun cannot change: they need a Ray cluster (tests/flows/test_ray.py runs one).
+# Settings a local rerun cannot change: they need a Ray cluster (tests/flow/flows/test_ray.py runs one).
 NEEDS_RAY = {"runner", "ray_address", "tensor_parallel_size", "ray_timeout_s", "ray_workers", "gpus_per_engine"}
 # Settings that need a model which knows its facts (the tiny test model knows none): recorded, so a
-# change gives another run (checked by tests/test_spec.py); tests/pairs cover what they do.
+# change gives another run (checked by tests/unit/pipeline/test_spec.py); the pairs' tests cover what they do.
 NEEDS_A_KNOWING_MODEL = {"require_known"}
 
 # setting -> (new value, steps that must be computed again, steps that must be found cached);

@@ -17,7 +17,7 @@ normalises the residual as the dtype holds it, then the weight, then rounds once
 differ from the native form's by one unit in the last place on about a third of elements; in float32
 by float32 rounding. The residual is the same to the bit. A row's norm is its own: it does not depend
 on the other rows of the batch. Started and every-layer runs, Ray and local, all use the same
-kernels (tests/backends/test_cpu_kernels.py holds them to the float64 definition).
+kernels (tests/engine/backends/test_cpu_kernels.py holds them to the float64 definition).
 
 The kernels write in place; these implementations work on copies and return new tensors, as the
 native form does, so that no tensor a hook has read or written is changed behind it. A case the

@@ -1,0 +1,39 @@
+"""What the worker writes into activations lives where the activations live.
+
+On a GPU, vLLM's activations are CUDA tensors; a patch value, noise, start stream or row index
+built on the CPU and written into them fails, or copies once per hook. The first test drives the
+worker's real write path (vllm_worker.session.Session: its step planning and every hook) with
+activations on PyTorch's `meta` device, so a tensor left on the CPU is caught on any machine. The
+last runs the whole engine on a GPU when there is one.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from patchgrid.plan import Request
+from tests.support.engines import needs_vllm
+from tests.unit.backends.test_devices import ANSWERS, CORRUPT
+
+CLEAN = (21, 7, 143, 88, 301, 12, 9, 40)
+
+
+@needs_vllm
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU here: the CPU check above covers the write path")
+def test_on_a_gpu_every_site_started_or_not_matches_hf(engines):
+    from tests.support.backends import all_keys, assert_results_close, every_site_requests, starting
+
+    from .test_start_midstack import every_layer_requests
+
+    hf = engines.get("tiny-llama", "hf", dtype="float32")
+    vl = engines.get("tiny-llama", "vllm", dtype="float32")
+    assert hf.device.type == "cuda"
+    keys = tuple(all_keys(vl.shape))
+    clean, corrupt = vl.run([Request(tokens=CLEAN, answers=ANSWERS, capture=keys),
+                             Request(tokens=CORRUPT, answers=ANSWERS, capture=keys)])
+    sources = {"clean": clean.captures, "corrupt": corrupt.captures}
+    reqs = every_site_requests(vl.shape, CORRUPT, ANSWERS)
+    reqs += starting(every_layer_requests(vl.shape, CORRUPT), vl.shape.n_layers)
+    assert_results_close(hf.run(reqs, sources), vl.run(reqs, sources))
+    print(f"GPU {torch.cuda.get_device_name(0)}: {len(reqs)} requests, vLLM equals hf within 1e-4")
+
