@@ -25,7 +25,6 @@ __all__ = ["ALL", "Run", "Warehouse", "open", "study"]
 
 ALL = "*"  # run=ALL: every run's rows (no run id is "*": spec.RUN_ID)
 FRAMES = ("pandas", "polars")
-FILTERS = ("sweep", "metric", "relation")  # view()'s keyword filters, each a column of the same name
 
 
 def _frame(cols: list[str], rows: list[tuple], frame: str):

@@ -3,7 +3,6 @@ Each result names the metric its numbers are on (its `metric` column)."""
 from __future__ import annotations
 
 from patchgrid.metrics import METRICS
-from patchgrid.model.sites import SITE_KINDS
 from patchgrid.rows.shapes import POSITION_ROLES
 
 from .loader import query
@@ -88,63 +87,6 @@ def trace_by_bucket(path, run_id: str, every: int = 4):
         FROM trace_buckets WHERE run_id = ? AND metric = 'p' AND site = 'resid'
           AND bucket IN ('last_subject', 'first_subsequent', 'last') AND layer % ? = 0
         ORDER BY list_position(['last_subject', 'first_subsequent', 'last'], bucket), layer""", [run_id, int(every)])
-
-
-def _atp_metric_sql(metric: str | None, run_id: str) -> tuple[str, list]:
-    """SQL for the metric an attribution-patching question on `run_id` is on: `metric`, or the one
-    most of the run's atp pairs are on (a pair's headline metric: logit_diff for one-token answers,
-    logprob_diff for answers scored whole), logprob_diff first on a tie."""
-    if metric is not None:
-        return _metric_sql(metric, run_id)
-    return ("(SELECT metric FROM atp_summary WHERE run_id = ? GROUP BY metric "
-            "ORDER BY max(n_pairs) DESC, list_position(?, metric) NULLS LAST, metric LIMIT 1)"), [run_id,
-                                                                                                  list(DEFAULT_METRICS)]
-
-
-def top_estimated_sites(path, run_id: str, top: int = 20, site: str | None = None, metric: str | None = None):
-    """The run's sites with the largest mean attribution-patching estimate in magnitude (atp_summary's
-    |mean_estimate|, of the effect of patching the site clean into corrupt, on `metric`), over every
-    site kind or only `site`, with the exact mean effect over the pairs where the site was verified,
-    as (columns, rows). metric None: the metric most of the run's atp pairs are on."""
-    chosen, params = _atp_metric_sql(metric, run_id)
-    where_site = "" if site is None else " AND site = ?"
-    return query(path, f"""
-        SELECT site, layer, position_role, head, neuron, metric, n_pairs, round(mean_estimate, 3) AS mean_estimate,
-               round(estimate_ci95_low, 3) AS estimate_ci95_low, round(estimate_ci95_high, 3) AS estimate_ci95_high,
-               round(mean_graddrop, 3) AS mean_graddrop, n_verified, round(mean_effect, 3) AS mean_effect
-        FROM atp_summary WHERE run_id = ? AND metric = {chosen}{where_site}
-        ORDER BY abs(mean_estimate) DESC NULLS LAST, site, layer, position_role, head, neuron
-        LIMIT ?""", [run_id, *params, *([] if site is None else [site]), int(top)])
-
-
-def atp_agreement(path, run_id: str):
-    """How well the run's attribution-patching estimates agree with exact patching, per site kind,
-    scope and metric (the atp_agreement view beside its bootstrap intervals over pairs,
-    warehouse/agreement.py: the correlations over the random sites alone, the pooled one, the
-    estimated share of important sites ranked outside the top K, recall of the exact top sites
-    where the run has the exhaustive sweep), as (columns, rows)."""
-    from .agreement import agreement
-    from .loader import connect
-
-    con = connect(path)
-    try:
-        got = agreement(con, run_id)
-    finally:
-        con.close()
-    order = {site: k for k, site in enumerate(SITE_KINDS)}
-    got.sort(key=lambda r: (order.get(r["site"], len(order)), r["site"], r["scope"], r["metric"]))
-    cols = ["site", "scope", "metric", "n_pairs", "n_sites", "n_top", "n_random", "ranked_by", "n_random_verified",
-            *(f"{name}{part}" for name in ("pearson_random", "spearman_random")
-              for part in ("", "_ci95_low", "_ci95_high")),
-            "pearson_pooled", "threshold", "n_pairs_unguarded",
-            *(f"{name}{part}" for name in ("missed_share", "recall_top_k", "recall_top_10")
-              for part in ("", "_ci95_low", "_ci95_high")),
-            "n_pairs_exact"]
-    return cols, [tuple(_round(r[c]) for c in cols) for r in got]
-
-
-def _round(v):
-    return round(v, 3) if isinstance(v, float) else v
 
 
 # A sender's place in a path matrix: by layer, attention (its heads, then attn_out) before the MLP.

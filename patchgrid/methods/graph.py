@@ -121,15 +121,6 @@ def receiver_input(receiver: str) -> str:
     return receiver.split(".")[0]
 
 
-def sender_key(sender: str) -> str:
-    """The site key a sender's output is read from in a run's captures: resid_pre.0 (the input),
-    head.L (z, the heads side by side) or mlp_out.L."""
-    if sender == INPUT:
-        return site_key("resid_pre", 0)
-    site, layer = sender.split(".")[:2]
-    return site_key(site, int(layer))
-
-
 def circuit_keys(n_layers: int) -> list[str]:
     """Every site key holding a sender's output: what a circuit run's source holds."""
     return [site_key("resid_pre", 0)] + [site_key(s, layer) for layer in range(n_layers) for s in ("head", "mlp_out")]

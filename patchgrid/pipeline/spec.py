@@ -18,7 +18,6 @@ from ..settings import (
     SpecError,
     above_zero,
     at_least,
-    comma_list,
     flag_of,
     normalise_and_check,
     not_negative,
@@ -99,11 +98,6 @@ def default_run_id(prefix: str, model_sha256: str, own: dict, sweep: SweepConfig
     the run's parameters but the noted ones (run_params). The same inputs give the same run id: a
     rerun replaces its rows, never duplicates them."""
     return f"{prefix}-{fingerprint(model_sha256, run_params(own, sweep, noted=False))[:12]}"
-
-
-def sweep_names(sweeps) -> tuple[str, ...]:
-    """`resid,heads` or a sequence of names, as a tuple of names."""
-    return comma_list(sweeps)
 
 
 @dataclass(frozen=True)

@@ -398,26 +398,3 @@ def test_exact_sweeps_are_the_kinds_that_patch_each_site(study):
     wh, _ = study
     for site, sweep in query(wh, "SELECT site, sweep FROM atp_exact_sweeps")[1]:
         assert kind_for_site(site).name == sweep
-
-
-def test_named_queries(study):
-    from patchgrid.warehouse.queries import atp_agreement, top_estimated_sites
-
-    wh, stored = study
-    cols, rows = top_estimated_sites(wh, "r", top=10)
-    assert len(rows) == 10 and {r[cols.index("metric")] for r in rows} == {"logprob_diff"}  # every pair's
-    sizes = [abs(r[cols.index("mean_estimate")]) for r in rows]
-    assert sizes == sorted(sizes, reverse=True)
-    largest = max(abs(s["mean_estimate"]) for c, s in python_atp_summary(stored).items() if c[1] == "logprob_diff")
-    assert sizes[0] == pytest.approx(largest, abs=1e-3)
-    cols, rows = top_estimated_sites(wh, "r", top=5, site="neuron", metric="logprob_diff")
-    assert len(rows) == 5 and {(r[cols.index("site")], r[cols.index("metric")]) for r in rows} == {
-        ("neuron", "logprob_diff")}
-    assert all(r[cols.index("mean_graddrop")] is not None for r in rows)
-    cols, rows = atp_agreement(wh, "r")
-    assert [(r[0], r[1]) for r in rows] == [("resid", "every_position"), ("resid", "per_position"),
-                                            ("attn_out", "per_position"), ("head", "every_position"),
-                                            ("head", "per_position"), ("neuron", "every_position")]
-    for name in ("pearson_random", "spearman_random", "missed_share", "recall_top_k"):
-        assert {name, f"{name}_ci95_low", f"{name}_ci95_high"} <= set(cols)
-    assert "pearson_pooled" in cols and "correlation" not in cols
