@@ -13,7 +13,7 @@ from .fingerprint import fingerprint
 from .spec import ShardSpec
 
 
-def split(pairs, size: int, cache_folder: str, sweeps: SweepConfig, noise_std: float, out_dir: Path, *,
+def split(pairs, size: int, cache_folder: str, sweep: SweepConfig, noise_std: float, out_dir: Path, *,
           first: int = 0, name: str = "shard", writes_baselines: bool = True,
           attribution: dict | None = None) -> list[ShardSpec]:
     """Shards of `size` pairs, numbered from `first`, written as out_dir/<name>-<index>-<inputs>.parquet:
@@ -22,9 +22,9 @@ def split(pairs, size: int, cache_folder: str, sweeps: SweepConfig, noise_std: f
     shards = []
     for k, start in enumerate(range(0, len(pairs), size)):
         chunk = tuple(pairs[start:start + size])
-        inputs = fingerprint(list(chunk), cache_folder, sweeps, noise_std, writes_baselines,
+        inputs = fingerprint(list(chunk), cache_folder, sweep, noise_std, writes_baselines,
                              *([attribution] if attribution else []))[:10]
-        shards.append(ShardSpec(first + k, chunk, cache_folder, sweeps, noise_std,
+        shards.append(ShardSpec(first + k, chunk, cache_folder, sweep, noise_std,
                                 str(out_dir / f"{name}-{first + k:05d}-{inputs}.parquet"), writes_baselines,
                                 dict(attribution or {})))
     return shards
@@ -35,7 +35,7 @@ def compute_shard(engine, shard: ShardSpec, progress: Progress | None = None) ->
     renamed into place last, marks the shard done). Returns the number of effect rows."""
     cache = ActivationCache(Path(shard.cache_folder))
     pairs = list(shard.pairs)
-    rows = run_sweeps(engine, pairs, cache, shard.sweeps, progress=progress, noise_std=shard.noise_std,
+    rows = run_sweeps(engine, pairs, cache, shard.sweep, progress=progress, noise_std=shard.noise_std,
                       attributor=shard.attribution or None)
     Path(shard.out).parent.mkdir(parents=True, exist_ok=True)
     if shard.writes_baselines:

@@ -258,7 +258,7 @@ class ShardSpec:
     index: int
     pairs: tuple[Pair, ...]
     cache_folder: str
-    sweeps: SweepConfig
+    sweep: SweepConfig  # the settings of the shard's sweeps, as StudySpec.sweep
     noise_std: float  # the trace noise scale, set by the whole data set's subjects
     out: str = field(metadata={"output": True})  # the effects Parquet file; its existence marks the shard done
     writes_baselines: bool = True  # the pairs' baselines (tracing's facts have none of their own)
