@@ -12,10 +12,7 @@ import pytest
 from patchgrid.metrics import METRICS
 from patchgrid.report import FORMATS, heatmap_figure, scatter_figure, write_report
 from patchgrid.report.figures import FEW_PAIRS, Scatter
-from tests.unit.report.test_report import (
-    N_LAYERS,
-    label_faults,
-)
+from tests.unit.report.test_report import N_LAYERS, label_faults
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 

@@ -150,7 +150,7 @@ def test_a_stuck_call_times_out_and_a_failed_engine_is_replaced(cluster, tmp_pat
     a work that fails leaves its actor standing, and the actor's next work starts a fresh engine."""
     from ray import cloudpickle
 
-    import tests.flows.test_ray as this
+    import tests.flow.flows.test_ray as this
     from patchgrid.backends.cluster import RayEngines
     from patchgrid.backends.engine import using_engine
 
