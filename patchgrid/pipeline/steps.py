@@ -246,17 +246,18 @@ class CacheFound(NamedTuple):
     bytes_per_pair: float
 
 
-def found_or_built(pairs: list[Pair], need: CacheSpec, root: str, *, engine, log=print) -> CacheFound:
+def found_or_built(pairs: list[Pair], need: CacheSpec, root: str, *, engine, log=None) -> CacheFound:
     """The cache folder under `root` covering `need` for `pairs`, found or built on `engine`: plain
-    values, which cross back from an engine actor. `log`: told of a damaged cache discarded."""
+    values, which cross back from an engine actor. `log`: told of a damaged cache discarded (print where
+    none is given, here: a Ray driver replaces `print`, which then cannot travel to an actor)."""
     from ..cache import load_or_build
 
-    cache, built = load_or_build(engine, pairs, need, Path(root), log=log,
+    cache, built = load_or_build(engine, pairs, need, Path(root), log=log or print,
                                  progress=stage("activation cache (pairs captured)"))
     return CacheFound(str(cache.folder), built, cache.bytes_per_pair)
 
 
-def activation_cache(engines: Engines, pairs: list[Pair], need: CacheSpec, root: str, log=print) -> CacheFound:
+def activation_cache(engines: Engines, pairs: list[Pair], need: CacheSpec, root: str, log=None) -> CacheFound:
     """The cache step: capture each pair's clean (and corrupt, and noised) runs once, the sites the
     sweeps read and the streams their patched runs start from, where the engines run."""
     return engines.run(using_engine(found_or_built, list(pairs), need, root, log=log))
