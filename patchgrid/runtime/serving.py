@@ -86,6 +86,25 @@ def _wait_for_runs(timeout_s: float = RUNS_STOP_S) -> None:
             run.join()
 
 
+def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float, every_s: float = 0.5,
+                 probe_s: float = 2.0) -> bool:
+    """Whether the server `proc` started answers `url` (a health endpoint) with 200 within `timeout_s`,
+    asked every `every_s`, each ask waiting `probe_s` at most; False as soon as `proc` exits
+    (proc.returncode then says how) or once the time is up (it is still None)."""
+    deadline = time.monotonic() + timeout_s
+    while proc.poll() is None:
+        try:
+            with urllib.request.urlopen(url, timeout=probe_s) as r:
+                if r.status == 200:
+                    return True
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(every_s)
+    return False
+
+
 @contextmanager
 def local_prefect_server(port: int = 4200, timeout_s: float = 90.0):
     if os.environ.get("PREFECT_API_URL"):
@@ -95,20 +114,11 @@ def local_prefect_server(port: int = 4200, timeout_s: float = 90.0):
     proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
                              "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if proc.poll() is not None:
+        if not wait_healthy(f"{url}/health", proc, timeout_s):
+            if proc.returncode is not None:
                 raise RuntimeError(f"the local Prefect server exited with code {proc.returncode} "
                                    f"(is port {port} taken? use --port)")
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the local Prefect server did not answer on {url} within {timeout_s:.0f} s")
-            time.sleep(0.5)
+            raise RuntimeError(f"the local Prefect server did not answer on {url} within {timeout_s:.0f} s")
         os.environ["PREFECT_API_URL"] = url
         print(f"Prefect server on {url} (UI at http://127.0.0.1:{port})", file=sys.stderr)
         yield url

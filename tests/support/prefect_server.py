@@ -16,9 +16,9 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
+
+from patchgrid.runtime.serving import wait_healthy
 
 STARTUP_TIMEOUT_S = 180  # a fresh database migrated and the API answering, on a busy machine
 
@@ -28,14 +28,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _healthy(api: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{api}/health", timeout=5) as res:
-            return res.status == 200
-    except OSError:
-        return False
 
 
 @contextlib.contextmanager
@@ -54,12 +46,9 @@ def prefect_server():
                                 env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
     try:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while not _healthy(api):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the tests' Prefect server did not start (exit {proc.poll()}):\n"
-                                   + log.read_text(errors="replace")[-3000:])
-            time.sleep(0.5)
+        if not wait_healthy(f"{api}/health", proc, STARTUP_TIMEOUT_S, probe_s=5):
+            raise RuntimeError(f"the tests' Prefect server did not start (exit {proc.poll()}):\n"
+                               + log.read_text(errors="replace")[-3000:])
         yield api
     finally:
         with contextlib.suppress(ProcessLookupError):

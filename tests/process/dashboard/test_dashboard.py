@@ -9,10 +9,10 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 
 import pytest
 
+from patchgrid.runtime.serving import wait_healthy
 from tests.support.prefect_server import free_port
 from tests.unit.dashboard.test_dashboard import load
 
@@ -27,17 +27,11 @@ def test_the_command_refuses_a_missing_warehouse_in_one_line(tmp_path):
                                                "warehouse file there (run a study into it first)"]
 
 
-def _wait_healthy(port: int, proc: subprocess.Popen, deadline: float) -> None:
-    while time.monotonic() < deadline:
+def _wait_healthy(port: int, proc: subprocess.Popen, timeout_s: float) -> None:
+    """Streamlit's health endpoint answering, asked as `patchgrid serve` asks its Prefect server's."""
+    if not wait_healthy(f"http://127.0.0.1:{port}/_stcore/health", proc, timeout_s, every_s=0.2):
         assert proc.poll() is None, f"the dashboard exited ({proc.returncode})"
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError("the dashboard did not come up in time")
+        raise AssertionError("the dashboard did not come up in time")
 
 
 def _children(pid: int) -> list[int]:
@@ -57,7 +51,7 @@ def _start(warehouse, tmp_path) -> tuple[subprocess.Popen, int, int]:
                              "--port", str(port), "--refresh", "1"], cwd=tmp_path, start_new_session=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        _wait_healthy(port, proc, time.monotonic() + 60)
+        _wait_healthy(port, proc, 60)
         (server,) = _children(proc.pid)
         return proc, port, os.getpgid(server)
     except BaseException:
