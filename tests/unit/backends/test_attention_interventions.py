@@ -1,15 +1,8 @@
-"""Pattern patching and attention knockout, each against an implementation written here from its
-definition on a plain transformers model. vLLM is held to the hf backend on every family by the
-requests tests.support.backends.attention_requests adds to every site's (test_vllm_matches_hf on the
-suite's three models; test_families on the others, chunked prefill and the multiprocess executor
-among them).
-
-- A pattern patch (TransformerLens's get_act_patch_attn_head_pattern_*) replaces one head's weights
-  by the other run's and keeps this run's values: its output is the source's pattern times this
-  run's values, which the head site then writes (an independent route: the head patch).
-- A knockout (Geva et al. 2023) blocks attention edges before the softmax: here transformers' own
-  eager attention runs with its mask raised to minus infinity at the blocked (query, key) cells in
-  the layers of the window, and the patched model's answers must match the backend's.
+"""The attention arithmetic that pattern patches and knockouts are computed with on both backends
+(backends/patterns.py), on random tensors: a knocked-out key gets weight exactly zero in the rows of
+the blocked queries and the rest of each row renormalise in their ratios, grouped key/value heads
+included, and `attend` is the pattern times the values. The interventions themselves, on a model,
+against implementations written from their definitions: tests/engine/backends/test_attention_interventions.py.
 """
 from __future__ import annotations
 

@@ -1,11 +1,9 @@
-"""The logits a request reads are unembedded in float32 from the final hidden state, whatever the
-model's dtype, on both backends.
-
-The reference is computed here from the definition: the final norm's output (hooked on the model
-that ran the forward: transformers' for the hf backend, vLLM's own for the vllm backend) cast to
-float32, times the unembedding weight cast to float32, plus the head's bias, then the soft-cap of
-the model's config. At logits of 8-16 a bf16 step is 1/16: logits read in bf16 are all multiples of
-1/32, float32 ones almost never are.
+"""The float32 unembedding's own arithmetic (backends/unembed.py) and the worker's reads of it, on
+tensors made here: a large bf16 weight cast slice by slice to the same logits, a row's logits the same
+whatever rows are unembedded with it, a weight that requires a gradient read as plain numbers, bf16
+units used for bf16 inputs alone, a step's logits written into one reused buffer, and read rows kept
+until they fill whole blocks. That the logits a request reads are float32 on both backends, against
+the definition: tests/engine/backends/test_float32_logits.py.
 """
 from __future__ import annotations
 
