@@ -1,6 +1,6 @@
-"""The sweep registry is the one extension point: a kind registered there (a class and its entry)
-runs through run_sweeps, phases included, with no other change; what kinds declare is read from
-it (settings, populations, the model asked when aligning)."""
+"""The sweep registry is the one extension point: a kind registered there (a class and its entry), its
+settle and prepare phases included, runs through run_sweeps on an engine with no other change, and
+its rows are the same runs as the resid sweep's cells it repeats."""
 from __future__ import annotations
 
 import pytest

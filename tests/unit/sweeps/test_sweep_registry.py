@@ -1,6 +1,8 @@
-"""The sweep registry is the one extension point: a kind registered there (a class and its entry)
-runs through run_sweeps, phases included, with no other change; what kinds declare is read from
-it (settings, populations, the model asked when aligning)."""
+"""What the sweep registry declares of its kinds, read without an engine: every kind the effect rows
+name is registered, its population, drawing, settings and row shape ones the rest of patchgrid knows;
+and what the kinds of a run declare together (their settings, their populations, whether aligning asks
+the model, whether a run is noised). A kind registered there running through run_sweeps:
+tests/engine/sweeps/test_sweep_registry.py."""
 from __future__ import annotations
 
 from patchgrid.pipeline.spec import StudySpec
