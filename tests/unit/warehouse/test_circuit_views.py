@@ -7,7 +7,6 @@ from __future__ import annotations
 import statistics
 
 import pytest
-import torch
 from scipy import stats
 
 from patchgrid.methods.circuits import circuit_size, edge_order
@@ -16,23 +15,18 @@ from patchgrid.sweeps import SweepConfig
 from patchgrid.sweeps.base import SweepContext, baselines
 from patchgrid.sweeps.circuit import CircuitSweep
 from patchgrid.sweeps.edges import EdgeSweep
-from tests.support.effect_rows import baseline, between, make_pair
-from tests.unit.warehouse.test_edge_views import SHAPE
-from tests.unit.warehouse.test_path_views import N_PAIRS, ROLES, _rows, load
+from tests.support.effect_rows import baseline, between
+from tests.unit.warehouse.test_edge_views import SHAPE, random_edge_scores
+from tests.unit.warehouse.test_path_views import N_PAIRS, _rows, load
 
 SIZES = (10.0, 20.0, 50.0, 100.0)
 
 
 def circuit_rows(ablation="patching"):
-    graph = EdgeGraph.of(SHAPE)
-    gen = torch.Generator().manual_seed(7)
-    pairs = [make_pair(f"p{i}", ROLES, subject=(0, 2)) for i in range(N_PAIRS)]
-    scores = {p.pair_id: torch.randn(len(graph.senders), len(graph.receivers), generator=gen) * graph.mask()
-              for p in pairs}
-    edges = graph.edges
+    graph, pairs, scored = random_edge_scores(7)
+    edges, index, scores = graph.edges, scored["index"], scored["scores"]
     config = SweepConfig(sweeps=("edges", "circuit"), verify_top=0, verify_random=0, circuit_sizes=SIZES,
                          ablation=ablation)
-    index = ([i for i, _ in edges], [j for _, j in edges])
     mean = sum(scores[p.pair_id][index] for p in pairs) / len(pairs)
     order = edge_order(graph, mean.double(), "topn")
     rank = [0] * len(edges)
@@ -40,8 +34,7 @@ def circuit_rows(ablation="patching"):
         rank[e] = k
     sizes = (0.0,) + SIZES
     circuits = {s: tuple(sorted(order[:circuit_size(s, len(edges))])) for s in sizes}
-    prepared = {"edges": {"edges": [(graph.senders[i], graph.receivers[j]) for i, j in edges], "index": index,
-                          "scores": scores, "verify": {}, "first": {}},
+    prepared = {"edges": scored,
                 "circuit": {"rank": rank, "circuits": circuits,
                             "baselines": {p.pair_id: baselines(baseline(p.pair_id)) for p in pairs}}}
     ctx = SweepContext(config, SHAPE.n_layers, SHAPE.n_heads, prepared=prepared)

@@ -22,19 +22,26 @@ from tests.unit.warehouse.test_path_views import N_PAIRS, ROLES, load
 SHAPE = ModelShape(FAMILIES["llama"], 2, 2, 8, 16, 50, 32, 32, 1)
 
 
-def edge_rows(method="eap-ig", verify=(0, 0)):
-    """Every edge of every pair with a random score; with verify = (K, R), the sweep's own choice of
-    the top K and R random edges per pair, each patched exactly to a recovery of 0.1 x its score
-    plus a pair's own noise."""
+def random_edge_scores(seed: int):
+    """SHAPE's edge graph, N_PAIRS pairs and every edge of each pair scored at random (seeded), as the
+    edges sweep's prepared state holds them, no edge verified yet: (graph, pairs, prepared state)."""
     graph = EdgeGraph.of(SHAPE)
-    gen = torch.Generator().manual_seed(5)
+    gen = torch.Generator().manual_seed(seed)
     pairs = [make_pair(f"p{i}", ROLES, subject=(0, 2)) for i in range(N_PAIRS)]
     scores = {p.pair_id: torch.randn(len(graph.senders), len(graph.receivers), generator=gen) * graph.mask()
               for p in pairs}
     edges = graph.edges
+    prepared = {"edges": [(graph.senders[i], graph.receivers[j]) for i, j in edges],
+                "index": ([i for i, _ in edges], [j for _, j in edges]), "scores": scores, "verify": {}, "first": {}}
+    return graph, pairs, prepared
+
+
+def edge_rows(method="eap-ig", verify=(0, 0)):
+    """Every edge of every pair with a random score; with verify = (K, R), the sweep's own choice of
+    the top K and R random edges per pair, each patched exactly to a recovery of 0.1 x its score
+    plus a pair's own noise."""
+    graph, pairs, got = random_edge_scores(5)
     config = SweepConfig(sweeps=("edges",), edge_method=method, verify_top=verify[0], verify_random=verify[1])
-    got = {"edges": [(graph.senders[i], graph.receivers[j]) for i, j in edges],
-           "index": ([i for i, _ in edges], [j for _, j in edges]), "scores": scores, "verify": {}, "first": {}}
     ctx = SweepContext(config, SHAPE.n_layers, SHAPE.n_heads, prepared={"edges": got})
     kind = EdgeSweep({})
     rows = []
