@@ -39,10 +39,11 @@ browser:
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; } || \
 		echo "chromium could not be installed: the browser test will be skipped"
 
-# pyflakes, bugbear, import order and pyupgrade (configured in pyproject.toml)
+# pyflakes, bugbear, import order and pyupgrade; the import layers; no dead code (all configured in pyproject.toml)
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
+	$(BIN)/vulture
 
 # Every tier (tests/README.md); --durations: the slowest cases, for keeping the suite within 20 minutes
 test: install browser

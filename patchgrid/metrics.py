@@ -69,12 +69,10 @@ METRICS = {
     "rank": Metric("rank of the clean answer's first token at the last prompt position (0: the top token)", -1, None,
                    "ranks"),
 }
-MIN_SPAN = {name: m.min_span for name, m in METRICS.items()}
-READS = ("answers", "continuations", "reference", "ranks")
 
 
 def reads_of(metrics) -> frozenset[str]:
-    """What a run must read for `metrics` (names in METRICS): a subset of READS."""
+    """What a run must read for `metrics` (names in METRICS): their Metric.reads."""
     return _reads(tuple(metrics))
 
 

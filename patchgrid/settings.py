@@ -16,7 +16,7 @@ from dataclasses import field
 #   if_changed  only when it differs from its default (run ids of studies that leave it stay as they were)
 #   if_used     only when a sweep kind of the run reads it (patchgrid.sweeps.settings_of)
 #   noted       every run records it, but it leaves the run's identity (its default run id) alone: how the
-#               engines were sized, where a pass ran; its numbers are the same (StudySpec.identity_params)
+#               engines were sized, where a pass ran; its numbers are the same (StudySpec.default_run_id)
 #   never       it changes how the work is done (sharding, engine placement, outputs), not its numbers
 RECORDS = ("always", "if_changed", "if_used", "noted", "never")
 

@@ -204,10 +204,6 @@ class HFEngine:
         logits = soft_capped(logits[:, : self.shape.vocab_size], self.final_softcap)
         return logits.reshape(rows.shape[0], keep, -1).cpu()
 
-    def hook_count(self) -> int:
-        return sum(len(mod._forward_hooks) + len(mod._forward_pre_hooks) + (getattr(mod, HOOK, None) is not None)
-                   for mod in self.model.modules())
-
     def close(self):
         self.model = None
 

@@ -162,8 +162,8 @@ class VllmEngine:
             VllmEngine._live_inprocess.add(id(self))
         self._check_model_class()
         # On a CPU, vLLM's C kernels for the RMS norms of the eager forward, on every rank
-        # (vllm_worker/kernels.py): the ops they lead, empty on a GPU.
-        self.cpu_kernels = self.llm.collective_rpc("pg_use_cpu_kernels")[0]
+        # (vllm_worker/kernels.py); nothing changes on a GPU.
+        self.llm.collective_rpc("pg_use_cpu_kernels")
         self.start_midstack = start_midstack and self._can_start_midstack()
         # What one more generate call costs, in tokens x layers of forward work: on a 2-core CPU with
         # smollm2-135m, 512 ran the 16-pair resid grid fastest of 128-2048 (a call costs ~10 ms, a
@@ -358,13 +358,6 @@ class VllmEngine:
         finally:
             done.set()
             watcher.join(timeout=1)
-
-    def hook_count(self) -> int:
-        return self.llm.collective_rpc("pg_hook_count")[0]
-
-    def start_layers(self) -> list[int]:
-        """Each rank's decoder start layer (0 outside a call), for tests that check it goes back."""
-        return self.llm.collective_rpc("pg_start_layer", args=(self.shape.family.name,))
 
     def close(self):
         llm = getattr(self, "llm", None)

@@ -30,7 +30,6 @@ from functools import cached_property
 from ..model.sites import LOGITS, ModelShape, site_key
 
 INPUT = "input"
-RECEIVER_INPUTS = ("q", "k", "v", "mlp_in", LOGITS)  # what a receiver's name starts with
 
 
 class GraphError(ValueError):
@@ -114,11 +113,6 @@ class EdgeGraph:
         for i, j in self.edges:
             out[i, j] = True
         return out
-
-
-def receiver_input(receiver: str) -> str:
-    """What a receiver reads the stream as: q, k, v, mlp_in or logits."""
-    return receiver.split(".")[0]
 
 
 def circuit_keys(n_layers: int) -> list[str]:

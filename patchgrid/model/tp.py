@@ -1,4 +1,4 @@
-"""Tensor parallelism: which rank holds which head of z or neuron of the MLP, and putting per-rank
+"""Tensor parallelism: how heads of z and neurons of the MLP split over ranks, and putting per-rank
 reads back together.
 
 With tensor_parallel_size > 1, vLLM splits attention by heads: rank r holds heads
@@ -20,29 +20,10 @@ SPLIT_WIDTHS = ("z", "q", "kv", "mlp")  # Site.width values split over ranks by 
 
 
 def units_per_rank(units: int, tp_size: int, what: str = "attention heads") -> int:
+    """How many of `units` (heads or neurons, as `what` names them) each of `tp_size` ranks holds."""
     if units % tp_size:
         raise ValueError(f"{units} {what} do not split over tensor_parallel_size {tp_size}")
     return units // tp_size
-
-
-def unit_owner(index: int, units: int, tp_size: int) -> tuple[int, int]:
-    """(rank, index within that rank's slice) of a head or neuron among `units` split evenly."""
-    per = units_per_rank(units, tp_size)
-    return index // per, index % per
-
-
-def heads_per_rank(n_heads: int, tp_size: int) -> int:
-    return units_per_rank(n_heads, tp_size)
-
-
-def head_owner(head: int, n_heads: int, tp_size: int) -> tuple[int, int]:
-    """(rank, head index within that rank's slice of z)."""
-    return unit_owner(head, n_heads, tp_size)
-
-
-def rank_z_columns(rank: int, n_heads: int, head_dim: int, tp_size: int) -> slice:
-    per = heads_per_rank(n_heads, tp_size)
-    return slice(rank * per * head_dim, (rank + 1) * per * head_dim)
 
 
 def merge_rank_captures(per_rank: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:

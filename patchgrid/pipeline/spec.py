@@ -199,18 +199,12 @@ class StudySpec:
     def recorded_params(self) -> dict:
         """What a run records as its parameters: every setting by its declaration
         (patchgrid.settings.RECORDS), the `noted` ones included."""
-        return self._recorded(noted=True)
-
-    def identity_params(self) -> dict:
-        """What a run's default run id is derived from: the recorded parameters but the `noted` ones
-        (how engines were sized, where a pass ran), which leave the numbers as they are."""
-        return self._recorded(noted=False)
-
-    def _recorded(self, noted: bool) -> dict:
-        return run_params(recorded(self, set(), noted=noted), self.sweep, noted=noted)
+        return run_params(recorded(self, set()), self.sweep)
 
     def default_run_id(self, model_sha256: str) -> str:
-        """The run id a study takes when none is given (`run-…`: default_run_id's rule)."""
+        """The run id a study takes when none is given (`run-…`: default_run_id's rule), derived from
+        the recorded parameters but the `noted` ones (how engines were sized, where a pass ran),
+        which leave the numbers as they are."""
         return default_run_id("run", model_sha256, recorded(self, set(), noted=False), self.sweep)
 
     def engine_options(self) -> dict:

@@ -8,7 +8,7 @@ from .path_matrices import PATH_TOP, sender_order, top_ends
 METHOD_NAMES = {"eap": "EAP (Syed et al. 2023)", "eap-ig": "EAP-IG (Hanna et al. 2024)"}
 
 
-INPUTS = ("q", "k", "v", "mlp_in", "logits")  # a layer's receivers in this order (graph.RECEIVER_INPUTS)
+INPUTS = ("q", "k", "v", "mlp_in", "logits")  # a layer's receivers in this order (graph.EdgeGraph.receivers)
 
 
 def edge_sender_order(row):

@@ -260,10 +260,3 @@ def sql_type(f: pa.Field) -> str:
     if f.metadata and b"sql" in f.metadata:
         return f.metadata[b"sql"].decode()
     return _SQL_TYPES[f.type]
-
-
-def warehouse_columns(table: str) -> list[tuple[str, str]]:
-    """(column, DuckDB type) in order, as the warehouse table must declare them."""
-    shape = WAREHOUSE_TABLES[table]
-    cols = [(f.name, sql_type(f)) for f in shape.schema]
-    return cols if table == "runs" else [("run_id", "VARCHAR")] + cols

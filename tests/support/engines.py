@@ -29,3 +29,20 @@ MAX_LIVE = {"vllm": 3}
 # check is the data set and the method's shapes, not a dtype; the bf16 engine itself is checked against
 # hf in tests/engine/pipeline/test_patching.py and tests/engine/backends/test_float32_logits.py on every machine.
 PRETRAINED_SLOW_DTYPE = machine_dtype(None)[0]
+
+
+def hook_count(engine) -> int:
+    """Forward hooks left on an engine's model, for the tests that check nothing leaks between calls: a
+    Hugging Face engine's hooks and attention hooks (backends.hf.HOOK), a vLLM engine's first rank's
+    (its worker's pg_hook_count)."""
+    from patchgrid.backends.hf import HOOK, HFEngine
+
+    if isinstance(engine, HFEngine):
+        return sum(len(mod._forward_hooks) + len(mod._forward_pre_hooks) + (getattr(mod, HOOK, None) is not None)
+                   for mod in engine.model.modules())
+    return engine.llm.collective_rpc("pg_hook_count")[0]
+
+
+def start_layers(engine) -> list[int]:
+    """Each rank's decoder start layer of a vLLM engine (0 outside a call: it must go back)."""
+    return engine.llm.collective_rpc("pg_start_layer", args=(engine.shape.family.name,))

@@ -13,6 +13,8 @@ reruns a few studies to show that Prefect finds (or computes) the steps by those
 """
 from __future__ import annotations
 
+from patchgrid.pipeline.spec import run_params
+from patchgrid.settings import recorded
 from tests.support.pairs import DATA
 
 STEPS = ("align_pairs", "measure_trace_noise", "cache_activations", "sweep_shard")
@@ -115,3 +117,9 @@ def expected(case: str) -> tuple[set[str], set[str]]:
 def rerun_spec(spec, case: str, tmp_path):
     """`spec` with the settings of `case` changed."""
     return spec.replace(**{n: changed_value(n, CHANGES[n][0], tmp_path) for n in case.split("+")})
+
+
+def identity_params(spec) -> dict:
+    """What a study's default run id is derived from (StudySpec.default_run_id, pipeline.spec.default_run_id's
+    rule): its recorded parameters but the `noted` ones."""
+    return run_params(recorded(spec, set(), noted=False), spec.sweep, noted=False)

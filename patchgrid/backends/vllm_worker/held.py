@@ -24,15 +24,9 @@ def request_id(call: int, k: int) -> str:
     return f"pg{call}.{k}"
 
 
-def plan_index(rid: str, call: int) -> int | None:
-    """Which of call `call`'s plans the vLLM request `rid` runs (vLLM appends `-<random>` to the id
-    it was given); None: a request of no patchgrid call, or of another."""
-    k = plan_indices([rid], call)[0]
-    return None if k < 0 else k
-
-
 def plan_indices(rids, call: int) -> list[int]:
-    """plan_index of each of `rids`, -1 where it is None."""
+    """Which of call `call`'s plans each vLLM request of `rids` runs (vLLM appends `-<random>` to the
+    id it was given); -1: a request of no patchgrid call, or of another."""
     prefix = f"pg{call}."
     cut = len(prefix)
     out = []

@@ -87,6 +87,15 @@ def test_cases_the_kernels_do_not_take_fall_back_to_the_native_form(ops):
     assert norm.dispatch(x, None, EPS).provider == "native"
 
 
+def _led_by_the_kernels(worker) -> list[str]:
+    """On an engine's worker (collective_rpc's callable): the norm ops whose dispatch the kernels lead."""
+    from vllm import ir
+
+    from patchgrid.backends.vllm_worker.kernels import PROVIDER
+
+    return [op.name for op in (ir.ops.rms_norm, ir.ops.fused_add_rms_norm) if op.get_priority()[:1] == [PROVIDER]]
+
+
 def test_a_cpu_engine_runs_its_norms_on_vllms_kernels(engines):
     engine = engines.get(TINY[0], "vllm", dtype="float32")
-    assert engine.cpu_kernels == ["rms_norm", "fused_add_rms_norm"]
+    assert engine.llm.collective_rpc(_led_by_the_kernels) == [["rms_norm", "fused_add_rms_norm"]]

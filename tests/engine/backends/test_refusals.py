@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from patchgrid.plan import Patch, PlanError, Request
-from tests.support.engines import needs_vllm
+from tests.support.engines import hook_count, needs_vllm
 
 
 @pytest.mark.parametrize("backend", [pytest.param("vllm", marks=needs_vllm), "hf"])
@@ -16,7 +16,7 @@ def test_engine_refuses_then_still_works(engines, backend):
     bad = Request(tokens=(3, 4, 5), answers=(6,), patches=(Patch("resid", 99, "clean", (0,)),))
     with pytest.raises(PlanError, match="request 1: patch layer 99 is out of range"):
         engine.run([good, bad], {"clean": {"resid.99": None}})
-    assert engine.hook_count() == 0
+    assert hook_count(engine) == 0
     assert (engine.run([good])[0].answer_logits == baseline).all()
 
 
@@ -25,7 +25,7 @@ def test_a_pattern_over_several_forwards_is_refused_with_the_reason(engines, bac
     engine = engines.get("tiny-llama", backend, dtype="float32")
     with pytest.raises(PlanError, match="request 0: capture pattern.1: a pattern is read over one forward"):
         engine.run([Request(tokens=(3, 4, 5), answers=(6,), continuations=((6, 7),), capture=("pattern.1",))])
-    assert engine.hook_count() == 0
+    assert hook_count(engine) == 0
 
 
 @pytest.mark.parametrize("backend", [pytest.param("vllm", marks=needs_vllm), "hf"])

@@ -10,7 +10,7 @@ import torch
 from patchgrid.cache import stream_keys
 from patchgrid.plan import Patch, Request
 from tests.support.backends import all_keys, assert_results_close, effect_spread, reading_logprobs, starting
-from tests.support.engines import TINY, needs_vllm
+from tests.support.engines import TINY, hook_count, needs_vllm, start_layers
 
 pytestmark = needs_vllm
 
@@ -91,7 +91,7 @@ def test_an_unskipped_call_after_skipping_equals_the_baseline_bit_for_bit(pair_o
     plain = Request(tokens=CORRUPT, answers=ANSWERS, capture=("resid.0", "resid.1"))
     before = vl.run([plain])[0]
     vl.run(starting(every_layer_requests(vl.shape, CORRUPT), vl.shape.n_layers), _sources(vl))
-    assert vl.hook_count() == 0 and vl.start_layers() == [0]
+    assert hook_count(vl) == 0 and start_layers(vl) == [0]
     after = vl.run([plain])[0]
     assert torch.equal(before.answer_logits, after.answer_logits)
     for key in plain.capture:
@@ -103,7 +103,7 @@ def test_the_start_layer_goes_back_when_a_call_fails(engines):
     vl = engines.get("tiny-llama", "vllm", dtype="float32", max_num_seqs=7)
     with pytest.raises(RuntimeError, match="does not start at layer 2"):
         vl._generate([Request(tokens=CORRUPT, answers=ANSWERS)], {}, 2)  # a request without its stream
-    assert vl.start_layers() == [0] and vl.hook_count() == 0
+    assert start_layers(vl) == [0] and hook_count(vl) == 0
     with pytest.raises(RuntimeError, match="failed in an earlier call .* start a new one"):
         vl.run([Request(tokens=CORRUPT, answers=ANSWERS)])
 

@@ -6,7 +6,7 @@ import dataclasses
 from patchgrid.cache import stream_keys
 from patchgrid.plan import LOGPROBS, Request
 from tests.support.backends import all_keys, assert_results_close, effect_spread, every_site_requests, starting
-from tests.support.engines import needs_vllm
+from tests.support.engines import needs_vllm, start_layers
 
 
 @needs_vllm
@@ -29,7 +29,7 @@ def test_tensor_parallel_2_on_cpu_matches_hf(engines):
     started = starting([r for r in reqs if not r.noise], hf.shape.n_layers)
     assert any(r.start for r in started)
     assert_results_close(hf.run(started, sources), tp.run(started, sources))
-    assert tp.start_layers() == [0, 0]
+    assert start_layers(tp) == [0, 0]
     # answers of several tokens and the KL divergence: every rank unembeds the same rows (the
     # unembedding gathers its vocabulary slices across ranks)
     sources["ref"] = {LOGPROBS: hf.run([dataclasses.replace(cap, logprobs=True)])[0].logprobs}

@@ -11,7 +11,7 @@ from tests.support.backends import (
     effect_spread,
     every_site_requests,
 )
-from tests.support.engines import needs_vllm
+from tests.support.engines import hook_count, needs_vllm
 
 pytestmark = needs_vllm
 
@@ -65,7 +65,7 @@ def test_hooks_removed_and_unpatched_run_is_bitwise_baseline(pair_of_engines):
     before = vl.run([plain])[0]
     clean = vl.run([Request(tokens=CLEAN, answers=ANSWERS, capture=tuple(all_keys(vl.shape)))])[0]
     vl.run(every_site_requests(vl.shape, CORRUPT, ANSWERS), {"clean": clean.captures})
-    assert vl.hook_count() == 0 and hf.hook_count() == 0
+    assert hook_count(vl) == 0 and hook_count(hf) == 0
     after = vl.run([plain])[0]
     assert torch.equal(before.answer_logits, after.answer_logits)
     assert torch.equal(before.captures["resid.1"], after.captures["resid.1"])

@@ -32,6 +32,7 @@ from tests.support.reruns import (
     NEEDS_RAY,
     STEPS,
     expected,
+    identity_params,
     rerun_spec,
 )
 
@@ -116,5 +117,5 @@ def test_a_setting_changes_the_keys_of_the_steps_that_depend_on_it(base_keys, en
         assert keys[step] <= base[step], f"{case}: {step} would be computed again"
     # a setting that enters the run id gives another run; one only noted (the engines' sizes) does not
     names = case.split("+")
-    identifies = any(n in spec.identity_params() or n in changed.identity_params() for n in names)
+    identifies = any(n in identity_params(spec) or n in identity_params(changed) for n in names)
     assert (run_id != base_id) == (identifies or case == "run_id"), case

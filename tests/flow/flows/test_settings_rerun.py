@@ -14,7 +14,7 @@ import pytest
 
 from patchgrid.pipeline.spec import StudySpec
 from patchgrid.warehouse.loader import query
-from tests.support.reruns import BASE, TOGETHER, expected, rerun_spec
+from tests.support.reruns import BASE, TOGETHER, expected, identity_params, rerun_spec
 from tests.support.task_runs import task_states
 
 CASES = ["+".join(TOGETHER), "shard_size", "trace_noise_scale", "warehouse"]
@@ -53,7 +53,7 @@ def test_a_rerun_computes_again_what_depends_on_the_change_and_finds_the_rest(ba
         assert "COMPLETED" in states.get(step, set()), f"{case}: {step} was not computed again ({states})"
     for step in cached:
         assert states.get(step, {"CACHED"}) == {"CACHED"}, f"{case}: {step} was computed again ({states})"
-    identifies = any(n in spec.identity_params() or n in changed.identity_params() for n in names)
+    identifies = any(n in identity_params(spec) or n in identity_params(changed) for n in names)
     assert (run_id != base_id) == identifies, case
     params = query(changed.warehouse, "SELECT params FROM runs WHERE run_id = ?", [run_id])[1][0][0]
     for name in names:

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from patchgrid.backends.vllm_worker.held import plan_index, request_id
+from patchgrid.backends.vllm_worker.held import plan_indices, request_id
 from patchgrid.backends.vllm_worker.hooks import put
 from patchgrid.backends.vllm_worker.session import Session as _Session
 from patchgrid.model.models import prepare
@@ -41,10 +41,10 @@ def _runner(model, requests):
 
 
 def test_a_vllm_request_id_names_its_call_and_plan():
-    assert plan_index(request_id(7, 12), 7) == 12
-    assert plan_index(f"{request_id(7, 12)}-0a1b2c3d", 7) == 12  # vLLM's suffix
-    assert plan_index(f"{request_id(7, 12)}-0a1b2c3d", 8) is None  # another call's
-    assert plan_index("12-0a1b2c3d", 7) is None and plan_index("pg7.x", 7) is None  # no patchgrid call's
+    assert plan_indices([request_id(7, 12)], 7) == [12]
+    assert plan_indices([f"{request_id(7, 12)}-0a1b2c3d", request_id(7, 3)], 7) == [12, 3]  # vLLM's suffix
+    assert plan_indices([f"{request_id(7, 12)}-0a1b2c3d"], 8) == [-1]  # another call's
+    assert plan_indices(["12-0a1b2c3d", "pg7.x"], 7) == [-1, -1]  # no patchgrid call's
 
 
 def test_every_write_of_a_step_is_on_the_activations_device():

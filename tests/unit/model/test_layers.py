@@ -11,6 +11,7 @@ from patchgrid.settings import SpecError
 from patchgrid.sweeps import SWEEP_KINDS, SweepConfig, SweepContext
 from patchgrid.sweeps.base import check_layers
 from tests.support.effect_rows import make_pair
+from tests.support.reruns import identity_params
 
 ROLES = ["before_subject", "subject_first", "subject_last", "further", "last"]
 PAIR = make_pair("p", ROLES, subject=(1, 3))
@@ -91,10 +92,10 @@ def test_a_layer_the_model_does_not_have_is_refused_with_its_count():
 
 def test_layers_are_recorded_and_in_the_run_id_when_given_and_a_name_only_noted():
     plain, restricted = StudySpec(), StudySpec.of(layers="0,2", name="a label")
-    assert "layers" not in plain.identity_params() and "layers" not in plain.recorded_params()
-    assert restricted.identity_params()["layers"] == [0, 2]
-    assert restricted.recorded_params()["name"] == "a label" and "name" not in restricted.identity_params()
-    assert StudySpec.of(layers="2,0").identity_params() == StudySpec.of(layers=[0, 2]).identity_params()
+    assert "layers" not in identity_params(plain) and "layers" not in plain.recorded_params()
+    assert identity_params(restricted)["layers"] == [0, 2]
+    assert restricted.recorded_params()["name"] == "a label" and "name" not in identity_params(restricted)
+    assert identity_params(StudySpec.of(layers="2,0")) == identity_params(StudySpec.of(layers=[0, 2]))
 
 
 @pytest.mark.parametrize("label", ["", "two\nlines", "x" * 201])

@@ -16,6 +16,7 @@ from patchgrid.settings import SpecError
 from patchgrid.sweeps import POPULATIONS, SweepConfig, TraceNoise
 from patchgrid.warehouse.loader import query
 from tests.support.pairs import DATA
+from tests.support.reruns import identity_params
 
 SHA = "a" * 64
 
@@ -28,7 +29,7 @@ def test_a_study_takes_its_default_run_id_from_the_one_rule():
     spec = StudySpec.of(model="tiny-llama", sweeps="resid,trace", limit=2)
     run_id = spec.default_run_id(SHA)
     # the rule as it has always been: a rerun after an upgrade finds its run and replaces its rows
-    assert run_id == "run-" + fingerprint(SHA, spec.identity_params())[:12]
+    assert run_id == "run-" + fingerprint(SHA, identity_params(spec))[:12]
     # how engines were sized and a run's labels leave the numbers alone, so the id too
     assert spec.replace(max_num_seqs=64, name="a label").default_run_id(SHA) == run_id
     assert spec.replace(seed=1).default_run_id(SHA) != run_id

@@ -10,6 +10,7 @@ import pytest
 from patchgrid.pipeline.fingerprint import fingerprint
 from patchgrid.pipeline.spec import ShardSpec, SpecError, StudySpec
 from patchgrid.sweeps import SweepConfig
+from tests.support.reruns import identity_params
 
 
 def test_the_flow_takes_the_spec_as_its_one_typed_parameter():
@@ -175,7 +176,7 @@ def test_recorded_parameters_follow_each_settings_declaration():
         present = f.name in base.recorded_params()
         used = f.name in settings_of(base.sweeps)
         assert present == (rule in ("always", "noted") or (rule == "if_used" and used)), f.name
-        assert (f.name in base.identity_params()) == (present and rule != "noted"), f.name
+        assert (f.name in identity_params(base)) == (present and rule != "noted"), f.name
     assert "trace_window" in StudySpec.of(sweeps="resid,trace", trace_window=4).recorded_params()
     assert fingerprint(StudySpec.of(shard_size=3).recorded_params()) == fingerprint(StudySpec().recorded_params())
     assert fingerprint(StudySpec.of(seed=3).recorded_params()) != fingerprint(StudySpec().recorded_params())
@@ -190,8 +191,8 @@ def test_noted_settings_are_recorded_but_leave_the_run_id(name, value):
     their defaults too, but the run's identity (its default run id) is the same."""
     base, changed = StudySpec.of(sweeps="resid,atp"), StudySpec.of(sweeps="resid,atp", **{name: value})
     assert base.recorded_params()[name] is None and changed.recorded_params()[name] == value
-    assert name not in changed.identity_params()
-    assert fingerprint(changed.identity_params()) == fingerprint(base.identity_params())
+    assert name not in identity_params(changed)
+    assert fingerprint(identity_params(changed)) == fingerprint(identity_params(base))
     assert fingerprint(changed.recorded_params()) != fingerprint(base.recorded_params())
 
 
@@ -199,10 +200,10 @@ def test_the_gradient_dtype_keys_the_run_when_changed():
     """Half precision changes the estimates: a bfloat16 run is another run; float32 (the default)
     leaves every earlier run id as it was."""
     plain = StudySpec.of(sweeps="resid,atp")
-    assert "atp_dtype" not in plain.identity_params()
+    assert "atp_dtype" not in identity_params(plain)
     half = plain.replace(atp_dtype="bfloat16")
-    assert half.identity_params()["atp_dtype"] == "bfloat16"
-    assert fingerprint(half.identity_params()) != fingerprint(plain.identity_params())
+    assert identity_params(half)["atp_dtype"] == "bfloat16"
+    assert fingerprint(identity_params(half)) != fingerprint(identity_params(plain))
     assert half.attribution_options() == {"device": None, "dtype": "bfloat16"}
     assert StudySpec.of(sweeps="resid,atp", atp_device="cuda:1").attribution_options() == {"device": "cuda:1",
                                                                                           "dtype": "float32"}

@@ -19,10 +19,16 @@ from patchgrid.rows.shapes import (
     SWEEP_NAMES,
     WAREHOUSE_TABLES,
     RowError,
-    warehouse_columns,
+    sql_type,
 )
 from patchgrid.sweeps import SWEEP_KINDS
 from patchgrid.warehouse.loader import connect, ensure, load_run, start_run
+
+
+def warehouse_columns(table: str) -> list[tuple[str, str]]:
+    """(column, DuckDB type) in order, as the warehouse table must declare them."""
+    cols = [(f.name, sql_type(f)) for f in WAREHOUSE_TABLES[table].schema]
+    return cols if table == "runs" else [("run_id", "VARCHAR")] + cols
 
 
 def test_warehouse_tables_declare_exactly_the_row_shapes(tmp_path):

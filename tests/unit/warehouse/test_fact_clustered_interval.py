@@ -15,14 +15,14 @@ import pytest
 import statsmodels.api as sm
 from scipy import stats
 
-from patchgrid.metrics import MIN_SPAN
+from patchgrid.metrics import METRICS
 from patchgrid.warehouse.loader import query
 from tests.unit.warehouse.test_views import effect, pair, warehouse
 
 # Six facts; A->B and B->A, C->D and D->C are reciprocal; every fact is at the end of several pairs.
 FACTS = [("A", "B"), ("B", "A"), ("A", "C"), ("C", "D"), ("D", "C"), ("E", "A"), ("F", "B"), ("B", "E"),
          ("C", "F"), ("D", "E"), ("F", "D"), ("E", "F"), ("A", "D"), ("B", "C")]
-SMALL = MIN_SPAN["logit_diff"] / 4  # a span below min_span: the pair is out of the recovery columns
+SMALL = METRICS["logit_diff"].min_span / 4  # a span below min_span: the pair is out of the recovery columns
 
 
 def dyadic(values, facts):
@@ -85,7 +85,7 @@ def test_the_interval_is_the_dyadic_estimator(tmp_path):
     for i in (2, 7, 11):
         spans[i] = SMALL
     effects = [r * s for r, s in zip(recoveries, spans)]  # effect = patched - corrupt, r of the span
-    kept = [i for i, s in enumerate(spans) if s >= MIN_SPAN["logit_diff"]]
+    kept = [i for i, s in enumerate(spans) if s >= METRICS["logit_diff"].min_span]
     s, effect_hw, recovery_hw = half_widths(two_fact_warehouse(tmp_path, FACTS, recoveries, spans))
     assert (s["n_pairs"], s["n_facts"], s["n_recovery"], s["n_facts_recovery"]) == (14, 6, 11, 6)
     assert s["mean_effect"] == pytest.approx(np.mean(effects), rel=1e-6)

@@ -8,7 +8,7 @@ import statistics
 
 import pytest
 
-from patchgrid.metrics import METRICS, MIN_SPAN, Reading, recovery
+from patchgrid.metrics import METRICS, Reading, recovery
 from patchgrid.pairs import to_table as pairs_table
 from patchgrid.rows.effects import write_effects
 from patchgrid.sweeps.registry import row_shapes
@@ -69,7 +69,7 @@ def test_t_quantiles(tmp_path, df, t):
 
 
 def test_small_spans_are_left_out_of_recovery_and_counted(tmp_path):
-    small = MIN_SPAN["logit_diff"] / 5
+    small = METRICS["logit_diff"].min_span / 5
     pairs = [pair(f"p{i}", clean=f"c{i}", corrupt=f"x{i}") for i in range(4)]
     effects = [effect("p0", 0.2), effect("p1", 0.4), effect("p2", 0.6, span=2.0),
                effect("p3", 25.0, span=small)]  # a tiny span makes a wild ratio
