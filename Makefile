@@ -45,13 +45,17 @@ lint: install
 	$(BIN)/lint-imports
 	$(BIN)/vulture
 
-# Every tier (tests/README.md); --durations: the slowest cases, for keeping the suite within 20 minutes
+# Test processes (pytest-xdist workers; tests/support/workers.py says what each one runs)
+WORKERS ?= 2
+XDIST := -n $(WORKERS) --dist loadgroup
+
+# Every tier (tests/README.md); --durations: the slowest cases
 test: install browser
-	$(BIN)/python -m pytest -q -ra --durations=20 tests
+	$(BIN)/python -m pytest -q -ra $(XDIST) --durations=20 tests
 
 # The unit tier: no engine, no Prefect flow, no process of its own (tests/unit/)
 test-fast: install
-	$(BIN)/python -m pytest -q -ra tests/unit
+	$(BIN)/python -m pytest -q -ra $(XDIST) tests/unit
 
 demo: install
 	$(BIN)/patchgrid demo

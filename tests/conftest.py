@@ -13,6 +13,7 @@ from patchgrid.backends import engine as engine_module
 from patchgrid.backends.engine import EnginePool
 from tests.support.engines import MAX_LIVE
 from tests.support.tiers import mark_tiers
+from tests.support.workers import group_for_workers, received_engine_starts, send_engine_starts
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -27,14 +28,15 @@ class CountedPool(EnginePool):
     """The session's pool, counting the engines it starts and their seconds (the summary's `engine
     starts` line): an engine started twice in a session is a test order or a pool bound to mend."""
 
-    starts: list[tuple[str, str, float]] = []  # (model, backend and options, seconds)
+    starts: list[tuple[str, str, float, str]] = []  # (model, backend and options, seconds, the test that asked)
 
     def get(self, model, backend=engine_module.DEFAULT_BACKEND, **options):
         if (model, backend, tuple(sorted(options.items()))) in self._engines:
             return super().get(model, backend, **options)
         began = time.monotonic()
         engine = super().get(model, backend, **options)
-        self.starts.append((model, f"{backend} {options}" if options else backend, time.monotonic() - began))
+        asked_by = os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0]
+        self.starts.append((model, f"{backend} {options}" if options else backend, time.monotonic() - began, asked_by))
         return engine
 
 
@@ -45,14 +47,25 @@ def engines():
         yield pool
 
 
+def pytest_sessionfinish(session):
+    send_engine_starts(session.config, CountedPool.starts)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """A worker's engine starts (tests/support/workers.py), for the summary's `engine starts` line."""
+    CountedPool.starts.extend(received_engine_starts(node))
+
+
 def pytest_terminal_summary(terminalreporter):
     starts = CountedPool.starts
     if not starts:
         return
-    again = Counter((model, how) for model, how, _ in starts)
-    twice = sorted(f"{model} ({how}) x{n}" for (model, how), n in again.items() if n > 1)
-    terminalreporter.write_line(f"engine starts: {len(starts)} in {sum(s for *_, s in starts):.0f} s"
-                                + (f"; started more than once: {', '.join(twice)}" if twice else ""))
+    again = Counter((model, how) for model, how, *_ in starts)
+    twice = sorted(f"{model} ({how}) x{n}, by " + ", ".join(test for m, h, _, test in starts if (m, h) == (model, how))
+                   for (model, how), n in again.items() if n > 1)
+    terminalreporter.write_line(f"engine starts: {len(starts)} in {sum(s for _, _, s, _ in starts):.0f} s"
+                                + (f"; started more than once: {'; '.join(twice)}" if twice else ""))
 
 
 @pytest.fixture(scope="session")
@@ -118,5 +131,7 @@ def _unit_tests_start_no_engine(request, monkeypatch):
     monkeypatch.setattr(engine_module, "load_engine", refuse)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups (`make test` runs two workers)
 def pytest_collection_modifyitems(config, items):
     mark_tiers(items)
+    group_for_workers(items)
