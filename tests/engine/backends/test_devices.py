@@ -1,10 +1,8 @@
-"""What the worker writes into activations lives where the activations live.
-
-On a GPU, vLLM's activations are CUDA tensors; a patch value, noise, start stream or row index
-built on the CPU and written into them fails, or copies once per hook. The first test drives the
-worker's real write path (vllm_worker.session.Session: its step planning and every hook) with
-activations on PyTorch's `meta` device, so a tensor left on the CPU is caught on any machine. The
-last runs the whole engine on a GPU when there is one.
+"""On a GPU, what the vLLM worker writes into activations (patch values, noise, start streams, row
+indices) lives on the GPU with them: the whole engine on tiny-llama, every site patched and every
+layer started mid-stack, matches the hf engine. Where there is no GPU the test is skipped: the
+worker's write path is checked on any machine, with activations on PyTorch's `meta` device, by
+tests/unit/backends/test_devices.py.
 """
 from __future__ import annotations
 
@@ -19,7 +17,8 @@ CLEAN = (21, 7, 143, 88, 301, 12, 9, 40)
 
 
 @needs_vllm
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU here: the CPU check above covers the write path")
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="no GPU here: tests/unit/backends/test_devices.py checks the write path")
 def test_on_a_gpu_every_site_started_or_not_matches_hf(engines):
     from tests.support.backends import all_keys, assert_results_close, every_site_requests, starting
 

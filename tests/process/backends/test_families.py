@@ -1,8 +1,9 @@
-"""Model families beyond the three the whole suite runs on: every site kind the family has, from
-vLLM against the hf reference, with prompts longer than a sliding window and runs started
-mid-stack; then once more on an engine that both splits prompts by chunked prefill and runs
-vLLM's multiprocess executor; and each tiny model's own features shown to be active (one model per
-family; the suite's per-site tests run on tiny-llama, tiny-qwen3, tiny-gpt2)."""
+"""Chunked prefill and vLLM's multiprocess executor at once, family by family: on an engine that splits
+every 40-token prompt across steps of at most 32 tokens and runs the model in worker processes of its
+own, every site kind's captures (stitched from several steps, across processes), attention patterns
+(the keys of earlier steps kept by the worker) and patches at the first and the last layer match the
+hf reference. Each family's sites on its plain engine, and its own features shown active:
+tests/engine/backends/test_families.py."""
 from __future__ import annotations
 
 import pytest
@@ -23,8 +24,8 @@ pytestmark = needs_vllm
 
 # Chunked prefill and the multiprocess executor are the engine's, not a family's: run once per kind of
 # attention and layer that could meet them differently (sliding and global layers, experts) and on the
-# transformers-backend families, whose engines the tests above started; every family runs the first test.
-# (The transformers-backend families first: their engines are alive from the tests above.)
+# transformers-backend families, whose chunked multiprocess engines tests/engine/backends/test_families.py
+# starts too (first here, for the pool to find them alive in one session); every family runs that file's first test.
 CHUNKED_FAMILIES = TRANSFORMERS_BACKEND + ["tiny-gemma2", "tiny-qwen3-moe"]
 
 
