@@ -1,10 +1,11 @@
-"""What the worker writes into activations lives where the activations live.
-
-On a GPU, vLLM's activations are CUDA tensors; a patch value, noise, start stream or row index
-built on the CPU and written into them fails, or copies once per hook. The first test drives the
-worker's real write path (vllm_worker.session.Session: its step planning and every hook) with
-activations on PyTorch's `meta` device, so a tensor left on the CPU is caught on any machine. The
-last runs the whole engine on a GPU when there is one.
+"""What the vLLM worker writes into activations lives where the activations live, checked on any
+machine. On a GPU, a patch value, noise, start stream or row index built on the CPU and written into
+its CUDA activations fails, or copies once per hook: here the worker's real write path
+(vllm_worker.session.Session: its step planning and every hook) runs with activations on PyTorch's
+`meta` device, so that a tensor left on the CPU is caught, and a write from another device is refused
+by name; so are a request that is not its plan's length or, in a call started mid-stack, of no plan
+of the call's (a request's id names its call and plan). The whole engine on a GPU:
+tests/engine/backends/test_devices.py.
 """
 from __future__ import annotations
 
