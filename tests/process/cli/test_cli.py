@@ -12,6 +12,7 @@ from patchgrid.pipeline.spec import default_run_id
 from patchgrid.pipeline.steps import model_sha256
 from patchgrid.sweeps import SweepConfig
 from tests.support.engines import needs_vllm
+from tests.support.pairs import cf, write_jsonl
 
 PAIR = ["--clean", "The capital of France is", "--corrupt", "The capital of Spain is",
         "--clean-answer", " Paris", "--corrupt-answer", " Madrid"]
@@ -119,14 +120,19 @@ def test_bad_input_is_one_clear_line(args, message):
     assert "Traceback" not in out.stderr
 
 
+# three capitals and a record with no subject (rejected: empty_subject)
+FACTS = [("France", "Paris"), ("Germany", "Berlin"), ("Japan", "Tokyo"), ("", "x")]
+
+
+def _facts(tmp_path, facts=FACTS):
+    """facts.jsonl in tmp_path: a CounterFact record "The capital of {subject} is" {answer} per (subject, answer)."""
+    return write_jsonl(tmp_path / "facts.jsonl", [cf(i, s, a) for i, (s, a) in enumerate(facts)])
+
+
 def test_pairs_check_prints_counts_and_writes_table(tmp_path):
     import pyarrow.parquet as pq
 
-    src = tmp_path / "facts.jsonl"
-    rows = [{"case_id": i, "requested_rewrite": {"prompt": "The capital of {} is", "relation_id": "P36",
-                                                 "subject": s, "target_true": {"str": a}}}
-            for i, (s, a) in enumerate([("France", "Paris"), ("Germany", "Berlin"), ("Japan", "Tokyo"), ("", "x")])]
-    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    src = _facts(tmp_path)
     out = tmp_path / "pairs.parquet"
     res = run_cli("pairs", "check", "--model", "smollm2-135m", "--pairs", str(src), "--out", str(out),
                   "--backend", "hf")  # require-known by default, as in a study
@@ -155,12 +161,7 @@ def test_pairs_check_bad_source(tmp_path, content, message):
 def test_pairs_check_answer_policy(tmp_path):
     import pyarrow.parquet as pq
 
-    src = tmp_path / "facts.jsonl"
-    rows = [{"case_id": i, "requested_rewrite": {"prompt": "The capital of {} is", "relation_id": "P36",
-                                                 "subject": s, "target_true": {"str": a}}}
-            for i, (s, a) in enumerate([("France", "Paris"), ("Germany", "Berlin"), ("Nigeria", "Abuja"),
-                                        ("Ghana", "Accra")])]
-    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    src = _facts(tmp_path, [("France", "Paris"), ("Germany", "Berlin"), ("Nigeria", "Abuja"), ("Ghana", "Accra")])
     base = ["pairs", "check", "--model", "smollm2-135m", "--pairs", str(src), "--no-require-known"]
     # each policy's table a file of its own: the three commands run at once
     out, single = tmp_path / "pairs.parquet", tmp_path / "pairs-single.parquet"
@@ -188,11 +189,7 @@ def test_a_site_the_family_lacks_is_one_clear_line():
 
 
 def _pairs_table(tmp_path):
-    src = tmp_path / "facts.jsonl"
-    rows = [{"case_id": i, "requested_rewrite": {"prompt": "The capital of {} is", "relation_id": "P36",
-                                                 "subject": s, "target_true": {"str": a}}}
-            for i, (s, a) in enumerate([("France", "Paris"), ("Germany", "Berlin"), ("Japan", "Tokyo"), ("", "x")])]
-    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    src = _facts(tmp_path)
     res = subprocess.run([sys.executable, "-m", "patchgrid", "pairs", "check", "--model", "tiny-llama", "--pairs",
                           str(src), "--out", "pairs.parquet", "--no-require-known"], capture_output=True, text=True,
                          timeout=300, cwd=tmp_path)
