@@ -1,8 +1,10 @@
 """Model families beyond the three the whole suite runs on: every site kind the family has, from
 vLLM against the hf reference, with prompts longer than a sliding window and runs started
-mid-stack; then once more on an engine that both splits prompts by chunked prefill and runs
-vLLM's multiprocess executor; and each tiny model's own features shown to be active (one model per
-family; the suite's per-site tests run on tiny-llama, tiny-qwen3, tiny-gpt2)."""
+mid-stack; each tiny model's own features shown to be active (one model per family; the suite's
+per-site tests run on tiny-llama, tiny-qwen3, tiny-gpt2); the transformers-backend families'
+answers scored whole under chunked prefill, and transformers' own models of the family left working.
+Every site kind once more on engines that both split prompts by chunked prefill and run vLLM's
+multiprocess executor: tests/process/backends/test_families.py."""
 from __future__ import annotations
 
 import pytest
