@@ -13,7 +13,7 @@ from patchgrid.backends import engine as engine_module
 from patchgrid.backends.engine import EnginePool
 from tests.support.engines import MAX_LIVE
 from tests.support.tiers import mark_tiers
-from tests.support.workers import group_for_workers, received_engine_starts, send_engine_starts
+from tests.support.workers import check_grouped, group_for_workers, received_engine_starts, send_engine_starts
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -135,3 +135,8 @@ def _unit_tests_start_no_engine(request, monkeypatch):
 def pytest_collection_modifyitems(config, items):
     mark_tiers(items)
     group_for_workers(items)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids):
+    check_grouped(node.config, ids)

@@ -30,6 +30,18 @@ def group_for_workers(items) -> None:
         item.add_marker(pytest.mark.xdist_group(group))
 
 
+def check_grouped(config, ids) -> None:
+    """On the controller of `--dist loadgroup`, a worker's collected test ids: each carries its group
+    (`@group`), or xdist distributes the tests one by one, as it silently does on pytest 9.2
+    (pytest-dev/pytest-xdist#1386)."""
+    if config.getvalue("dist") != "loadgroup":
+        return
+    lost = [nodeid for nodeid in ids if "@" not in nodeid.rsplit("]", 1)[-1]]
+    if lost:
+        pytest.exit(f"pytest-xdist did not group {len(lost)} tests (e.g. {lost[0]}): its --dist loadgroup does not "
+                    "work with this pytest (pyproject.toml's test extra pins one it works with)", returncode=4)
+
+
 def send_engine_starts(config, starts) -> None:
     """On a worker: its engine starts, for the controller's summary."""
     if hasattr(config, "workeroutput"):
