@@ -1,8 +1,7 @@
 """Pattern patching and attention knockout, each against an implementation written here from its
 definition on a plain transformers model. vLLM is held to the hf backend on every family by the
-requests tests.support.backends.attention_requests adds to every site's (test_vllm_matches_hf on the
-suite's three models; test_families on the others, chunked prefill and the multiprocess executor
-among them).
+requests tests.support.backends.attention_requests adds to every site's (test_engines_match_hf,
+family by family, chunked prefill and the multiprocess executor among them).
 
 - A pattern patch (TransformerLens's get_act_patch_attn_head_pattern_*) replaces one head's weights
   by the other run's and keeps this run's values: its output is the source's pattern times this

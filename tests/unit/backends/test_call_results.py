@@ -1,7 +1,7 @@
 """A call's results as the vLLM worker keeps them (vllm_worker/results.py: arrays by plan) and as the
 host reads them back into Results (backends/vllm_results.py), without vLLM: the worker's side filled
 by hand as its readout fills it, across the plain-data boundary (`wire`, msgpack in multiprocess
-mode). tests/engine/backends/test_vllm_matches_hf.py and test_answers.py hold the whole path to the hf
+mode). tests/engine/backends/test_engines_match_hf.py and test_answers.py hold the whole path to the hf
 backend's numbers."""
 from __future__ import annotations
 

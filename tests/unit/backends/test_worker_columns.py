@@ -1,7 +1,7 @@
 """The call's plans as the vLLM worker reads them (vllm_worker/columns.py): every plan's numbers as
 arrays by plan, its patches, scored tokens and start rows as flat tables, and a Request only for the
 plans that hold more; without vLLM. The engine's numbers against hf's are held by
-tests/engine/backends/test_vllm_matches_hf.py, test_families.py and test_start_midstack.py."""
+tests/engine/backends/test_engines_match_hf.py and test_start_midstack.py."""
 from __future__ import annotations
 
 import msgspec
