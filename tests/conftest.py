@@ -13,7 +13,14 @@ from patchgrid.backends import engine as engine_module
 from patchgrid.backends.engine import EnginePool
 from tests.support.engines import MAX_LIVE
 from tests.support.tiers import mark_tiers
-from tests.support.workers import check_grouped, group_for_workers, received_engine_starts, send_engine_starts
+from tests.support.workers import (
+    check_grouped,
+    group_for_workers,
+    received_engine_starts,
+    send_engine_starts,
+    start_shared_server,
+    stop_shared_server,
+)
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -47,8 +54,14 @@ def engines():
         yield pool
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist starts its workers, which inherit the server's address
+def pytest_sessionstart(session):
+    start_shared_server(session.config)
+
+
 def pytest_sessionfinish(session):
     send_engine_starts(session.config, CountedPool.starts)
+    stop_shared_server(session.config)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -94,13 +107,13 @@ def tok(tokenizers):
 def prefect_server_api(request):
     """The session's Prefect server (tests/support/prefect_server.py): the API that flow runs in
     processes of their own report to (PREFECT_API_URL, inherited), started once for every test but
-    those of the unit tier, which need none."""
+    those of the unit tier, which need none; under `make test`, the one its workers share."""
     if all(item.get_closest_marker("unit") for item in request.session.items):
         yield None
         return
-    from tests.support.prefect_server import prefect_server
+    from tests.support.prefect_server import session_prefect_server
 
-    with prefect_server() as api:
+    with session_prefect_server() as api:
         patch = pytest.MonkeyPatch()
         patch.setenv("PREFECT_API_URL", api)
         yield api

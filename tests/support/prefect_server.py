@@ -16,6 +16,8 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
+import urllib.request
 from pathlib import Path
 
 from patchgrid.runtime.serving import wait_healthy
@@ -30,13 +32,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@contextlib.contextmanager
-def prefect_server():
+# Under `make test`'s two workers (tests/support/workers.py) the controller starts one server before it
+# starts them, and they inherit its API here: one server's start and upkeep instead of one a worker.
+SHARED_API = "PATCHGRID_TESTS_PREFECT_API"
+
+
+def start_server() -> tuple[subprocess.Popen, str, Path]:
     """A Prefect server (no UI; its services, which record task runs from their events, on) on loopback,
-    in a home of its own; yields its API URL and stops it, and everything it started, on the way out."""
+    in a home of its own, started: its process, its API URL and its log (not waited for)."""
     home = Path(tempfile.mkdtemp(prefix="patchgrid-prefect-server-"))
     port = free_port()
-    api = f"http://127.0.0.1:{port}/api"
     env = dict(os.environ, PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false")
     env.pop("PREFECT_API_URL", None)
     log = home / "server.log"
@@ -45,17 +50,53 @@ def prefect_server():
                                  "--port", str(port), "--no-ui"],
                                 env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
+    return proc, f"http://127.0.0.1:{port}/api", log
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    """The server and everything it started, stopped."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+
+
+@contextlib.contextmanager
+def prefect_server():
+    """A Prefect server of this process's own, answering: yields its API URL and stops it on the way out."""
+    proc, api, log = start_server()
     try:
         if not wait_healthy(f"{api}/health", proc, STARTUP_TIMEOUT_S, probe_s=5):
             raise RuntimeError(f"the tests' Prefect server did not start (exit {proc.poll()}):\n"
                                + log.read_text(errors="replace")[-3000:])
         yield api
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
+        stop_server(proc)
+
+
+@contextlib.contextmanager
+def session_prefect_server():
+    """The test session's Prefect API: the one the workers' controller started (SHARED_API), once it
+    answers, or a server of this process's own."""
+    shared = os.environ.get(SHARED_API)
+    if not shared:
+        with prefect_server() as api:
+            yield api
+        return
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while True:
         try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
+            with urllib.request.urlopen(f"{shared}/health", timeout=5) as r:
+                if r.status == 200:
+                    break
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the Prefect server the workers share ({shared}) did not answer within "
+                               f"{STARTUP_TIMEOUT_S} s (its log: patchgrid-prefect-server-*/ in the temp folder)")
+        time.sleep(0.5)
+    yield shared

@@ -12,12 +12,21 @@ cores busy, each with the session fixtures of its own (its engine pool, its Pref
 
 Without `-n` (a tier or a file run alone) the groups change nothing. The engines a worker started
 reach the controller's summary through xdist's worker output (`engine starts`, tests/conftest.py).
+The controller starts the Prefect server the workers share (tests/support/prefect_server.py) before
+it starts them, unless it runs the unit tier alone, which needs none.
 """
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import pytest
+
+from tests.support.prefect_server import SHARED_API, start_server, stop_server
+from tests.support.tiers import TESTS
+
+SERVER = pytest.StashKey()  # the controller's shared Prefect server process
 
 SHARED_ENGINES = "engines"  # the xdist group of the tests that take the `engines` fixture
 
@@ -51,3 +60,22 @@ def send_engine_starts(config, starts) -> None:
 def received_engine_starts(node) -> list[tuple[str, str, float, str]]:
     """On the controller: the engine starts a finished worker sent."""
     return [tuple(s) for s in json.loads(getattr(node, "workeroutput", {}).get("engine_starts", "[]"))]
+
+
+def start_shared_server(config) -> None:
+    """On xdist's controller, before it starts its workers: the Prefect server they share, started (each
+    waits for it to answer when its first test needs it), unless the run is of the unit tier alone."""
+    if config.pluginmanager.getplugin("dsession") is None:
+        return
+    where = [Path(config.invocation_params.dir, arg.split("::")[0]).resolve() for arg in config.args]
+    if where and all(path.is_relative_to(TESTS / "unit") for path in where):
+        return
+    proc, api, _ = start_server()
+    config.stash[SERVER] = proc
+    os.environ[SHARED_API] = api
+
+
+def stop_shared_server(config) -> None:
+    proc = config.stash.get(SERVER, None)
+    if proc is not None:
+        stop_server(proc)
