@@ -86,34 +86,11 @@ def test_paths_table_and_json_on_hf():
     assert {e["position"] for e in data["effects"]} == {None, 3, 4}  # all at once, subject's last, last
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--path-senders", "head.1"], "path sender 'head.1'"),
-    (["--path-receivers", "head.9.0"], "path end 'head.9.0' is outside the model"),
-    (["--path-inputs", "q,z"], "path input 'z'"),
-])
-def test_paths_bad_input_is_one_clear_line(args, message):
-    out = run_cli("paths", "--model", "tiny-llama", *PAIR, *args, "--backend", "hf")
-    assert out.returncode == 2
-    lines = out.stderr.strip().splitlines()
-    assert lines[-1].startswith("patchgrid: error:") and message in lines[-1], out.stderr
-    assert "Traceback" not in out.stderr
-
-
-@pytest.mark.parametrize("args, message", [
-    (["--clean-answer", " ", "--corrupt-answer", " Madrid"], "--clean-answer ' ' is empty"),
-    (["--clean-answer", " Paris", "--corrupt-answer", " Paris"], "are the same tokens [' Paris']"),
-    (["--corrupt", "The capital of the United Kingdom is"], "tokenize to different lengths"),
-    (["--position", "99"], "--position 99 is out of range"),
-    (["--position", "x"], "--position 'x' is not a position"),
-    (["--model", "no-such-model"], "unknown model 'no-such-model'"),
-])
-def test_bad_input_is_one_clear_line(args, message):
-    base = dict(zip(PAIR[::2], PAIR[1::2]))
-    extra = dict(zip(args[::2], args[1::2]))
-    model = extra.pop("--model", "tiny-llama")
-    base.update(extra)
-    flat = [x for kv in base.items() for x in kv]
-    out = run_cli("patch", "--model", model, *flat, "--site", "resid", "--backend", "hf")
+def test_paths_end_outside_the_model_is_one_clear_line():
+    """Refused once the engine knows the model's shape; the refusals before it starts are in
+    tests/unit/cli/test_refusals.py."""
+    message = "path end 'head.9.0' is outside the model"
+    out = run_cli("paths", "--model", "tiny-llama", *PAIR, "--path-receivers", "head.9.0", "--backend", "hf")
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert lines[-1].startswith("patchgrid: error:") and message in lines[-1], out.stderr
@@ -145,19 +122,6 @@ def test_pairs_check_prints_counts_and_writes_table(tmp_path):
     assert statuses[3] == "rejected" and statuses.count("accepted") >= 2
 
 
-@pytest.mark.parametrize("content, message", [
-    ("", "facts.jsonl: holds no records"),
-    ('{"a": 1}\n{oops}\n', "facts.jsonl line 2: not valid JSON"),
-    ('{"a": 1}\n', "unknown format"),
-])
-def test_pairs_check_bad_source(tmp_path, content, message):
-    src = tmp_path / "facts.jsonl"
-    src.write_text(content)
-    res = run_cli("pairs", "check", "--model", "tiny-llama", "--pairs", str(src), "--out", str(tmp_path / "o.parquet"))
-    assert res.returncode == 2
-    assert message in res.stderr.strip().splitlines()[-1] and "Traceback" not in res.stderr
-
-
 def test_pairs_check_answer_policy(tmp_path):
     import pyarrow.parquet as pq
 
@@ -181,6 +145,7 @@ def test_pairs_check_answer_policy(tmp_path):
 
 
 def test_a_site_the_family_lacks_is_one_clear_line():
+    """Refused once the engine has started (patchgrid.pipeline.one_pair.sweep_pair reads the family from its shape)."""
     out = run_cli("patch", "--model", "tiny-gptj", *PAIR, "--site", "resid_mid", "--backend", "hf")
     assert out.returncode == 2
     assert out.stderr.strip().splitlines()[-1] == ("patchgrid: error: --site resid_mid: the gptj block is parallel: "
@@ -308,9 +273,10 @@ def test_attention_json_on_vllm_matches_hf():
 @pytest.mark.parametrize("args, message", [
     (["--layers", "9"], "--layers 9: the model has 4 layers (0-3)"),
     (["--heads", "0-99"], "--heads 4: the model has 4 heads (0-3)"),
-    (["--layers", "x"], "--layers or --heads 'x' is not a number"),
 ])
 def test_attention_bad_input_is_one_clear_line(args, message):
+    """Refused once the engine knows the model's shape; --layers that are not numbers, before it starts,
+    in tests/unit/cli/test_refusals.py."""
     out = run_cli("attention", "--model", "tiny-llama", "--text", "The capital of France is", "--backend", "hf", *args)
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()

@@ -153,3 +153,37 @@ def test_serve_refuses_a_bad_cron_and_a_limit_below_one(tmp_path, monkeypatch, c
     assert "--concurrency-limit 0: at least 1 run must be allowed at once" in refused(
         ["serve", "--cron", "* * * * *", "--model", "tiny-llama", "--concurrency-limit", "0"], capsys)
     assert list(tmp_path.iterdir()) == []
+
+
+PAIR = {"--clean": "The capital of France is", "--corrupt": "The capital of Spain is",
+        "--clean-answer": " Paris", "--corrupt-answer": " Madrid"}
+
+# refused while the typed pair and the settings are checked, before an engine starts (the refusals
+# that need the model's shape, after it starts, are in tests/process/cli/test_cli.py)
+ONE_PAIR = [
+    ("patch", "empty answer", {"--clean-answer": " ", "--corrupt-answer": " Madrid"}, "--clean-answer ' ' is empty"),
+    ("patch", "same answers", {"--clean-answer": " Paris", "--corrupt-answer": " Paris"},
+     "are the same tokens [' Paris']"),
+    ("patch", "prompts of different lengths", {"--corrupt": "The capital of the United Kingdom is"},
+     "tokenize to different lengths"),
+    ("patch", "position out of range", {"--position": "99"}, "--position 99 is out of range"),
+    ("patch", "position not a number", {"--position": "x"}, "--position 'x' is not a position"),
+    ("patch", "unknown model", {"--model": "no-such-model"}, "unknown model 'no-such-model'"),
+    ("paths", "path sender without a head", {"--path-senders": "head.1"}, "path sender 'head.1'"),
+    ("paths", "path input not q, k or v", {"--path-inputs": "q,z"}, "path input 'z'"),
+]
+
+
+@pytest.mark.parametrize("command, name, change, message", ONE_PAIR, ids=[f"{c[0]}: {c[1]}" for c in ONE_PAIR])
+def test_patch_and_paths_refuse(command, name, change, message, capsys):
+    args = {"--model": "tiny-llama", **PAIR, "--backend": "hf", **change}
+    if command == "patch":
+        args["--site"] = "resid"
+    last = refused([command, *[x for kv in args.items() for x in kv]], capsys)
+    assert last.startswith("patchgrid: error:") and message in last
+
+
+def test_attention_refuses_layers_that_are_not_numbers(capsys):
+    last = refused(["attention", "--model", "tiny-llama", "--text", "The capital of France is", "--backend", "hf",
+                    "--layers", "x"], capsys)
+    assert last.startswith("patchgrid: error:") and "--layers or --heads 'x' is not a number" in last
