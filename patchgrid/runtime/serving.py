@@ -86,13 +86,14 @@ def _wait_for_runs(timeout_s: float = RUNS_STOP_S) -> None:
             run.join()
 
 
-def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float, every_s: float = 0.5,
+def wait_healthy(url: str, proc: subprocess.Popen | None, timeout_s: float, every_s: float = 0.5,
                  probe_s: float = 2.0) -> bool:
     """Whether the server `proc` started answers `url` (a health endpoint) with 200 within `timeout_s`,
     asked every `every_s`, each ask waiting `probe_s` at most; False as soon as `proc` exits
-    (proc.returncode then says how) or once the time is up (it is still None)."""
+    (proc.returncode then says how) or once the time is up (it is still None). `proc` None: a server
+    another process started, waited for until the time is up."""
     deadline = time.monotonic() + timeout_s
-    while proc.poll() is None:
+    while proc is None or proc.poll() is None:
         try:
             with urllib.request.urlopen(url, timeout=probe_s) as r:
                 if r.status == 200:

@@ -16,8 +16,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
 from patchgrid.runtime.serving import wait_healthy
@@ -87,16 +85,7 @@ def session_prefect_server():
         with prefect_server() as api:
             yield api
         return
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    while True:
-        try:
-            with urllib.request.urlopen(f"{shared}/health", timeout=5) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            pass
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"the Prefect server the workers share ({shared}) did not answer within "
-                               f"{STARTUP_TIMEOUT_S} s (its log: patchgrid-prefect-server-*/ in the temp folder)")
-        time.sleep(0.5)
+    if not wait_healthy(f"{shared}/health", None, STARTUP_TIMEOUT_S, probe_s=5):
+        raise RuntimeError(f"the Prefect server the workers share ({shared}) did not answer within "
+                           f"{STARTUP_TIMEOUT_S} s (its log: patchgrid-prefect-server-*/ in the temp folder)")
     yield shared

@@ -2,7 +2,7 @@
 
 Most of a test's time on these machines is one core's: Python in a tiny model's forward, a process
 importing torch and vLLM, a Prefect server answering, a schedule waited for. Two workers keep both
-cores busy, each with the session fixtures of its own (its engine pool, its Prefect server):
+cores busy, each with the session fixtures of its own (its engine pool):
 
 - the tests that take the session's engines (the `engines` fixture, directly or through another
   fixture) run as one group, in collection order, on one worker, so that each engine starts once, as
