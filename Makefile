@@ -49,7 +49,7 @@ lint: install
 # in make's own pytest, one at a time (the default: under two workers on two cores, the tests that time a
 # stop or place a fault mid-study have failed, a stop taking 28.7 s); `make test WORKERS=2` shares them out.
 WORKERS ?= 0
-XDIST := -n $(WORKERS) --dist loadgroup
+XDIST := -n $(WORKERS) --dist loadgroup --no-loadscope-reorder
 
 # Every tier (tests/README.md); --durations: the slowest cases
 test: install browser

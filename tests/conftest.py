@@ -16,6 +16,7 @@ from tests.support.tiers import mark_tiers
 from tests.support.workers import (
     check_grouped,
     group_for_workers,
+    one_core_each,
     received_engine_starts,
     send_engine_starts,
     start_shared_server,
@@ -52,6 +53,10 @@ def engines():
     """The session's engines (patchgrid.backends.engine.EnginePool), started on first use and shared by every test."""
     with CountedPool(max_live=MAX_LIVE) as pool:
         yield pool
+
+
+def pytest_configure(config):
+    one_core_each()  # on a worker of `make test WORKERS=2` (tests/support/workers.py)
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist starts its workers, which inherit the server's address

@@ -10,7 +10,15 @@ cores busy, each with the session fixtures of its own (its engine pool):
 - every other test file is a group of its own (its module fixtures built once), handed to whichever
   worker is free.
 
-Without `-n` (a tier or a file run alone) the groups change nothing. The engines a worker started
+Groups are handed out heaviest tier first (the shared engines', then the process, flow, engine and unit
+tiers, `--no-loadscope-reorder` keeping that order), so that the run ends on small unit files, not on a
+worker still busy with a study while the other waits. Each worker, and every process it starts, runs on
+a core of its own with one thread (`one_core_each`): two processes of two threads each on two cores
+lose more to each other (OpenMP threads spinning while the other process has the core) than either
+gains from its second thread on these tiny models; what needs two cores (a tensor-parallel engine's
+ranks) starts inside `all_cores()`.
+
+Without `-n` (a tier or a file run alone) the groups and the order change nothing. The engines a worker started
 reach the controller's summary through xdist's worker output (`engine starts`, tests/conftest.py).
 The controller starts the Prefect server the workers share (tests/support/prefect_server.py) before
 it starts them, unless it runs the unit tier alone, which needs none.
@@ -19,6 +27,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -29,14 +39,60 @@ from tests.support.tiers import TESTS
 SERVER = pytest.StashKey()  # the controller's shared Prefect server process
 
 SHARED_ENGINES = "engines"  # the xdist group of the tests that take the `engines` fixture
+# the order groups are handed out in: the heaviest first
+FIRST = (SHARED_ENGINES, "tests/process/", "tests/flow/", "tests/engine/", "tests/unit/")
+MACHINE_CPUS = frozenset(os.sched_getaffinity(0))  # every core this process may use, before any is chosen
+
+
+def _group(item) -> str:
+    return SHARED_ENGINES if "engines" in getattr(item, "fixturenames", ()) else item.nodeid.split("::")[0]
 
 
 def group_for_workers(items) -> None:
-    """Give every test its xdist group: the shared engines', or its file's."""
+    """Give every test its xdist group, the shared engines' or its file's, and on a worker order the
+    groups heaviest tier first, each group's tests in their collection order."""
     for item in items:
-        takes_engines = "engines" in getattr(item, "fixturenames", ())
-        group = SHARED_ENGINES if takes_engines else item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group(group))
+        item.add_marker(pytest.mark.xdist_group(_group(item)))
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=lambda item: next(k for k, prefix in enumerate(FIRST) if _group(item).startswith(prefix)))
+
+
+def one_core_each() -> None:
+    """On a worker: this process's threads, and every process or thread it starts from now on, run on a
+    share of the machine's cores of their own (gw0 the first, gw1 the second, ...) with a thread per core."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    cpus = sorted(MACHINE_CPUS)
+    if not worker or not count or len(cpus) < int(count):
+        return
+    share = set(cpus[int(worker.removeprefix("gw"))::int(count)])
+    _use(share)
+
+
+def _use(cpus: set[int]) -> None:
+    import torch
+
+    for thread in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(thread), cpus)
+        except ProcessLookupError:  # a thread that has just ended
+            pass
+    os.environ["OMP_NUM_THREADS"] = str(len(cpus))
+    torch.set_num_threads(len(cpus))
+
+
+@contextmanager
+def all_cores() -> Iterator[None]:
+    """Every core of the machine for the processes started inside the block (a tensor-parallel engine's
+    ranks, a Ray cluster's nodes, which keep them), then this worker's own share again."""
+    mine = os.sched_getaffinity(0)
+    if mine == MACHINE_CPUS:
+        yield
+        return
+    _use(set(MACHINE_CPUS))
+    try:
+        yield
+    finally:
+        _use(mine)
 
 
 def check_grouped(config, ids) -> None:

@@ -7,12 +7,14 @@ from patchgrid.cache import stream_keys
 from patchgrid.plan import LOGPROBS, Request
 from tests.support.backends import all_keys, assert_results_close, effect_spread, every_site_requests, starting
 from tests.support.engines import needs_vllm, start_layers
+from tests.support.workers import all_cores
 
 
 @needs_vllm
 def test_tensor_parallel_2_on_cpu_matches_hf(engines):
     hf = engines.get("tiny-llama", "hf", dtype="float32")
-    tp = engines.get("tiny-llama", "vllm", dtype="float32", tensor_parallel_size=2)
+    with all_cores():  # a rank a core (under `make test WORKERS=2` a worker has one of its own)
+        tp = engines.get("tiny-llama", "vllm", dtype="float32", tensor_parallel_size=2)
     clean = (21, 7, 143, 88, 301, 12, 9, 40)
     corrupt = (21, 7, 250, 61, 301, 12, 9, 40)
     cap = Request(tokens=clean, answers=(5, 77), capture=tuple(all_keys(hf.shape, pattern=False)))
