@@ -45,10 +45,9 @@ lint: install
 	$(BIN)/lint-imports
 	$(BIN)/vulture
 
-# Test processes (pytest-xdist workers; tests/support/workers.py says what each one runs). 0: the tests run
-# in make's own pytest, one at a time (the default: under two workers on two cores, the tests that time a
-# stop or place a fault mid-study have failed, a stop taking 28.7 s); `make test WORKERS=2` shares them out.
-WORKERS ?= 0
+# Test processes (pytest-xdist workers; tests/support/workers.py says what each one runs, on which core).
+# 0: the tests run in make's own pytest, one at a time.
+WORKERS ?= 2
 XDIST := -n $(WORKERS) --dist loadgroup --no-loadscope-reorder
 
 # Every tier (tests/README.md); --durations: the slowest cases

@@ -116,7 +116,14 @@ def test_pair_file_problems(tmp_path):
 
 
 def test_hub_name_without_network_is_a_clear_error(monkeypatch):
+    import datasets
+    import huggingface_hub.constants
+
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    # read when they are first imported: in a session that imported them earlier, the variables alone would
+    # leave them waiting on network timeouts (20 s)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(SourceError, match="azhx/counterfact: could not load the hub data set"):
         read_source("azhx/counterfact")
