@@ -3,7 +3,8 @@ node with no engine resources, where the flow runs, and two worker nodes that de
 GPUs each. Every stage that touches the model runs in the engine actors; the warehouse holds exactly
 what a local run gives, also when an engine fails, an actor's process is killed and a worker node
 dies mid-study; no actor of a run outlives it. (The expensive cases run once each: the study with
-its faults, and the tensor-parallel study.)"""
+its faults, and the tensor-parallel study. The study with its faults goes last: it removes a worker
+node, which a later test would go without.)"""
 from __future__ import annotations
 
 import json
@@ -215,6 +216,34 @@ def test_tensor_parallel_engines_serve_every_stage(cluster, prefect_api, tmp_pat
     assert _alive_actors(cluster) == []
 
 
+def test_a_sigterm_cancels_a_study_on_ray_and_leaves_no_actor(cluster, prefect_api, tmp_path):
+    """ray.init sets a SIGTERM handler of its own (sys.exit) in the process that connects, the study's: the
+    study's own handler stays, so a SIGTERM mid-study (what Slurm and Kubernetes send) cancels it, the run is
+    recorded as cancelled, not failed, and its actors are killed."""
+    from patchgrid.flows.study import study
+    from patchgrid.runtime.progress import reporting_to
+    from patchgrid.runtime.stopping import Cancelled
+    from patchgrid.warehouse.loader import query
+
+    c, _ = cluster
+    sent = []
+
+    def on_progress(stage, done, total, note):
+        if stage == "shards on Ray" and not sent:  # Ray connected, its actors started
+            sent.append(done)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    before = signal.getsignal(signal.SIGTERM)
+    warehouse = tmp_path / "stopped.duckdb"
+    with reporting_to(on_progress), pytest.raises(Cancelled):
+        study(StudySpec.of(warehouse=str(warehouse), workdir=str(tmp_path / "work"), runner="ray",
+                           ray_address=c.address, ray_workers=1, **TP))
+    assert sent, "the study never reached its shards"
+    assert query(warehouse, "SELECT status, reason FROM runs")[1] == [("cancelled", "cancelled by SIGTERM")]
+    assert signal.getsignal(signal.SIGTERM) is before
+    assert _alive_actors(cluster) == []
+
+
 class Faults(threading.Thread):
     """Mid-study, as shards complete: one actor's engine dies (its vLLM engine core is killed), then
     another actor's process is killed, then a worker node is removed."""
@@ -325,31 +354,3 @@ def test_a_study_on_the_cluster_survives_a_failed_engine_a_killed_actor_and_a_de
     assert max(s["engine_starts"] for s in served if s["actor"] == hit) == 2
     assert all(s["cuda_visible_devices"] is not None for s in served)
     assert _alive_actors(cluster) == [], "the run's actors outlived it"
-
-
-def test_a_sigterm_cancels_a_study_on_ray_and_leaves_no_actor(cluster, prefect_api, tmp_path):
-    """ray.init sets a SIGTERM handler of its own (sys.exit) in the process that connects, the study's: the
-    study's own handler stays, so a SIGTERM mid-study (what Slurm and Kubernetes send) cancels it, the run is
-    recorded as cancelled, not failed, and its actors are killed."""
-    from patchgrid.flows.study import study
-    from patchgrid.runtime.progress import reporting_to
-    from patchgrid.runtime.stopping import Cancelled
-    from patchgrid.warehouse.loader import query
-
-    c, _ = cluster
-    sent = []
-
-    def on_progress(stage, done, total, note):
-        if stage == "shards on Ray" and not sent:  # Ray connected, its actors started
-            sent.append(done)
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    before = signal.getsignal(signal.SIGTERM)
-    warehouse = tmp_path / "stopped.duckdb"
-    with reporting_to(on_progress), pytest.raises(Cancelled):
-        study(StudySpec.of(warehouse=str(warehouse), workdir=str(tmp_path / "work"), runner="ray",
-                           ray_address=c.address, ray_workers=1, **TP))
-    assert sent, "the study never reached its shards"
-    assert query(warehouse, "SELECT status, reason FROM runs")[1] == [("cancelled", "cancelled by SIGTERM")]
-    assert signal.getsignal(signal.SIGTERM) is before
-    assert _alive_actors(cluster) == []
