@@ -178,7 +178,7 @@ def test_study_with_the_edges_sweep_fills_the_warehouse_the_summary_and_the_repo
 
 def test_study_with_the_new_sites_and_paths_fills_the_warehouse_and_the_report(tmp_path):
     wh = tmp_path / "w.duckdb"
-    res = cli("study", "--model", "tiny-qwen3", "--pairs", str(DATA), "--limit", "3", "--no-require-known",
+    res = cli("study", "--model", "tiny-qwen3", "--pairs", str(DATA), "--limit", "2", "--no-require-known",
               "--sweeps", "resid_pre,resid_mid,qkv,paths", "--path-senders", "heads,mlp_out.0",
               "--path-receivers", "logits,head.3.1", "--path-inputs", "q,v", "--path-mlps", "recomputed",
               "--warehouse", str(wh), "--workdir", str(tmp_path / "work"), cwd=tmp_path)
@@ -191,8 +191,8 @@ def test_study_with_the_new_sites_and_paths_fills_the_warehouse_and_the_report(t
     assert q.returncode == 0, q.stderr
     lines = [line.split() for line in q.stdout.strip().splitlines()][1:-1]
     # paths: senders head and mlp_out; receivers logits, q.3.1 and v.3.0 (4 heads, 2 key/value heads)
-    assert lines == [["paths", "3", "2", "3", "0"], ["qkv", "3", "3", "0", "0"], ["resid_mid", "3", "1", "0", "0"],
-                     ["resid_pre", "3", "1", "0", "0"]]
+    assert lines == [["paths", "2", "2", "3", "0"], ["qkv", "2", "3", "0", "0"], ["resid_mid", "2", "1", "0", "0"],
+                     ["resid_pre", "2", "1", "0", "0"]]
     params = cli("query", "--warehouse", str(wh), f"SELECT params->>'path_mlps' FROM runs WHERE run_id = '{run_id}'")
     assert "recomputed" in params.stdout
     rep = cli("report", "--warehouse", str(wh), "--out", str(tmp_path / "report"))
