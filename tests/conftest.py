@@ -56,7 +56,7 @@ def engines():
 
 
 def pytest_configure(config):
-    one_core_each()  # on a worker of `make test WORKERS=2` (tests/support/workers.py)
+    one_core_each()  # on a worker of `make test` (tests/support/workers.py)
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist starts its workers, which inherit the server's address

@@ -51,10 +51,11 @@ def _group(item) -> str:
 def group_for_workers(items) -> None:
     """Give every test its xdist group, the shared engines' or its file's, and on a worker order the
     groups heaviest tier first, each group's tests in their collection order."""
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(_group(item)))
+    groups = {item: _group(item) for item in items}
+    for item, group in groups.items():
+        item.add_marker(pytest.mark.xdist_group(group))
     if os.environ.get("PYTEST_XDIST_WORKER"):
-        items.sort(key=lambda item: next(k for k, prefix in enumerate(FIRST) if _group(item).startswith(prefix)))
+        items.sort(key=lambda item: next(k for k, prefix in enumerate(FIRST) if groups[item].startswith(prefix)))
 
 
 def one_core_each() -> None:
@@ -64,8 +65,7 @@ def one_core_each() -> None:
     cpus = sorted(MACHINE_CPUS)
     if not worker or not count or len(cpus) < int(count):
         return
-    share = set(cpus[int(worker.removeprefix("gw"))::int(count)])
-    _use(share)
+    _use(set(cpus[int(worker.removeprefix("gw"))::int(count)]))
 
 
 def _use(cpus: set[int]) -> None:

@@ -13,7 +13,7 @@ from tests.support.workers import all_cores
 @needs_vllm
 def test_tensor_parallel_2_on_cpu_matches_hf(engines):
     hf = engines.get("tiny-llama", "hf", dtype="float32")
-    with all_cores():  # a rank a core (under `make test WORKERS=2` a worker has one of its own)
+    with all_cores():  # a rank a core (under `make test` a worker has one of its own)
         tp = engines.get("tiny-llama", "vllm", dtype="float32", tensor_parallel_size=2)
     clean = (21, 7, 143, 88, 301, 12, 9, 40)
     corrupt = (21, 7, 250, 61, 301, 12, 9, 40)
