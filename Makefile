@@ -46,10 +46,9 @@ lint: install
 	$(BIN)/lint-imports
 	$(BIN)/vulture
 
-# Test processes (pytest-xdist workers; tests/support/workers.py says what each one runs, on which core:
-# with 3, a lane a core and a lane for the tests that mostly wait). 0: the tests run in make's own pytest,
-# one at a time.
-WORKERS ?= 3
+# Test processes (pytest-xdist workers; tests/support/workers.py says what each one runs, on which core).
+# 0: the tests run in make's own pytest, one at a time.
+WORKERS ?= 2
 XDIST := -n $(WORKERS) --dist loadgroup --no-loadscope-reorder
 
 # Every tier (tests/README.md); --durations: the slowest cases

@@ -14,7 +14,6 @@ from patchgrid.backends.engine import EnginePool
 from tests.support.engines import MAX_LIVE
 from tests.support.tiers import mark_tiers
 from tests.support.workers import (
-    Lanes,
     check_grouped,
     group_for_workers,
     one_core_each,
@@ -154,14 +153,6 @@ def _unit_tests_start_no_engine(request, monkeypatch):
 def pytest_collection_modifyitems(config, items):
     mark_tiers(items)
     group_for_workers(items)
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config, log):
-    """`--dist loadgroup` in lanes (tests/support/workers.py)."""
-    if config.getvalue("dist") == "loadgroup":
-        return Lanes(config, log)
-    return None
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -1,36 +1,27 @@
-"""How `make test` shares the suite between its worker processes (pytest-xdist: `-n 3 --dist loadgroup`,
-with the lanes below).
+"""How `make test` shares the suite between two worker processes (pytest-xdist: `-n 2 --dist loadgroup`).
 
 Most of a test's time on these machines is one core's: Python in a tiny model's forward, a process
-importing torch and vLLM, a Prefect server answering. Some test files mostly wait instead: for a
-schedule's minute, a stuck call's timeout, a Ray node's death to be noticed. So the workers are lanes:
+importing torch and vLLM, a Prefect server answering, a schedule waited for. Two workers keep both
+cores busy, each with the session fixtures of its own (its engine pool):
 
-- the core lanes (every worker but the last), each on a core of its own with one thread, at a lower
-  priority (`nice`): two processes of two threads each on two cores lose more to each other (OpenMP
-  threads spinning while the other process has the core) than either gains from its second thread
-  on these tiny models; what needs two cores (a tensor-parallel engine's ranks) starts inside
-  `all_cores()`;
-- the waiting lane (the last worker of three or more), on every core at the usual priority: it runs
-  the files marked `waits`, and nothing else, so that what they wait for keeps its pace, while the
-  core lanes use what the waiting leaves of the cores.
-
-Every test gets an xdist group:
 - the tests that take the session's engines (the `engines` fixture, directly or through another
   fixture) run as one group, in collection order, on one worker, so that each engine starts once, as
   in a run with no workers;
-- every other test file is a group of its own (its module fixtures built once), its name marked as
-  waiting for the files marked `waits`.
+- every other test file is a group of its own (its module fixtures built once), handed to whichever
+  worker is free.
 
-The core lanes take groups heaviest tier first (the shared engines', then the process, flow, engine
-and unit tiers, `--no-loadscope-reorder` keeping that order), so that the run ends on small unit
-files, not on a worker still busy with a study while another waits.
+Groups are handed out heaviest tier first (the shared engines', then the process, flow, engine and unit
+tiers, `--no-loadscope-reorder` keeping that order), so that the run ends on small unit files, not on a
+worker still busy with a study while the other waits. Each worker, and every process it starts, runs on
+a core of its own with one thread (`one_core_each`): two processes of two threads each on two cores
+lose more to each other (OpenMP threads spinning while the other process has the core) than either
+gains from its second thread on these tiny models; what needs two cores (a tensor-parallel engine's
+ranks) starts inside `all_cores()`.
 
-With fewer than three workers there is no waiting lane (every worker a core lane at the usual
-priority); without `-n` (a tier or a file run alone) the groups, lanes and order change nothing. The
-engines a worker started reach the controller's summary through xdist's worker output (`engine starts`,
-tests/conftest.py). The controller starts the Prefect server the workers share
-(tests/support/prefect_server.py) before it starts them, unless it runs the unit tier alone, which
-needs none.
+Without `-n` (a tier or a file run alone) the groups and the order change nothing. The engines a worker started
+reach the controller's summary through xdist's worker output (`engine starts`, tests/conftest.py).
+The controller starts the Prefect server the workers share (tests/support/prefect_server.py) before
+it starts them, unless it runs the unit tier alone, which needs none.
 """
 from __future__ import annotations
 
@@ -41,7 +32,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from xdist.scheduler import LoadGroupScheduling
 
 from tests.support.prefect_server import SHARED_API, start_server, stop_server
 from tests.support.tiers import TESTS
@@ -49,71 +39,33 @@ from tests.support.tiers import TESTS
 SERVER = pytest.StashKey()  # the controller's shared Prefect server process
 
 SHARED_ENGINES = "engines"  # the xdist group of the tests that take the `engines` fixture
-WAITS = "waits"  # the marker of a test file whose time is mostly waiting (pyproject.toml's markers)
-WAITING = "waiting:"  # how the group of such a file begins
 # the order groups are handed out in: the heaviest first
-FIRST = ("tests/process/", "tests/flow/", "tests/engine/", "tests/unit/")
-CORE_LANE_NICE = 10  # how much less a core lane's processes weigh than the waiting lane's when both want a core
+FIRST = (SHARED_ENGINES, "tests/process/", "tests/flow/", "tests/engine/", "tests/unit/")
 MACHINE_CPUS = frozenset(os.sched_getaffinity(0))  # every core this process may use, before any is chosen
 
 
 def _group(item) -> str:
-    if "engines" in getattr(item, "fixturenames", ()):
-        return SHARED_ENGINES
-    file = item.nodeid.split("::")[0]
-    return WAITING + file if item.get_closest_marker(WAITS) else file
-
-
-def _order(item, group: str) -> int:
-    """The shared engines' group first, then by tier."""
-    return 0 if group == SHARED_ENGINES else 1 + next(k for k, tier in enumerate(FIRST) if item.nodeid.startswith(tier))
+    return SHARED_ENGINES if "engines" in getattr(item, "fixturenames", ()) else item.nodeid.split("::")[0]
 
 
 def group_for_workers(items) -> None:
-    """Give every test its xdist group, the shared engines', a file's or a waiting file's, and on a worker
-    order the groups heaviest tier first, each group's tests in their collection order."""
+    """Give every test its xdist group, the shared engines' or its file's, and on a worker order the
+    groups heaviest tier first, each group's tests in their collection order."""
     groups = {item: _group(item) for item in items}
     for item, group in groups.items():
         item.add_marker(pytest.mark.xdist_group(group))
     if os.environ.get("PYTEST_XDIST_WORKER"):
-        items.sort(key=lambda item: _order(item, groups[item]))
-
-
-def is_waiting_lane(worker: str | None, count: int) -> bool:
-    """The last worker of three or more."""
-    return count >= 3 and worker == f"gw{count - 1}"
-
-
-class Lanes(LoadGroupScheduling):
-    """xdist's `--dist loadgroup`, each group handed to its lane: the waiting lane takes the waiting
-    groups, and stops once none is left (a third process wanting a core would only slow the two that
-    have one); a core lane the first group that is not waiting, or, when none is left, the first left."""
-
-    def _assign_work_unit(self, node) -> None:
-        groups = list(self.workqueue)
-        waits = is_waiting_lane(node.workerinput["workerid"], int(node.workerinput["workercount"]))
-        mine = [group for group in groups if group.startswith(WAITING) == waits]
-        if waits and not mine:
-            node.shutdown()  # it ends the tests it was given
-            return
-        self.workqueue.move_to_end(mine[0] if mine else groups[0], last=False)
-        super()._assign_work_unit(node)
+        items.sort(key=lambda item: next(k for k, prefix in enumerate(FIRST) if groups[item].startswith(prefix)))
 
 
 def one_core_each() -> None:
-    """On a core lane: this process's threads, and every process or thread it starts from now on, run on a
-    share of the machine's cores of their own (gw0 the first, gw1 the second, ...) with a thread per core,
-    at a lower priority where a waiting lane runs beside them. The waiting lane keeps every core."""
+    """On a worker: this process's threads, and every process or thread it starts from now on, run on a
+    share of the machine's cores of their own (gw0 the first, gw1 the second, ...) with a thread per core."""
     worker, count = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("PYTEST_XDIST_WORKER_COUNT")
-    if not worker or not count or is_waiting_lane(worker, int(count)):
-        return
-    lanes = int(count) - 1 if int(count) >= 3 else int(count)
     cpus = sorted(MACHINE_CPUS)
-    if len(cpus) < lanes:
+    if not worker or not count or len(cpus) < int(count):
         return
-    _use(set(cpus[int(worker.removeprefix("gw")) % lanes::lanes]))
-    if lanes < int(count):
-        os.nice(CORE_LANE_NICE)
+    _use(set(cpus[int(worker.removeprefix("gw"))::int(count)]))
 
 
 def _use(cpus: set[int]) -> None:

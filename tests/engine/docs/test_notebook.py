@@ -4,11 +4,7 @@ from __future__ import annotations
 
 import time
 
-import pytest
-
 from tests.support.paths import REPO
-
-pytestmark = pytest.mark.waits  # for a kernel and Prefect's temporary server: the waiting lane of `make test`
 
 NOTEBOOK = REPO / "docs" / "examples" / "study.ipynb"
 CELL_TIMEOUT_S = 300  # one cell (the study: Prefect's temporary server, the model, two pairs) at most

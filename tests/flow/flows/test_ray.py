@@ -23,7 +23,7 @@ from tests.support.pairs import DATA
 from tests.support.processes import tables
 from tests.support.workers import all_cores
 
-pytestmark = [needs_vllm, pytest.mark.waits]  # timeouts, a node's death: the waiting lane of `make test`
+pytestmark = needs_vllm
 ray = pytest.importorskip("ray", reason="Ray is not installed (make install brings it)")
 
 # resid and heads on the accepted pairs; trace on the facts the model knows alone (so pairing asks
@@ -38,11 +38,8 @@ def cluster():
     from ray.cluster_utils import Cluster
 
     # each engine's KV cache: 1 GiB (patchgrid's CPU default is 2), so that four engines fit here
-    old = {name: os.environ.get(name) for name in ("VLLM_CPU_KVCACHE_SPACE", "RAY_worker_niceness")}
+    old = os.environ.get("VLLM_CPU_KVCACHE_SPACE")
     os.environ["VLLM_CPU_KVCACHE_SPACE"] = "1"
-    # the actors at this process's priority (Ray's default lowers theirs by 15): under `make test`, that
-    # of the waiting lane (tests/support/workers.py), above the core lanes'
-    os.environ["RAY_worker_niceness"] = "0"
     with all_cores():  # the nodes' processes keep them: a tensor-parallel actor's ranks get a core each
         c = Cluster(initialize_head=True, head_node_args=dict(num_cpus=1, num_gpus=0, include_dashboard=False,
                                                                object_store_memory=200 * 1024 * 1024))
@@ -52,11 +49,10 @@ def cluster():
         yield c, workers
     finally:
         c.shutdown()
-        for name, value in old.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        if old is None:
+            os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
+        else:
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = old
 
 
 @pytest.fixture(scope="module")

@@ -30,8 +30,6 @@ from tests.support.pairs import DATA
 from tests.support.paths import REPO
 from tests.support.prefect_server import free_port
 
-pytestmark = pytest.mark.waits  # for minute boundaries and a schedule's seconds: the waiting lane of `make test`
-
 EVERY_MINUTE = "* * * * *"
 EVERY_FEW_SECONDS = 10  # the prefect.yaml deployment's schedule in the test: an interval, in seconds
 # the hf backend: what is scheduled is the point here, not the engine (which starts in a second on hf)
