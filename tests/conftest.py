@@ -11,7 +11,7 @@ import pytest
 
 from patchgrid.backends import engine as engine_module
 from patchgrid.backends.engine import EnginePool
-from tests.support.engines import MAX_LIVE
+from tests.support.engines import LIVE_IN_PROCESS, LIVE_OWN_PROCESS, own_processes_of
 from tests.support.tiers import mark_tiers
 from tests.support.workers import (
     check_grouped,
@@ -34,24 +34,35 @@ os.environ["PREFECT_LOCAL_STORAGE_PATH"] = tempfile.mkdtemp(prefix="patchgrid-pr
 
 class CountedPool(EnginePool):
     """The session's pool, counting the engines it starts and their seconds (the summary's `engine
-    starts` line): an engine started twice in a session is a test order or a pool bound to mend."""
+    starts` line): an engine started twice in a session is a test order or a pool bound to mend.
+    Its vLLM engines are bounded apart by where they run (tests/support/engines.py): before one starts,
+    the least recently used of its kind is closed if the kind is at its bound."""
 
     starts: list[tuple[str, str, float, str]] = []  # (model, backend and options, seconds, the test that asked)
 
     def get(self, model, backend=engine_module.DEFAULT_BACKEND, **options):
         if (model, backend, tuple(sorted(options.items()))) in self._engines:
             return super().get(model, backend, **options)
+        if backend == "vllm":
+            self._make_room_for(own_processes_of(model, options))
         began = time.monotonic()
         engine = super().get(model, backend, **options)
         asked_by = os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0]
         self.starts.append((model, f"{backend} {options}" if options else backend, time.monotonic() - began, asked_by))
         return engine
 
+    def _make_room_for(self, own: bool) -> None:
+        """Close the least recently used vLLM engines of one kind (in processes of their own or not) until
+        one more keeps within its bound."""
+        kind = [key for key in self._engines if key[1] == "vllm" and own_processes_of(key[0], dict(key[2])) == own]
+        for model, backend, options in kind[:max(0, len(kind) - (LIVE_OWN_PROCESS if own else LIVE_IN_PROCESS) + 1)]:
+            self.drop(model, backend, **dict(options))
+
 
 @pytest.fixture(scope="session")
 def engines():
     """The session's engines (patchgrid.backends.engine.EnginePool), started on first use and shared by every test."""
-    with CountedPool(max_live=MAX_LIVE) as pool:
+    with CountedPool() as pool:
         yield pool
 
 

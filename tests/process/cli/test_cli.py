@@ -1,11 +1,10 @@
-"""The command line as a researcher runs it: real processes, real engines."""
+"""The command line as a researcher runs it: real processes, real engines (the commands that print on the
+Hugging Face backend, and their refusals once the model has loaded, run in process: tests/engine/cli/)."""
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
-
-import pytest
 
 from patchgrid.metrics import METRICS
 from patchgrid.pipeline.spec import default_run_id
@@ -62,41 +61,6 @@ def test_patch_json_on_vllm_matches_hf():
             assert abs(a[m] - b[m]) < 1e-4, m
 
 
-def test_patch_heads_table_on_hf():
-    out = run_cli("patch", "--model", "tiny-gpt2", *PAIR, "--site", "head", "--position", "3", "--backend", "hf")
-    assert out.returncode == 0, out.stderr
-    assert "baseline logit difference" in out.stdout
-    assert "3.2" in out.stdout  # layer 3, head 2 row
-
-
-def test_paths_table_and_json_on_hf():
-    args = ["paths", "--model", "tiny-llama", *PAIR, "--path-senders", "heads,mlp_out.0",
-            "--path-receivers", "logits,head.3.1", "--backend", "hf"]
-    out, got = run_clis((*args, "--top", "5"), (*args, "--json", "--path-mlps", "recomputed"))
-    assert out.returncode == 0, out.stderr
-    assert "paths that move logit_diff most (direct paths: MLPs after the sender frozen)" in out.stdout
-    assert "(5 rows)" in out.stdout
-    assert got.returncode == 0, got.stderr
-    data = json.loads(got.stdout)
-    assert data["mlps"] == "recomputed"
-    ends = {(e["sender"], e["receiver"]) for e in data["effects"]}
-    # senders below layer 3 reach head 3.1's q (head 1) and k, v (key/value head 0); all reach the logits
-    assert ("head.2.0", "q.3.1") in ends and ("mlp_out.0", "v.3.0") in ends and ("head.3.1", "logits") in ends
-    assert ("head.3.0", "q.3.1") not in ends
-    assert {e["position"] for e in data["effects"]} == {None, 3, 4}  # all at once, subject's last, last
-
-
-def test_paths_end_outside_the_model_is_one_clear_line():
-    """Refused once the engine knows the model's shape; the refusals before it starts are in
-    tests/unit/cli/test_refusals.py."""
-    message = "path end 'head.9.0' is outside the model"
-    out = run_cli("paths", "--model", "tiny-llama", *PAIR, "--path-receivers", "head.9.0", "--backend", "hf")
-    assert out.returncode == 2
-    lines = out.stderr.strip().splitlines()
-    assert lines[-1].startswith("patchgrid: error:") and message in lines[-1], out.stderr
-    assert "Traceback" not in out.stderr
-
-
 # three capitals and a record with no subject (rejected: empty_subject)
 FACTS = [("France", "Paris"), ("Germany", "Berlin"), ("Japan", "Tokyo"), ("", "x")]
 
@@ -142,15 +106,6 @@ def test_pairs_check_answer_policy(tmp_path):
     assert "answer_multi_token" in res_single.stdout
     assert pq.read_table(single).column("reason").to_pylist()[2:] == ["answer_multi_token"] * 2
     assert res_whole.returncode == 2 and "invalid choice: 'whole'" in res_whole.stderr
-
-
-def test_a_site_the_family_lacks_is_one_clear_line():
-    """Refused once the engine has started (patchgrid.pipeline.one_pair.sweep_pair reads the family from its shape)."""
-    out = run_cli("patch", "--model", "tiny-gptj", *PAIR, "--site", "resid_mid", "--backend", "hf")
-    assert out.returncode == 2
-    assert out.stderr.strip().splitlines()[-1] == ("patchgrid: error: --site resid_mid: the gptj block is parallel: "
-                                                   "attention and MLP both read the layer's input (resid_pre), so no "
-                                                   "stream exists between them")
 
 
 def _pairs_table(tmp_path):
@@ -268,16 +223,3 @@ def test_attention_json_on_vllm_matches_hf():
         assert len(a["weights"]) == n and all(len(row) == n for row in a["weights"])
         assert max(abs(x - y) for ra, rb in zip(a["weights"], b["weights"]) for x, y in zip(ra, rb)) < 1e-5
         assert all(abs(sum(row) - 1) < 1e-5 and not any(row[t + 1:]) for t, row in enumerate(a["weights"]))
-
-
-@pytest.mark.parametrize("args, message", [
-    (["--layers", "9"], "--layers 9: the model has 4 layers (0-3)"),
-    (["--heads", "0-99"], "--heads 4: the model has 4 heads (0-3)"),
-])
-def test_attention_bad_input_is_one_clear_line(args, message):
-    """Refused once the engine knows the model's shape; --layers that are not numbers, before it starts,
-    in tests/unit/cli/test_refusals.py."""
-    out = run_cli("attention", "--model", "tiny-llama", "--text", "The capital of France is", "--backend", "hf", *args)
-    assert out.returncode == 2
-    lines = out.stderr.strip().splitlines()
-    assert lines[-1].startswith("patchgrid: error:") and message in lines[-1], out.stderr

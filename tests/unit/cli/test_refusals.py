@@ -159,7 +159,7 @@ PAIR = {"--clean": "The capital of France is", "--corrupt": "The capital of Spai
         "--clean-answer": " Paris", "--corrupt-answer": " Madrid"}
 
 # refused while the typed pair and the settings are checked, before an engine starts (the refusals
-# that need the model's shape, after it starts, are in tests/process/cli/test_cli.py)
+# that need the model's shape, after it starts, are in tests/engine/cli/test_commands_on_hf.py)
 ONE_PAIR = [
     ("patch", "empty answer", {"--clean-answer": " ", "--corrupt-answer": " Madrid"}, "--clean-answer ' ' is empty"),
     ("patch", "same answers", {"--clean-answer": " Paris", "--corrupt-answer": " Paris"},
