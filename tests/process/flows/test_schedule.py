@@ -1,4 +1,4 @@
-"""Scheduled studies, as users rely on them (issue 12): with no hand-made run, a cron schedule alone gets a
+"""Scheduled studies, as users rely on them: with no hand-made run, a cron schedule alone gets a
 study run created by Prefect's scheduler, run, and loaded into the warehouse. Real processes: a Prefect
 server, `patchgrid serve` or `prefect deploy` plus a process worker.
 
@@ -7,7 +7,7 @@ schedule) waits up to a minute for its run; the prefect.yaml deployment runs on 
 (`interval`), which Prefect's scheduler handles as it does a cron one. The study itself (tiny-llama,
 one pair, one sweep) takes under a minute. Once the first run has started, the deployment is paused,
 so that no second run is running when the processes are stopped.
-The served deployment's test also shows what a run due while another runs meets (issue 28, as
+The served deployment's test also shows what a run due while another runs meets (as
 test_schedule_overlap.py's tests do for the options): on the same server, after the same wait for the
 first minute boundary, which is most of such a test's time.
 """

@@ -1,4 +1,4 @@
-"""Scheduled runs that would overlap (issue 28), as `patchgrid serve` registers them: a served deployment
+"""Scheduled runs that would overlap, as `patchgrid serve` registers them: a served deployment
 runs at most `--concurrency-limit` runs at once (default 1), and a run due while the limit's runs are
 running is skipped (cancelled) or, with `--on-overlap wait`, waits. Real processes, as in test_schedule.py:
 a Prefect server and `patchgrid serve`, and the served deployment read back from the server.

@@ -1,4 +1,4 @@
-"""One command-line vocabulary (issue 29): one flag per setting with its declared default in every
+"""One command-line vocabulary: one flag per setting with its declared default in every
 command, every default in --help, --verbose everywhere, a setting that cannot apply refused in one
 line, answers tokenised by the data sets' rule with a warning for one of several tokens, and a model
 folder transformers refuses named with transformers' reason."""

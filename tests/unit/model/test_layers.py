@@ -1,4 +1,4 @@
-"""`layers` and `positions` restrict every grid (issue 29): each sweep kind's cells on a small model's
+"""`layers` and `positions` restrict every grid: each sweep kind's cells on a small model's
 shape, the paths' senders and receivers, what atp estimates, the text the settings take, the check
 against the model's layer count, and what a run records of them. No engine: the grids alone
 (tests/process/flows/test_study_file.py runs a restricted study and reads its rows)."""

@@ -48,7 +48,7 @@ def test_only_what_the_result_depends_on_counts(tmp_path):
 
 
 def test_the_cache_key_is_the_cache_specification(tmp_path):
-    """The bug of issue 27: the cache task was keyed on a list of names that left out atp_kinds, so a
+    """A bug this guards against: the cache task was keyed on a list of names that left out atp_kinds, so a
     rerun with more screened kinds found a cache that held too little."""
     key = keyed_by(cache_inputs)
     base = dict(spec=StudySpec.of(model="tiny-llama", sweeps="atp", atp_kinds="resid"), sweeps=("atp",),

@@ -17,7 +17,7 @@ from tests.support.effect_rows import CLEAN, CORRUPT, baseline, make_pair, row, 
 
 ROLES = ["subject_first", "subject_last", "further", "further", "last"]
 # The effect and baseline columns patchgrid wrote before every metric had its own (schema v1, and
-# v2 loads until issue 15): logit difference and p only.
+# the v2 loads made before the per-metric columns): logit difference and p only.
 OLD_EFFECT_COLUMNS = ["pair_id", "relation", "sweep", "site", "direction", "layer", "position", "position_role", "head",
                       "window", "metric", "patched_logit_diff", "patched_p", "clean_logit_diff", "corrupt_logit_diff",
                       "clean_p", "corrupt_p", "effect", "recovery"]
@@ -322,7 +322,7 @@ def _old_shaped_load(wh, run_id: str, seed=0) -> None:
 
 
 def test_an_old_shaped_load_is_summarised_on_logit_diff_and_p(tmp_path):
-    """The same rows loaded in today's shape and in the shape before issue 15: the old load has
+    """The same rows loaded in today's shape and in the shape before every metric had its own columns: the old load has
     logit difference and p only, and on those it is summarised exactly as the new one."""
     wh = tmp_path / "w.duckdb"
     _old_shaped_load(wh, "run-old")
