@@ -18,6 +18,9 @@ def quiet_engine_logs() -> None:
 def quiet_prefect(verbose: bool = False) -> None:
     # Ephemeral Prefect: no server to run; its telemetry cannot reach out from these machines.
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    # Prefect waits 20 s for its temporary server; on a busy machine (two studies starting at once
+    # on 2 cores) its start takes longer, and the study would fail before it began.
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     if not verbose:
         os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     quiet_engine_logs()
