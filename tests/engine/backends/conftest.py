@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.engines import TINY
+from tests.support.engines import TINY, vllm_options
 
 
 def pytest_generate_tests(metafunc):
@@ -15,6 +15,8 @@ def pytest_generate_tests(metafunc):
 
 @pytest.fixture(scope="module")
 def pair_of_engines(request, engines):
-    """(hf, vllm) engines of one model, float32 both, from the session's pool."""
+    """(hf, vllm) engines of one model, float32 both, from the session's pool (the vLLM engine with the
+    options the engine tests start the model with: tests/support/engines.py's vllm_options)."""
     model = request.param
-    return engines.get(model, "hf", dtype="float32"), engines.get(model, "vllm", dtype="float32")
+    return engines.get(model, "hf", dtype="float32"), engines.get(model, "vllm", dtype="float32",
+                                                                   **vllm_options(model))

@@ -3,18 +3,19 @@
 Each row takes one vLLM engine and checks, against hf on the same model:
 - every readable site captured, and the attention pattern read from the q and k the kernel receives
   (sliding windows, soft-caps, grouped heads: the kernel's own);
-- every site kind the family has patched, at every layer (on the chunked rows, the first and the
-  last), with noise and knockouts, the whole prompt longer than the tiny models' sliding windows;
+- every site kind the family has patched, at every layer (on Gemma 2's chunked row, the first and
+  the last), with noise and knockouts, the whole prompt longer than the tiny models' sliding windows;
 - the same runs started mid-stack from the corrupt run's stream (`plan.Start`), which equal both the
   engine's full forward and hf, two patches where the lower decides the start and a capture on the
   started stream included;
 - after all of it, no hook left and the decoder starting at layer 0 again: an unpatched run is the
   run before them, bit for bit, and vLLM's own generation samples the model's own argmax.
 
-Rows: the three families the whole suite runs on, every other family (each one's own features are
-shown active in test_families.py), and engines that both split prompts by chunked prefill and run
-vLLM's multiprocess executor, on the families whose attention or layers could meet them differently
-(sliding and global layers, experts) and those vLLM runs through its Transformers backend."""
+Rows: the three families the whole suite runs on and every other family (each one's own features are
+shown active in test_families.py). Engines that both split prompts by chunked prefill and run vLLM's
+multiprocess executor: Gemma 2's second row (sliding and global layers), and the one row of each family
+whose engine runs in processes of its own anyway (experts, and the families vLLM runs through its
+Transformers backend)."""
 from __future__ import annotations
 
 import pytest
@@ -31,7 +32,16 @@ from tests.support.backends import (
     reading_logprobs,
     starting,
 )
-from tests.support.engines import TINY, hook_count, needs_vllm, start_layers
+from tests.support.engines import (
+    CHUNKED_MULTIPROCESS,
+    OWN_PROCESS_MODELS,
+    TINY,
+    hook_count,
+    needs_vllm,
+    own_processes_of,
+    start_layers,
+    vllm_options,
+)
 
 pytestmark = needs_vllm
 
@@ -43,21 +53,15 @@ ANSWERS = (5, 77)
 # own modules, in an engine process of their own, started mid-stack by stand-ins for the layers below.
 TRANSFORMERS_BACKEND = ("tiny-neox", "tiny-olmo2")
 
-# A step holds at most 32 tokens: every 40-token prompt is split across steps, and steps mix requests.
-CHUNKED_MULTIPROCESS = dict(multiprocess=True, max_num_seqs=8, max_num_batched_tokens=32, enable_chunked_prefill=True,
-                            max_model_len=512)
-
 # The rows, in an order that starts each engine of a process of its own once here and in test_families.py,
 # next (the session's pool keeps three of them alive, and three in the test's process, each kind closing
 # the one it used least recently: tests/support/engines.py): the families every other test runs on first,
-# and last the three that test_families.py takes again (the experts', and the chunked multiprocess engines
-# of the families vLLM runs through its Transformers backend). NeoX's plain engine starts once more, for
-# test_start_midstack.py: a fourth kept alive would hold another ~2.6 GiB.
-MATRIX = ([(model, {}) for model in TINY]
-          + [(model, {}) for model in ("tiny-phi3", "tiny-gemma3", "tiny-gemma2", "tiny-gptj", "tiny-olmo2")]
-          + [(model, CHUNKED_MULTIPROCESS) for model in ("tiny-gemma2", "tiny-qwen3-moe")]
-          + [("tiny-neox", {}), ("tiny-qwen3-moe", {})]
-          + [(model, CHUNKED_MULTIPROCESS) for model in TRANSFORMERS_BACKEND])
+# then every other family in this process, then Gemma 2 chunked and multiprocess, and last the three
+# families whose engine runs in processes of its own anyway, each started once, chunked and multiprocess
+# (vllm_options), which test_families.py, test_start_midstack.py and test_paths.py take again.
+MATRIX = ([(model, {}) for model in TINY + ("tiny-phi3", "tiny-gemma3", "tiny-gemma2", "tiny-gptj")]
+          + [("tiny-gemma2", CHUNKED_MULTIPROCESS)]
+          + [(model, vllm_options(model)) for model in OWN_PROCESS_MODELS])
 
 
 def _row_id(row):
@@ -70,8 +74,9 @@ def test_every_site_matches_hf_full_and_started(engines, model, options):
     hf = engines.get(model, "hf", dtype="float32")
     vl = engines.get(model, "vllm", dtype="float32", **options)
     shape, n_layers = hf.shape, hf.shape.n_layers
-    if model in TRANSFORMERS_BACKEND:
-        assert not vl._inprocess  # multiprocess without being asked (sites.Family.vllm_transformers)
+    # experts and vLLM's Transformers backend run in processes of their own unasked (backends.vllm.own_processes)
+    assert own_processes_of(model, {}) == (model in OWN_PROCESS_MODELS)
+    assert vl._inprocess == (not own_processes_of(model, options))
     assert vl.start_midstack, "this family's decoder should start mid-stack"
     plain = Request(tokens=CORRUPT, answers=ANSWERS, capture=("resid.0", "resid.1"))
     before = vl.run([plain])[0]
@@ -83,7 +88,7 @@ def test_every_site_matches_hf_full_and_started(engines, model, options):
     assert read[0].captures["resid.0"].shape == (len(CLEAN), shape.d_model)
     assert read[0].captures["head.0"].shape == (len(CLEAN), shape.n_heads * shape.head_dim)
 
-    layers = (0, n_layers - 1) if options else None
+    layers = (0, n_layers - 1) if model == "tiny-gemma2" and options else None  # on Gemma 2's second row
     reqs = every_site_requests(shape, CORRUPT, ANSWERS, layers=layers)
     stream = hf.run([Request(tokens=CORRUPT, answers=ANSWERS, capture=stream_keys(n_layers))])[0]
     sources = {"clean": clean[0].captures, "corrupt": stream.captures}

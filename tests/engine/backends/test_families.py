@@ -4,7 +4,8 @@ no neuron site; the post-norms' and the parallel blocks' outputs are what the st
 transformers-backend families score answers whole under chunked prefill and leave transformers' own
 models of the family working; Gemma's sliding windows and soft-caps are active. Every site of every
 family against hf, full and started mid-stack, plain and under chunked prefill with the multiprocess
-executor: test_engines_match_hf.py, whose engines these tests take again."""
+executor: test_engines_match_hf.py, whose engines these tests take again (a family whose engine runs in
+processes of its own, chunked and multiprocess: tests/support/engines.py's vllm_options)."""
 from __future__ import annotations
 
 import pytest
@@ -14,15 +15,15 @@ from patchgrid.backends.engine import load_engine
 from patchgrid.model.sites import shape_of
 from patchgrid.plan import LOGPROBS, Noise, Patch, PlanError, Request
 from tests.support.backends import assert_results_close, effect_spread
-from tests.support.engines import hook_count, needs_vllm
+from tests.support.engines import CHUNKED_MULTIPROCESS, hook_count, needs_vllm, vllm_options
 
-from .test_engines_match_hf import ANSWERS, CHUNKED_MULTIPROCESS, CLEAN, CORRUPT, TRANSFORMERS_BACKEND
+from .test_engines_match_hf import ANSWERS, CLEAN, CORRUPT, TRANSFORMERS_BACKEND
 
 pytestmark = needs_vllm
 
 
 # The chunked multiprocess engines test_engines_match_hf.py started last (multiprocess is inherent to these
-# families), which the test after these two takes too; then the plain engines of its rows, which start again
+# families), which the tests after these two take too; then the plain engines of its rows, which start again
 # in a second if the pool closed them (an engine of its own process, as these are, takes far longer).
 @pytest.mark.parametrize("model", TRANSFORMERS_BACKEND)
 def test_a_transformers_backend_family_scores_answers_whole_under_chunked_prefill(engines, model):
@@ -86,7 +87,7 @@ def test_attn_out_and_mlp_out_are_what_the_stream_receives(engines, model, optio
 
 def test_a_mixture_of_experts_routes_to_several_experts_and_has_no_neuron_site(engines):
     hf = engines.get("tiny-qwen3-moe", "hf", dtype="float32")
-    vl = engines.get("tiny-qwen3-moe", "vllm", dtype="float32")
+    vl = engines.get("tiny-qwen3-moe", "vllm", dtype="float32", **vllm_options("tiny-qwen3-moe"))
     layer = hf.model.model.layers[1].mlp
     seen = []
     handle = layer.gate.register_forward_hook(lambda m, a, out: seen.append(out[2]))  # (logits, weights, experts)

@@ -12,7 +12,7 @@ from patchgrid.cache import MemoryStore
 from patchgrid.model.sites import get_module, site_module
 from patchgrid.plan import Patch, Request
 from patchgrid.sweeps import cache_spec, run_sweeps
-from tests.support.engines import TINY, needs_vllm
+from tests.support.engines import TINY, needs_vllm, vllm_options
 from tests.unit.sweeps.test_paths import CLEAN, CORRUPT, EVERY, PAIR
 
 TOL = 1e-4
@@ -36,7 +36,7 @@ def assert_rows_close(a, b, tol=TOL):
 @pytest.mark.parametrize("model", TINY + ("tiny-gemma2", "tiny-gptj", "tiny-neox"))  # post-norms; parallel blocks
 def test_paths_on_vllm_equal_the_hf_reference(engines, model):
     hf = engines.get(model, "hf", dtype="float32")
-    vl = engines.get(model, "vllm", dtype="float32")
+    vl = engines.get(model, "vllm", dtype="float32", **vllm_options(model))
     a, _ = paths_rows(hf)
     b, _ = paths_rows(vl)
     assert {r["receiver"][0] for r in b} == {"l", "q", "k", "v"}
