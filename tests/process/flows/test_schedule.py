@@ -204,6 +204,11 @@ def deployment_runs(client, deployment) -> list:
     return sorted(found, key=lambda r: r.expected_start_time)
 
 
+def took_the_slot(client, run) -> bool:
+    """Whether the run ever left its schedule to run (pending, then running), rather than being turned away."""
+    return any(s.type.value in ("PENDING", "RUNNING") for s in client.read_flow_run_states(run.id))
+
+
 def assert_never_two_at_once(client, runs) -> None:
     """No two runs' times from taking the slot (pending) to their end overlap. Not the API's start_time:
     a run cancelled before it ran is given one, its end time."""
@@ -242,9 +247,9 @@ def test_serve_on_a_cron_schedule_runs_the_study_with_no_hand_made_run_and_skips
         assert history == ["SCHEDULED", "CANCELLED"], history  # it never ran
         assert late.auto_scheduled
         runs = deployment_runs(client, deployment)
-        # no run but the scheduled one and the long one ran (the late one was turned away; later ones are
-        # only scheduled)
-        assert sorted(str(r.id) for r in runs if r.id != late.id and r.state.type.value != "SCHEDULED") == \
+        # no run but the scheduled one and the long one ran: the late one was turned away, and so was any
+        # other due while the long run ran (on a busy machine its cancelling can outlast another minute)
+        assert sorted(str(r.id) for r in runs if took_the_slot(client, r)) == \
             sorted(str(i) for i in (scheduled.id, long_run.id))
         assert_never_two_at_once(client, runs)
     processes.stop_all()  # the warehouse is read with no Prefect process left that could write it
