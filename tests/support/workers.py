@@ -10,9 +10,10 @@ cores busy, each with the session fixtures of its own (its engine pool):
 - every other test file is a group of its own (its module fixtures built once), handed to whichever
   worker is free.
 
-Groups are handed out heaviest tier first (the shared engines', then the process, flow, engine and unit
-tiers, `--no-loadscope-reorder` keeping that order), so that the run ends on small unit files, not on a
-worker still busy with a study while the other waits. Each worker, and every process it starts, runs on
+Groups are handed out heaviest first (the Ray module, about as long as the shared engines' group, so that
+the two start at once on different workers; then the shared engines', then the process, flow, engine and
+unit tiers, `--no-loadscope-reorder` keeping that order), so that the run ends on small unit files, not on
+a worker still busy with a study while the other waits. Each worker, and every process it starts, runs on
 a core of its own with one thread (`one_core_each`): two processes of two threads each on two cores
 lose more to each other (OpenMP threads spinning while the other process has the core) than either
 gains from its second thread on these tiny models; what needs two cores (a tensor-parallel engine's
@@ -40,7 +41,8 @@ SERVER = pytest.StashKey()  # the controller's shared Prefect server process
 
 SHARED_ENGINES = "engines"  # the xdist group of the tests that take the `engines` fixture
 # the order groups are handed out in: the heaviest first
-FIRST = (SHARED_ENGINES, "tests/process/", "tests/flow/", "tests/engine/", "tests/unit/")
+RAY = "tests/flow/flows/test_ray.py"
+FIRST = (RAY, SHARED_ENGINES, "tests/process/", "tests/flow/", "tests/engine/", "tests/unit/")
 MACHINE_CPUS = frozenset(os.sched_getaffinity(0))  # every core this process may use, before any is chosen
 
 
