@@ -2,8 +2,8 @@
 the tables and JSON they print, and the bad input they can only refuse once the model's shape is known
 (a layer, head or path end outside the model, a site the family lacks), with exit 2 and one line. The
 refusals before any model loads: tests/unit/cli/test_refusals.py; the same code and line from a command
-run as a process: tests/process/cli/test_refusal_in_a_process.py; the commands on vLLM, as processes:
-tests/process/cli/test_cli.py."""
+run as a process: tests/process/cli/test_refusal_in_a_process.py; `patch` and `attention` on vLLM against
+hf, `pairs check` and `sweep`: tests/engine/cli/test_model_commands.py."""
 from __future__ import annotations
 
 import json

@@ -1,7 +1,8 @@
-"""Commands run in this process (`patchgrid.cli.main`), as a researcher runs them: `pairs check` (its
-counts, its table, its answer policies), `sweep` on the Hugging Face backend into a warehouse that `query`
-and `report` read, causal tracing by `sweep` on the facts the model knows alone, and `attention` on vLLM
-against hf. One command on vLLM as a process of its own: tests/process/cli/test_cli.py."""
+"""Commands run in this process (`patchgrid.cli.main`), as a researcher runs them: `patch` and
+`attention` on vLLM against the same command on hf, `pairs check` (its counts, its table, its answer
+policies), `sweep` on the Hugging Face backend into a warehouse that `query` and `report` read, and causal
+tracing by `sweep` on the facts the model knows alone. Commands on vLLM as processes of their own, stopped
+mid-sweep: tests/process/test_stopping.py."""
 from __future__ import annotations
 
 import json
@@ -10,6 +11,7 @@ import subprocess
 import pytest
 
 from patchgrid.cli import main
+from patchgrid.metrics import METRICS
 from patchgrid.pipeline.spec import default_run_id
 from patchgrid.pipeline.steps import model_sha256
 from patchgrid.sweeps import SweepConfig
@@ -30,6 +32,30 @@ def run(capsys):
         return subprocess.CompletedProcess(args, code, out.out, out.err)
 
     return run
+
+
+PAIR = ["--clean", "The capital of France is", "--corrupt", "The capital of Spain is",
+        "--clean-answer", " Paris", "--corrupt-answer", " Madrid"]
+
+
+@needs_vllm
+def test_patch_json_on_vllm_matches_hf(run):
+    args = ["patch", "--model", "tiny-llama", *PAIR, "--site", "resid", "--json"]
+    out_v, out_h = (run(*args, "--backend", backend) for backend in ("vllm", "hf"))
+    assert out_v.returncode == 0, out_v.stderr
+    assert out_h.returncode == 0, out_h.stderr
+    v, h = json.loads(out_v.stdout), json.loads(out_h.stdout)
+    assert set(v) == {"baseline", "effects"}
+    assert set(v["baseline"]) == {"metric", "clean", "corrupt", "runs"} and v["baseline"]["metric"] == "logit_diff"
+    n_tokens = len({e["position"] for e in v["effects"]})
+    assert len(v["effects"]) == 4 * n_tokens  # every layer x every position
+    e = v["effects"][0]
+    assert set(e) == {"site", "layer", "position", "head", "neuron", "recovery", *METRICS}
+    assert e["head"] is None and e["neuron"] is None and e["site"] == "resid"
+    for a, b in zip(v["effects"], h["effects"]):
+        assert (a["layer"], a["position"]) == (b["layer"], b["position"])
+        for m in METRICS:
+            assert abs(a[m] - b[m]) < 1e-4, m
 
 
 # three capitals and a record with no subject (rejected: empty_subject)
