@@ -3,6 +3,7 @@ Engines are expensive (seconds to start): one per model per session."""
 from __future__ import annotations
 
 import os
+import subprocess
 import tempfile
 import time
 from collections import Counter
@@ -145,6 +146,23 @@ def prefect_api(prefect_server_api):
 
     with temporary_settings(updates={PREFECT_API_URL: prefect_server_api, PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
         yield
+
+
+@pytest.fixture
+def command_here(capsys):
+    """`patchgrid ARGS` run in this process (`patchgrid.cli.main`): its exit code and what it printed, as a
+    process's would be (argparse's refusals included)."""
+    from patchgrid.cli import main
+
+    def run(*args) -> subprocess.CompletedProcess:
+        try:
+            code = main([str(a) for a in args])
+        except SystemExit as exc:
+            code = exc.code
+        out = capsys.readouterr()
+        return subprocess.CompletedProcess(args, code, out.out, out.err)
+
+    return run
 
 
 @pytest.fixture(autouse=True)

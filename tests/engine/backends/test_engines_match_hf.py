@@ -88,7 +88,8 @@ def test_every_site_matches_hf_full_and_started(engines, model, options):
     assert read[0].captures["resid.0"].shape == (len(CLEAN), shape.d_model)
     assert read[0].captures["head.0"].shape == (len(CLEAN), shape.n_heads * shape.head_dim)
 
-    layers = (0, n_layers - 1) if model == "tiny-gemma2" and options else None  # on Gemma 2's second row
+    # every layer, but on the second row of a family that runs in this process (Gemma 2's): the first and last
+    layers = (0, n_layers - 1) if options and model not in OWN_PROCESS_MODELS else None
     reqs = every_site_requests(shape, CORRUPT, ANSWERS, layers=layers)
     stream = hf.run([Request(tokens=CORRUPT, answers=ANSWERS, capture=stream_keys(n_layers))])[0]
     sources = {"clean": clean[0].captures, "corrupt": stream.captures}

@@ -15,7 +15,7 @@ from patchgrid.backends.engine import load_engine
 from patchgrid.model.sites import shape_of
 from patchgrid.plan import LOGPROBS, Noise, Patch, PlanError, Request
 from tests.support.backends import assert_results_close, effect_spread
-from tests.support.engines import CHUNKED_MULTIPROCESS, hook_count, needs_vllm, vllm_options
+from tests.support.engines import hook_count, needs_vllm, vllm_options
 
 from .test_engines_match_hf import ANSWERS, CLEAN, CORRUPT, TRANSFORMERS_BACKEND
 
@@ -30,7 +30,7 @@ def test_a_transformers_backend_family_scores_answers_whole_under_chunked_prefil
     """Answers of several tokens, split across steps, with a KL divergence: the rows before a
     request's last are unembedded from the final norm's output (where the batch dim is)."""
     hf = engines.get(model, "hf", dtype="float32")
-    vl = engines.get(model, "vllm", dtype="float32", **CHUNKED_MULTIPROCESS)
+    vl = engines.get(model, "vllm", dtype="float32", **vllm_options(model))
     clean = hf.run([Request(tokens=CLEAN, answers=ANSWERS, capture=("resid.2", "head.1"), logprobs=True)])[0]
     sources = {"clean": {**clean.captures, LOGPROBS: clean.logprobs}}
     continuations = (tuple(range(40, 77)), (77, 4))
@@ -48,7 +48,7 @@ def test_a_transformers_backend_family_leaves_transformers_models_of_the_family_
     runs in a process of its own (see the first test), and transformers models built before and after
     it run here."""
     before = engines.get(model, "hf", dtype="float32")
-    vl = engines.get(model, "vllm", dtype="float32", **CHUNKED_MULTIPROCESS)
+    vl = engines.get(model, "vllm", dtype="float32", **vllm_options(model))
     assert vl.start_midstack  # started mid-stack by stand-ins for the layers below (vllm_worker.midstack.start_by)
     after = load_engine(model, "hf", dtype="float32")
     try:
@@ -61,14 +61,12 @@ def test_a_transformers_backend_family_leaves_transformers_models_of_the_family_
         after.close()
 
 
-@pytest.mark.parametrize(("model", "options"), [("tiny-neox", CHUNKED_MULTIPROCESS),
-                                               ("tiny-olmo2", CHUNKED_MULTIPROCESS),
-                                               ("tiny-gemma2", {}), ("tiny-gptj", {})])
-def test_attn_out_and_mlp_out_are_what_the_stream_receives(engines, model, options):
+@pytest.mark.parametrize("model", TRANSFORMERS_BACKEND + ("tiny-gemma2", "tiny-gptj"))
+def test_attn_out_and_mlp_out_are_what_the_stream_receives(engines, model):
     """Gemma, OLMo 2: the post-norms' outputs (resid_mid = resid_pre + attn_out, resid = resid_mid + mlp_out).
     GPT-J, GPT-NeoX, parallel blocks: resid = resid_pre + attn_out + mlp_out, and resid_mid does not exist."""
     hf = engines.get(model, "hf", dtype="float32")
-    vl = engines.get(model, "vllm", dtype="float32", **options)
+    vl = engines.get(model, "vllm", dtype="float32", **vllm_options(model))
     parallel = hf.shape.family.missing("resid_mid") is not None
     sites = ("resid_pre", "attn_out", "mlp_out", "resid") + (() if parallel else ("resid_mid",))
     c = vl.run([Request(tokens=CLEAN, capture=tuple(f"{s}.{layer}" for s in sites for layer in (1, 3)))])[0].captures

@@ -6,11 +6,9 @@ mid-sweep: tests/process/test_stopping.py."""
 from __future__ import annotations
 
 import json
-import subprocess
 
 import pytest
 
-from patchgrid.cli import main
 from patchgrid.metrics import METRICS
 from patchgrid.pipeline.spec import default_run_id
 from patchgrid.pipeline.steps import model_sha256
@@ -20,18 +18,8 @@ from tests.support.pairs import cf, write_jsonl
 
 
 @pytest.fixture
-def run(capsys):
-    """`patchgrid ARGS` run here: its exit code and what it printed, as a process's would be."""
-
-    def run(*args) -> subprocess.CompletedProcess:
-        try:
-            code = main([str(a) for a in args])
-        except SystemExit as exc:  # argparse's refusals
-            code = exc.code
-        out = capsys.readouterr()
-        return subprocess.CompletedProcess(args, code, out.out, out.err)
-
-    return run
+def run(command_here):
+    return command_here
 
 
 PAIR = ["--clean", "The capital of France is", "--corrupt", "The capital of Spain is",

@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 
 import pytest
 import yaml
 
-from patchgrid.cli import main
 from patchgrid.warehouse.loader import query
 from tests.support.engines import needs_vllm
 from tests.support.pairs import DATA
@@ -19,18 +17,9 @@ from tests.support.paths import REPO
 
 
 @pytest.fixture
-def run(prefect_api, capsys):
-    """`patchgrid ARGS` run here: its exit code and what it printed, as a process's would be."""
-
-    def run(*args) -> subprocess.CompletedProcess:
-        try:
-            code = main(list(args))
-        except SystemExit as exc:  # argparse's refusals
-            code = exc.code
-        out = capsys.readouterr()
-        return subprocess.CompletedProcess(args, code, out.out, out.err)
-
-    return run
+def run(prefect_api, command_here):
+    """`patchgrid ARGS` run here, against the session's Prefect API."""
+    return command_here
 
 
 def test_prefect_yaml_deploys_the_study_flow_on_cron_schedules():
