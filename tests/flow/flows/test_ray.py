@@ -40,9 +40,13 @@ def cluster():
     # each engine's KV cache: 1 GiB (patchgrid's CPU default is 2), so that four engines fit here
     old = os.environ.get("VLLM_CPU_KVCACHE_SPACE")
     os.environ["VLLM_CPU_KVCACHE_SPACE"] = "1"
+    # Ray runs its workers (the engine actors and the processes their engines start) at niceness 15: beside the
+    # other test worker's busy core they got a few per cent of a CPU (a tensor-parallel rank once took ten
+    # minutes to start). Here they run at the tests' own priority.
     with all_cores():  # the nodes' processes keep them: a tensor-parallel actor's ranks get a core each
         c = Cluster(initialize_head=True, head_node_args=dict(num_cpus=1, num_gpus=0, include_dashboard=False,
-                                                               object_store_memory=200 * 1024 * 1024))
+                                                               object_store_memory=200 * 1024 * 1024,
+                                                               _system_config={"worker_niceness": 0}))
         workers = [c.add_node(**WORKER_NODE, object_store_memory=200 * 1024 * 1024) for _ in range(2)]
         c.wait_for_nodes()
     try:
@@ -123,6 +127,8 @@ def test_actors_ask_for_gpus_and_see_only_their_own(cluster):
                     timeout_s=120) as engines:
         assert engines.gpus == 1.0  # the cluster has GPUs: one per engine by default
         where = engines.where()
+        # at the tests' own priority, not Ray's niceness 15 for its workers (the cluster fixture)
+        assert {os.getpriority(os.PRIO_PROCESS, w["pid"]) for w in where} == {os.getpriority(os.PRIO_PROCESS, 0)}
     by_node: dict[str, list[str]] = {}
     for w in where:
         by_node.setdefault(w["node_id"], []).append(w["cuda_visible_devices"])
