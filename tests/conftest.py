@@ -3,7 +3,6 @@ Engines are expensive (seconds to start): one per model per session."""
 from __future__ import annotations
 
 import os
-import subprocess
 import tempfile
 import time
 from collections import Counter
@@ -13,6 +12,7 @@ import pytest
 from patchgrid.backends import engine as engine_module
 from patchgrid.backends.engine import EnginePool
 from tests.support.engines import LIVE_IN_PROCESS, LIVE_OWN_PROCESS, own_processes_of
+from tests.support.processes import cli_here
 from tests.support.tiers import mark_tiers
 from tests.support.workers import (
     check_grouped,
@@ -149,20 +149,9 @@ def prefect_api(prefect_server_api):
 
 
 @pytest.fixture
-def command_here(capsys):
-    """`patchgrid ARGS` run in this process (`patchgrid.cli.main`): its exit code and what it printed, as a
-    process's would be (argparse's refusals included)."""
-    from patchgrid.cli import main
-
-    def run(*args) -> subprocess.CompletedProcess:
-        try:
-            code = main([str(a) for a in args])
-        except SystemExit as exc:
-            code = exc.code
-        out = capsys.readouterr()
-        return subprocess.CompletedProcess(args, code, out.out, out.err)
-
-    return run
+def command_here():
+    """`patchgrid ARGS` run in this process (tests/support/processes.py's cli_here)."""
+    return cli_here
 
 
 @pytest.fixture(autouse=True)

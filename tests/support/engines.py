@@ -47,10 +47,10 @@ def _family(model: str):
     return shape_of(AutoConfig.from_pretrained(prepare(model))).family
 
 
-# A step holds at most 32 tokens: every prompt over 32 tokens is split across steps, and steps mix requests;
-# vLLM's multiprocess executor runs the model.
-CHUNKED_MULTIPROCESS = dict(multiprocess=True, max_num_seqs=8, max_num_batched_tokens=32, enable_chunked_prefill=True,
-                            max_model_len=512)
+# A step holds at most 32 tokens: every prompt over 32 tokens is split across steps, and steps mix requests.
+CHUNKED = dict(max_num_seqs=8, max_num_batched_tokens=32, enable_chunked_prefill=True, max_model_len=512)
+# The same, and vLLM's multiprocess executor runs the model.
+CHUNKED_MULTIPROCESS = dict(CHUNKED, multiprocess=True)
 # The tiny models whose vLLM engine runs in processes of its own whatever it is asked (experts, vLLM's
 # Transformers backend: patchgrid.backends.vllm.own_processes). Such an engine takes ~35 s to start, another
 # in this process 0.5 s: the engine tests start these once, chunked and multiprocess (vllm_options).

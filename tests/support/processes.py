@@ -124,6 +124,24 @@ def cli(*args, cwd=None, timeout=120):
                           timeout=timeout, cwd=cwd)
 
 
+def cli_here(*args, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """`patchgrid ARGS` run in this process (`patchgrid.cli.main`), from the folder `cwd` if given: its
+    exit code and what it printed to stdout and stderr (neither a terminal), as a process's would be,
+    argparse's refusals included."""
+    import contextlib
+    import io
+
+    from patchgrid.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.chdir(cwd or os.getcwd()), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main([str(a) for a in args])
+        except SystemExit as exc:
+            code = exc.code
+    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
+
+
 def one_line_error(res, message):
     """The command refused with exit 2 and one `patchgrid: error:` line holding `message`, no traceback."""
     assert res.returncode == 2, res.stderr

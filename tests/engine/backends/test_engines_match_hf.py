@@ -12,10 +12,10 @@ Each row takes one vLLM engine and checks, against hf on the same model:
   run before them, bit for bit, and vLLM's own generation samples the model's own argmax.
 
 Rows: the three families the whole suite runs on and every other family (each one's own features are
-shown active in test_families.py). Engines that both split prompts by chunked prefill and run vLLM's
-multiprocess executor: Gemma 2's second row (sliding and global layers), and the one row of each family
-whose engine runs in processes of its own anyway (experts, and the families vLLM runs through its
-Transformers backend)."""
+shown active in test_families.py). Engines that split prompts by chunked prefill: Gemma 2's second row
+(sliding and global layers), in this process, and the one row of each family whose engine runs in
+processes of its own anyway (experts, and the families vLLM runs through its Transformers backend), which
+runs vLLM's multiprocess executor too (so does tiny-llama's in test_vllm_scheduling.py)."""
 from __future__ import annotations
 
 import pytest
@@ -33,7 +33,7 @@ from tests.support.backends import (
     starting,
 )
 from tests.support.engines import (
-    CHUNKED_MULTIPROCESS,
+    CHUNKED,
     OWN_PROCESS_MODELS,
     TINY,
     hook_count,
@@ -56,17 +56,17 @@ TRANSFORMERS_BACKEND = ("tiny-neox", "tiny-olmo2")
 # The rows, in an order that starts each engine of a process of its own once here and in test_families.py,
 # next (the session's pool keeps three of them alive, and three in the test's process, each kind closing
 # the one it used least recently: tests/support/engines.py): the families every other test runs on first,
-# then every other family in this process, then Gemma 2 chunked and multiprocess, and last the three
-# families whose engine runs in processes of its own anyway, each started once, chunked and multiprocess
-# (vllm_options), which test_families.py, test_start_midstack.py and test_paths.py take again.
+# then every other family in this process, then Gemma 2 chunked, and last the three families whose engine
+# runs in processes of its own anyway, each started once, chunked and multiprocess (vllm_options), which
+# test_families.py, test_start_midstack.py and test_paths.py take again.
 MATRIX = ([(model, {}) for model in TINY + ("tiny-phi3", "tiny-gemma3", "tiny-gemma2", "tiny-gptj")]
-          + [("tiny-gemma2", CHUNKED_MULTIPROCESS)]
+          + [("tiny-gemma2", CHUNKED)]
           + [(model, vllm_options(model)) for model in OWN_PROCESS_MODELS])
 
 
 def _row_id(row):
     model, options = row
-    return model + ("-chunked-multiprocess" if options else "")
+    return model + ("-chunked" if options else "") + ("-multiprocess" if options.get("multiprocess") else "")
 
 
 @pytest.mark.parametrize(("model", "options"), MATRIX, ids=[_row_id(row) for row in MATRIX])

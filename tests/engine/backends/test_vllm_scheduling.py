@@ -10,7 +10,7 @@ import torch
 
 from patchgrid.plan import LOGPROBS, Noise, Patch, Request, Start, latest_start
 from tests.support.backends import all_keys, assert_results_close, effect_spread
-from tests.support.engines import needs_vllm
+from tests.support.engines import CHUNKED, needs_vllm
 
 pytestmark = needs_vllm
 MODEL = "tiny-llama"
@@ -57,8 +57,7 @@ def hf(engines):
 def chunked(engines):
     # A step holds at most 32 tokens: every prompt below is split across several steps and
     # shares steps with pieces of other prompts.
-    return engines.get(MODEL, "vllm", dtype="float32", max_num_seqs=8, max_num_batched_tokens=32,
-                       enable_chunked_prefill=True, max_model_len=512)
+    return engines.get(MODEL, "vllm", dtype="float32", **CHUNKED)
 
 
 def _sources(engine, cleans, corrupts=()):
@@ -135,8 +134,7 @@ def test_multiprocess_executor_matches_hf(hf, engines):
     assert_results_close(hf.run([cap]), vl.run([cap]))
 
 
-@pytest.mark.parametrize("options", [dict(max_num_seqs=8, max_num_batched_tokens=32, enable_chunked_prefill=True,
-                                          max_model_len=512), dict(multiprocess=True)],
+@pytest.mark.parametrize("options", [CHUNKED, dict(multiprocess=True)],
                          ids=["chunked_prefill", "multiprocess"])
 def test_path_patching_matches_hf(hf, engines, options):
     """Both passes of path patching (the frozen first pass's captures become the second's

@@ -1,18 +1,17 @@
-"""`patchgrid study --config study.toml` as a researcher runs it (real processes): the file's settings,
-a flag over one of them, the file's text in the run's recorded parameters, --layers restricting the
-effect rows, --name shown in the warehouse's runs and the summary; a bad file, or a layer the model
-does not have, refused in one line before anything runs. One study for the module (tiny-llama, hf)."""
+"""`patchgrid study --config study.toml` as a researcher runs it, in this process (`patchgrid.cli.main`)
+against the session's Prefect API: the file's settings, a flag over one of them, the file's text in the
+run's recorded parameters, --layers restricting the effect rows, --name shown in the warehouse's runs and
+the summary; a bad file, or a layer the model does not have, refused in one line before anything runs.
+One study for the module (tiny-llama, hf)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from patchgrid.warehouse.loader import query
 from tests.support.pairs import DATA
-from tests.support.processes import env_for
+from tests.support.processes import cli_here as cli
 
 STUDY_FILE = f"""# two pairs of tiny-llama, its residual stream and heads at three of its four layers, two positions
 model = "tiny-llama"
@@ -27,14 +26,8 @@ name = "from the file"
 """
 
 
-def cli(*args, cwd, timeout=600):
-    env = {**env_for(cwd), "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180"}  # a busy machine starts it slowly
-    return subprocess.run([sys.executable, "-m", "patchgrid", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=cwd, env=env)
-
-
 @pytest.fixture(scope="module")
-def study(tmp_path_factory):
+def study(prefect_api, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("study-file")
     (tmp / "study.toml").write_text(STUDY_FILE)
     wh = tmp / "w.duckdb"
@@ -75,7 +68,7 @@ def test_the_name_is_in_the_runs_and_the_summary(study):
     ("limt = 2\n", "study.toml: unknown setting 'limt' (did you mean 'limit'?)"),  # bad values: test_study_config
     ('model = "tiny-llama"\nlayers = "1,4"\n', "--layers 4: tiny-llama has 4 layers (0-3)"),
 ])
-def test_a_bad_file_or_a_layer_past_the_model_is_refused_in_one_line(tmp_path, content, message):
+def test_a_bad_file_or_a_layer_past_the_model_is_refused_in_one_line(prefect_api, tmp_path, content, message):
     (tmp_path / "study.toml").write_text(content)
     res = cli("study", "--config", "study.toml", "--warehouse", str(tmp_path / "w.duckdb"), cwd=tmp_path)
     assert res.returncode == 2, res.stderr[-3000:]

@@ -1,7 +1,8 @@
-"""`patchgrid report` as a researcher runs it (real processes) on a real sweep of tiny-llama (hf
-backend, two pairs) and on a run that failed after loading its records: by default the latest
-completed run; a failed run's page says why it ended and what it loaded; every figure as PNG, SVG
-and PDF, linked from the page; a cell's pair count in its hover text, "1 pair" where one."""
+"""`patchgrid report` as a researcher runs it, in this process (`patchgrid.cli.main`), on a real sweep
+of tiny-llama (hf backend, two pairs, by `pairs check` and `sweep`) and on a run that failed after loading
+its records: by default the latest completed run; a failed run's page says why it ended and what it
+loaded; every figure as PNG, SVG and PDF, linked from the page; a cell's pair count in its hover text,
+"1 pair" where one. The command as a process of its own: tests/process/cli/test_cli_outputs.py."""
 from __future__ import annotations
 
 import re
@@ -13,17 +14,10 @@ import pytest
 from patchgrid.pairs import read_pairs
 from patchgrid.warehouse.loader import finish_run, load_run, query, start_run
 from tests.support.pairs import DATA
-from tests.support.processes import cli as run_cli
+from tests.support.processes import cli_here as cli
 from tests.support.processes import one_line_error
 
 REASON = "ValueError: no accepted pairs in facts.jsonl (a failure the test wrote)"
-
-
-
-
-
-def cli(*args, cwd, timeout=600):  # a sweep starts an engine
-    return run_cli(*args, cwd=cwd, timeout=timeout)
 
 
 def load_failed_run(wh, pairs, run_id):
