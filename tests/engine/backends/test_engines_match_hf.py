@@ -15,7 +15,8 @@ Rows: the three families the whole suite runs on and every other family (each on
 shown active in test_families.py). Engines that split prompts by chunked prefill: Gemma 2's second row
 (sliding and global layers), in this process, and the one row of each family whose engine runs in
 processes of its own anyway (experts, and the families vLLM runs through its Transformers backend), which
-runs vLLM's multiprocess executor too (so does tiny-llama's in test_vllm_scheduling.py)."""
+runs vLLM's multiprocess executor too (test_vllm_scheduling.py takes OLMo 2's again, for every kind of
+request crossing to its processes)."""
 from __future__ import annotations
 
 import pytest

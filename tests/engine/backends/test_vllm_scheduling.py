@@ -10,7 +10,7 @@ import torch
 
 from patchgrid.plan import LOGPROBS, Noise, Patch, Request, Start, latest_start
 from tests.support.backends import all_keys, assert_results_close, effect_spread
-from tests.support.engines import CHUNKED, needs_vllm
+from tests.support.engines import CHUNKED, OWN_PROCESS_MODELS, needs_vllm, vllm_options
 
 pytestmark = needs_vllm
 MODEL = "tiny-llama"
@@ -120,8 +120,19 @@ def test_prompts_longer_than_a_kv_block_read_no_stale_kv(hf, engines):
     assert (b[3].answer_logits - b[0].answer_logits).abs().max() > 1e-3
 
 
-def test_multiprocess_executor_matches_hf(hf, engines):
-    vl = engines.get(MODEL, "vllm", dtype="float32", multiprocess=True)
+# The engine of vLLM's multiprocess executor: a family whose engine runs in processes of its own anyway, whose
+# engine the session has started already (tests/support/engines.py), chunked too.
+MULTIPROCESS = OWN_PROCESS_MODELS[-1]
+
+
+def _multiprocess(engines):
+    return (engines.get(MULTIPROCESS, "hf", dtype="float32"),
+            engines.get(MULTIPROCESS, "vllm", dtype="float32", **vllm_options(MULTIPROCESS)))
+
+
+def test_multiprocess_executor_matches_hf(engines):
+    hf, vl = _multiprocess(engines)
+    assert vllm_options(MULTIPROCESS)["multiprocess"]
     rng = random.Random(4)
     cleans = [_prompt(rng, 12) for _ in range(3)]
     corrupts = [tuple(c[:3]) + _prompt(rng, 2) + tuple(c[5:]) for c in cleans]
@@ -134,9 +145,8 @@ def test_multiprocess_executor_matches_hf(hf, engines):
     assert_results_close(hf.run([cap]), vl.run([cap]))
 
 
-@pytest.mark.parametrize("options", [CHUNKED, dict(multiprocess=True)],
-                         ids=["chunked_prefill", "multiprocess"])
-def test_path_patching_matches_hf(hf, engines, options):
+@pytest.mark.parametrize("multiprocess", [False, True], ids=["chunked_prefill", "multiprocess"])
+def test_path_patching_matches_hf(engines, multiprocess):
     """Both passes of path patching (the frozen first pass's captures become the second's
     sources), with prompts and their answers split across steps, or crossing to the engine core's
     process."""
@@ -145,7 +155,8 @@ def test_path_patching_matches_hf(hf, engines, options):
     from tests.engine.sweeps.test_paths import assert_rows_close, paths_rows
     from tests.unit.sweeps.test_paths import EVERY
 
-    vl = engines.get(MODEL, "vllm", dtype="float32", **options)
+    hf, vl = _multiprocess(engines) if multiprocess else (engines.get(MODEL, "hf", dtype="float32"),
+                                                          engines.get(MODEL, "vllm", dtype="float32", **CHUNKED))
     rng = random.Random(5)
     clean = _prompt(rng, 45)
     corrupt = tuple(clean[:30]) + _prompt(rng, 2) + tuple(clean[32:])
