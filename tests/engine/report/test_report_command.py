@@ -2,7 +2,7 @@
 of tiny-llama (hf backend, two pairs, by `pairs check` and `sweep`) and on a run that failed after loading
 its records: by default the latest completed run; a failed run's page says why it ended and what it
 loaded; every figure as PNG, SVG and PDF, linked from the page; a cell's pair count in its hover text,
-"1 pair" where one. The command as a process of its own: tests/process/cli/test_cli_outputs.py."""
+"1 pair" where one. The command as a process of its own: tests/process/flows/test_cli_study.py."""
 from __future__ import annotations
 
 import re

@@ -1,5 +1,6 @@
-"""What the commands write, as a researcher runs them (real processes, real files): `query` in every
-format and into a file, missing output folders made, and a failed command leaving no file it made."""
+"""What the commands write, as a researcher runs them (real files; the commands in this process,
+`patchgrid.cli.main`): `query` in every format and into a file, missing output folders made, and a failed
+command leaving no file it made. The commands as processes of their own: tests/process/."""
 from __future__ import annotations
 
 import csv
@@ -13,7 +14,8 @@ from patchgrid.pairs import to_table as pairs_table
 from patchgrid.rows.effects import write_effects
 from patchgrid.warehouse.loader import load_run, start_run
 from tests.support.effect_rows import baseline, make_pair, row
-from tests.support.processes import cli, one_line_error
+from tests.support.processes import cli_here as cli
+from tests.support.processes import one_line_error
 
 ROLES = ["subject_first", "subject_last", "last"]
 SQL = "SELECT run_id, layer, position_role, n_pairs, mean_recovery FROM effect_summary " \

@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 
 from patchgrid.cli import main
-from tests.support.processes import cli, one_line_error
+from tests.support.processes import cli_here as cli
+from tests.support.processes import one_line_error
 
 PAIR = ["--clean", "The capital of France is", "--corrupt", "The capital of Spain is"]
 
@@ -39,7 +40,7 @@ def test_a_model_folder_transformers_refuses_is_one_line_with_its_reason(tmp_pat
         "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 130, "num_attention_heads": 4,
         "num_key_value_heads": 2, "num_hidden_layers": 2, "intermediate_size": 256, "vocab_size": 512}))
     res = cli("patch", "--model", str(folder), *PAIR, "--clean-answer", "Paris", "--corrupt-answer", "Madrid",
-              "--site", "resid", "--backend", "hf", timeout=120)
+              "--site", "resid", "--backend", "hf")
     one_line_error(res, f"model folder {str(folder)!r}: transformers cannot read its config.json: The hidden size "
                         "(130) is not a multiple of the number of attention heads (4).")
     assert len(res.stderr.strip().splitlines()) == 1, res.stderr
