@@ -12,7 +12,6 @@ import pytest
 from patchgrid.backends import engine as engine_module
 from patchgrid.backends.engine import EnginePool
 from tests.support.engines import LIVE_IN_PROCESS, LIVE_OWN_PROCESS, own_processes_of
-from tests.support.processes import cli_here
 from tests.support.tiers import mark_tiers
 from tests.support.workers import (
     check_grouped,
@@ -146,12 +145,6 @@ def prefect_api(prefect_server_api):
 
     with temporary_settings(updates={PREFECT_API_URL: prefect_server_api, PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
         yield
-
-
-@pytest.fixture
-def command_here():
-    """`patchgrid ARGS` run in this process (tests/support/processes.py's cli_here)."""
-    return cli_here
 
 
 @pytest.fixture(autouse=True)

@@ -146,7 +146,7 @@ def test_multiprocess_executor_matches_hf(engines):
 
 
 @pytest.mark.parametrize("multiprocess", [False, True], ids=["chunked_prefill", "multiprocess"])
-def test_path_patching_matches_hf(engines, multiprocess):
+def test_path_patching_matches_hf(hf, chunked, engines, multiprocess):
     """Both passes of path patching (the frozen first pass's captures become the second's
     sources), with prompts and their answers split across steps, or crossing to the engine core's
     process."""
@@ -155,8 +155,7 @@ def test_path_patching_matches_hf(engines, multiprocess):
     from tests.engine.sweeps.test_paths import assert_rows_close, paths_rows
     from tests.unit.sweeps.test_paths import EVERY
 
-    hf, vl = _multiprocess(engines) if multiprocess else (engines.get(MODEL, "hf", dtype="float32"),
-                                                          engines.get(MODEL, "vllm", dtype="float32", **CHUNKED))
+    hf, vl = _multiprocess(engines) if multiprocess else (hf, chunked)
     rng = random.Random(5)
     clean = _prompt(rng, 45)
     corrupt = tuple(clean[:30]) + _prompt(rng, 2) + tuple(clean[32:])

@@ -7,27 +7,20 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from patchgrid.metrics import METRICS
 from patchgrid.pipeline.spec import default_run_id
 from patchgrid.pipeline.steps import model_sha256
 from patchgrid.sweeps import SweepConfig
 from tests.support.engines import needs_vllm
 from tests.support.pairs import cf, write_jsonl
-
-
-@pytest.fixture
-def run(command_here):
-    return command_here
-
+from tests.support.processes import cli_here as run
 
 PAIR = ["--clean", "The capital of France is", "--corrupt", "The capital of Spain is",
         "--clean-answer", " Paris", "--corrupt-answer", " Madrid"]
 
 
 @needs_vllm
-def test_patch_json_on_vllm_matches_hf(run):
+def test_patch_json_on_vllm_matches_hf():
     args = ["patch", "--model", "tiny-llama", *PAIR, "--site", "resid", "--json"]
     out_v, out_h = (run(*args, "--backend", backend) for backend in ("vllm", "hf"))
     assert out_v.returncode == 0, out_v.stderr
@@ -55,7 +48,7 @@ def _facts(tmp_path, facts=FACTS):
     return write_jsonl(tmp_path / "facts.jsonl", [cf(i, s, a) for i, (s, a) in enumerate(facts)])
 
 
-def test_pairs_check_prints_counts_and_writes_table(run, tmp_path):
+def test_pairs_check_prints_counts_and_writes_table(tmp_path):
     import pyarrow.parquet as pq
 
     src = _facts(tmp_path)
@@ -71,7 +64,7 @@ def test_pairs_check_prints_counts_and_writes_table(run, tmp_path):
     assert statuses[3] == "rejected" and statuses.count("accepted") >= 2
 
 
-def test_pairs_check_answer_policy(run, tmp_path):
+def test_pairs_check_answer_policy(tmp_path):
     import pyarrow.parquet as pq
 
     src = _facts(tmp_path, [("France", "Paris"), ("Germany", "Berlin"), ("Nigeria", "Abuja"), ("Ghana", "Accra")])
@@ -91,17 +84,17 @@ def test_pairs_check_answer_policy(run, tmp_path):
     assert res_whole.returncode == 2 and "invalid choice: 'whole'" in res_whole.stderr
 
 
-def _pairs_table(run):
+def _pairs_table():
     """pairs.parquet in the working folder, from facts.jsonl there, made without asking the model."""
     res = run("pairs", "check", "--model", "tiny-llama", "--pairs", "facts.jsonl", "--out", "pairs.parquet",
               "--no-require-known")
     assert res.returncode == 0, res.stderr
 
 
-def test_sweep_loads_its_rows_into_a_warehouse_that_query_and_report_read(run, tmp_path, monkeypatch):
+def test_sweep_loads_its_rows_into_a_warehouse_that_query_and_report_read(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     _facts(tmp_path)
-    _pairs_table(run)
+    _pairs_table()
     sweep = ["sweep", "--model", "tiny-llama", "--backend", "hf", "--pairs-table", "pairs.parquet", "--limit", "2",
              "--sweeps", "resid", "--warehouse", "results/w.duckdb", "--out", "rows/effects.parquet"]  # folders made
     # refused before any work: no warehouse, no cache, no effects file left behind
@@ -149,7 +142,7 @@ def test_sweep_loads_its_rows_into_a_warehouse_that_query_and_report_read(run, t
     assert twice.stdout.splitlines()[1] == "1,2"
 
 
-def test_sweep_runs_causal_tracing_on_the_facts_the_model_knows_alone(run, tmp_path, monkeypatch):
+def test_sweep_runs_causal_tracing_on_the_facts_the_model_knows_alone(tmp_path, monkeypatch):
     """As a study does: each kind on its population, tracing on the facts the model knows alone (partner
     or not, accepted as a pair or not), the other kinds on the accepted pairs."""
     from patchgrid.pairs import accepted_pairs, read_pairs, traced_facts
@@ -181,7 +174,7 @@ def test_sweep_runs_causal_tracing_on_the_facts_the_model_knows_alone(run, tmp_p
 
 
 @needs_vllm
-def test_attention_json_on_vllm_matches_hf(run):
+def test_attention_json_on_vllm_matches_hf():
     """Gemma 2's sliding windows and soft-capped scores: the weights vLLM's worker computes from its
     kernel's q and k against transformers' attention, query rows by key columns."""
     text = "The capital of France is Paris, and the capital of Germany is Berlin; the capital of Spain is"

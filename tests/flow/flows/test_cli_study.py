@@ -14,12 +14,13 @@ from patchgrid.warehouse.loader import query
 from tests.support.engines import needs_vllm
 from tests.support.pairs import DATA
 from tests.support.paths import REPO
+from tests.support.processes import cli_here
 
 
 @pytest.fixture
-def run(prefect_api, command_here):
+def run(prefect_api):
     """`patchgrid ARGS` run here, against the session's Prefect API."""
-    return command_here
+    return cli_here
 
 
 def test_prefect_yaml_deploys_the_study_flow_on_cron_schedules():
