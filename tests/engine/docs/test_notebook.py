@@ -1,5 +1,7 @@
 """The example notebook (docs/examples/study.ipynb) runs top to bottom in a real Jupyter kernel (nbclient,
-ipykernel's python3 of this environment), in a folder of its own, with Prefect's temporary API."""
+ipykernel's python3 of this environment), in a folder of its own, against the session's Prefect server.
+(Where no server is set, as in a user's first notebook, a study starts Prefect's temporary one: the
+two studies of tests/process/test_concurrency.py run it that way.)"""
 from __future__ import annotations
 
 import time
@@ -7,7 +9,7 @@ import time
 from tests.support.paths import REPO
 
 NOTEBOOK = REPO / "docs" / "examples" / "study.ipynb"
-CELL_TIMEOUT_S = 300  # one cell (the study: Prefect's temporary server, the model, two pairs) at most
+CELL_TIMEOUT_S = 300  # one cell (the study: the model, two pairs) at most
 TOTAL_S = 600
 
 
@@ -20,16 +22,14 @@ def _text(cell) -> str:
     return "".join(out)
 
 
-def test_the_example_notebook_runs(tmp_path, monkeypatch):
+def test_the_example_notebook_runs(prefect_server_api, tmp_path, monkeypatch):
     import nbformat
     from nbclient import NotebookClient
 
-    # the kernel inherits this environment: Prefect's temporary server, with its database here
-    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    # the kernel inherits this environment: the session's Prefect server, a Prefect home of its own
+    monkeypatch.setenv("PREFECT_API_URL", prefect_server_api)
     monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect"))
     monkeypatch.setenv("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    # a fresh database is made as the server starts: more than Prefect's 20 s on a busy machine
-    monkeypatch.setenv("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     nb = nbformat.read(NOTEBOOK, as_version=4)
     client = NotebookClient(nb, timeout=CELL_TIMEOUT_S, startup_timeout=120, kernel_name="python3",
                             resources={"metadata": {"path": str(tmp_path)}})

@@ -38,10 +38,10 @@ STUDY = {"model": "tiny-llama", "pairs": str(DATA), "limit": 1, "require_known":
 UP_TIMEOUT_S = 120  # a server answering, a deployment registered
 START_TIMEOUT_S = 150  # from registration to the first run starting: the next minute boundary, and polling
 RUN_TIMEOUT_S = 240  # the study itself
-# A run of the served deployment that outlasts the one-minute interval on any machine here (every pair of the
-# data set, three sweeps, one pair per sweep task: minutes where a minute has to pass; 400 pairs of one sweep
-# once ended within the minute on a quicker CPU); it is cancelled once the run due while it runs has been settled.
-LONG_RUN = {"limit": None, "shard_size": 1, "sweep": {"sweeps": ["resid", "attn_out", "mlp_out"]}}
+# A run of the served deployment that outlasts the one-minute interval on any machine, at no cost of CPU: its
+# data set is a named pipe that nothing writes, so the run, started, waits at reading its pairs (a study's data
+# arriving slowly, as from a network share) until it is cancelled, once the run due while it runs has been settled.
+LONG_RUN_PIPE = "pairs-never-written.jsonl"
 LATE_TIMEOUT_S = 150  # from the schedule's resumption to the next due run settled: a minute boundary, polling
 LIMIT_REACHED = "Deployment concurrency limit reached."
 
@@ -241,7 +241,7 @@ def test_serve_on_a_cron_schedule_runs_the_study_with_no_hand_made_run_and_skips
         long_run, late = skip_a_run_due_while_a_long_one_runs(client, deployment, processes)
         # the late run was turned away while the long run still ran (serve submits a due run 10 s early)
         assert late.state.timestamp < long_run.end_time, \
-            f"the long run ended before the next run was settled, in {long_run.total_run_time}: make LONG_RUN longer"
+            f"the long run ended before the next run was settled, in {long_run.total_run_time}: it waits on a pipe"
         assert late.state.is_cancelled() and late.state.message == LIMIT_REACHED, late.state
         history = [s.type.value for s in client.read_flow_run_states(late.id)]
         assert history == ["SCHEDULED", "CANCELLED"], history  # it never ran
@@ -264,8 +264,9 @@ def skip_a_run_due_while_a_long_one_runs(client, deployment, processes: Processe
     the minute, would have met.)"""
     from prefect.states import Cancelling
 
-    spec = {**deployment.parameters["spec"], **LONG_RUN,
-            "warehouse": str(processes.tmp_path / "long.duckdb")}
+    pipe = processes.tmp_path / LONG_RUN_PIPE
+    os.mkfifo(pipe)
+    spec = {**deployment.parameters["spec"], "pairs": str(pipe), "warehouse": str(processes.tmp_path / "long.duckdb")}
     long_run = client.create_flow_run_from_deployment(deployment.id, parameters={"spec": spec})
 
     def running():
@@ -286,7 +287,7 @@ def skip_a_run_due_while_a_long_one_runs(client, deployment, processes: Processe
     # already ended would be forced back to cancelling with no process left to stop
     ended = client.read_flow_run(long_run.id)
     assert not ended.state.is_final(), \
-        f"the long run ended ({ended.state.type.value}) before the next run was settled: make LONG_RUN longer"
+        f"the long run ended ({ended.state.type.value}) before the next run was settled: it should wait on its pipe"
     client.set_flow_run_state(long_run.id, Cancelling(), force=True)
 
     def stopped():

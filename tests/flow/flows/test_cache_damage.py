@@ -1,14 +1,13 @@
 """A damaged activation cache heals itself: checksums written with it find a truncated or
-bit-flipped file; it is discarded and rebuilt, and the study completes with the same effects."""
+bit-flipped file; it is discarded and rebuilt, and the study completes with the same effects.
+`patchgrid study` runs in this process, against the session's Prefect API (nothing here needs a
+process of its own: the damage is done between studies)."""
 from __future__ import annotations
 
 import shutil
-import subprocess
 
-from tests.support.engines import needs_vllm
-from tests.support.processes import env_for, study_args, tables
+from tests.support.processes import cli_here, study_args, tables
 
-pytestmark = needs_vllm
 # the hf backend: a cache's checks and rebuild are the same on every backend, and hf starts in a second
 EXTRA = ("--limit", "2", "--sweeps", "resid,mlp_out", "--shard-size", "2", "--backend", "hf")
 
@@ -24,18 +23,21 @@ def flip_a_bit(path):
     path.write_bytes(bytes(data))
 
 
-def test_a_damaged_cache_is_rebuilt_and_the_study_completes(tmp_path):
-    env, work = env_for(tmp_path), tmp_path / "work"
-    ref = subprocess.run(study_args(tmp_path, tmp_path / "ref.duckdb", work, *EXTRA), env=env, cwd=tmp_path,
-                         capture_output=True, text=True, timeout=600)
+def _study(tmp_path, warehouse, work):
+    # study_args' command line, less the interpreter and `-m patchgrid`
+    return cli_here(*study_args(tmp_path, warehouse, work, *EXTRA)[3:], cwd=tmp_path)
+
+
+def test_a_damaged_cache_is_rebuilt_and_the_study_completes(prefect_api, tmp_path):
+    work = tmp_path / "work"
+    ref = _study(tmp_path, tmp_path / "ref.duckdb", work)
     assert ref.returncode == 0, ref.stderr[-3000:]
     for damage in (truncate, flip_a_bit):
         (clean,) = work.glob("cache/*/clean.arrow")
         damage(clean)
         shutil.rmtree(work / "runs")  # the shards must be swept again, from the cache
         wh = tmp_path / f"{damage.__name__}.duckdb"
-        res = subprocess.run(study_args(tmp_path, wh, work, *EXTRA), env=env, cwd=tmp_path, capture_output=True,
-                             text=True, timeout=600)
+        res = _study(tmp_path, wh, work)
         assert res.returncode == 0, res.stderr[-3000:]
         (rebuilt,) = work.glob("cache/*/clean.arrow")
         assert rebuilt.stat().st_size > 0 and "Traceback" not in res.stderr
