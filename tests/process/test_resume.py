@@ -5,7 +5,7 @@ import subprocess
 import time
 
 from tests.support.engines import needs_vllm
-from tests.support.processes import env_for, kill9, start, study_args, tables, wait_for
+from tests.support.processes import cli_here, env_for, kill9, start, study_args, study_cli_args, tables, wait_for
 
 pytestmark = needs_vllm
 # the hf backend: what resumes is the cache and the shards, the same on every backend (hf starts in a second)
@@ -13,11 +13,11 @@ EXTRA = ("--limit", "6", "--shard-size", "1", "--sweeps", "resid,heads,trace", "
          "--backend", "hf")
 
 
-def test_kill9_mid_sweep_then_resume_matches_an_uninterrupted_run(tmp_path):
+def test_kill9_mid_sweep_then_resume_matches_an_uninterrupted_run(prefect_api, tmp_path):
     env = env_for(tmp_path)
-    # the reference: the same study, never interrupted, in its own work folder and warehouse
-    ref = subprocess.run(study_args(tmp_path, tmp_path / "ref.duckdb", tmp_path / "ref-work", *EXTRA), env=env,
-                         cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    # the reference: the same study, never interrupted, in its own work folder and warehouse (run in this
+    # process: only the study that is killed and resumed needs a process of its own)
+    ref = cli_here(*study_cli_args(tmp_path / "ref.duckdb", tmp_path / "ref-work", *EXTRA), cwd=tmp_path)
     assert ref.returncode == 0, ref.stderr[-3000:]
 
     wh, work = tmp_path / "w.duckdb", tmp_path / "work"

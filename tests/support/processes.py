@@ -14,9 +14,15 @@ import duckdb
 from tests.support.pairs import DATA
 
 
+def study_cli_args(warehouse: Path, workdir: Path, *extra: str) -> list[str]:
+    """`patchgrid study`'s words for a tiny-llama study of the shipped facts: for cli_here, in this process."""
+    return ["study", "--model", "tiny-llama", "--pairs", str(DATA), "--no-require-known", "--warehouse",
+            str(warehouse), "--workdir", str(workdir), *extra]
+
+
 def study_args(tmp: Path, warehouse: Path, workdir: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "patchgrid", "study", "--model", "tiny-llama", "--pairs", str(DATA),
-            "--no-require-known", "--warehouse", str(warehouse), "--workdir", str(workdir), *extra]
+    """The same study as a process of its own."""
+    return [sys.executable, "-m", "patchgrid", *study_cli_args(warehouse, workdir, *extra)]
 
 
 def env_for(tmp: Path, temporary_server: bool = False) -> dict:

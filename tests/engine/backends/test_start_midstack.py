@@ -3,7 +3,7 @@ the clean stream, tracing from the noised run, each equal to the full forward an
 puts the start layer back; an engine asked for full forwards ignores starts. Every site at every
 layer started, against the full forward and hf, family by family: test_engines_match_hf; chunked
 prefill, many steps and the multiprocess executor with starts: test_vllm_scheduling; tensor
-parallelism: test_tensor_parallel."""
+parallelism: test_vllm_tensor_parallel."""
 from __future__ import annotations
 
 import pytest

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import shutil
 
-from tests.support.processes import cli_here, study_args, tables
+from tests.support.processes import cli_here, study_cli_args, tables
 
 # the hf backend: a cache's checks and rebuild are the same on every backend, and hf starts in a second
 EXTRA = ("--limit", "2", "--sweeps", "resid,mlp_out", "--shard-size", "2", "--backend", "hf")
@@ -24,8 +24,7 @@ def flip_a_bit(path):
 
 
 def _study(tmp_path, warehouse, work):
-    # study_args' command line, less the interpreter and `-m patchgrid`
-    return cli_here(*study_args(tmp_path, warehouse, work, *EXTRA)[3:], cwd=tmp_path)
+    return cli_here(*study_cli_args(warehouse, work, *EXTRA), cwd=tmp_path)
 
 
 def test_a_damaged_cache_is_rebuilt_and_the_study_completes(prefect_api, tmp_path):

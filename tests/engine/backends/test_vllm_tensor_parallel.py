@@ -1,7 +1,15 @@
-"""Tensor parallelism: reads of z gathered across ranks, writes landing on the rank that holds the head."""
+"""Tensor parallelism: reads of z gathered across ranks, writes landing on the rank that holds the head.
+
+The engine runs in processes of its own (a core and a rank a core), like the three families that always do
+(tests/support/engines.py's OWN_PROCESS_MODELS): the session keeps three such engines alive, so this one,
+used here alone, is closed once the test is done, and its file runs after every other backends file that
+takes those three (its name sorts after test_vllm_scheduling.py's), so that it pushes out the one no later
+test takes."""
 from __future__ import annotations
 
 import dataclasses
+
+import pytest
 
 from patchgrid.cache import stream_keys
 from patchgrid.plan import LOGPROBS, Request
@@ -9,12 +17,20 @@ from tests.support.backends import all_keys, assert_results_close, effect_spread
 from tests.support.engines import needs_vllm, start_layers
 from tests.support.workers import all_cores
 
+TP = dict(dtype="float32", tensor_parallel_size=2)
+
+
+@pytest.fixture
+def tp(engines):
+    with all_cores():  # a rank a core (under `make test` a worker has one of its own)
+        engine = engines.get("tiny-llama", "vllm", **TP)
+    yield engine
+    engines.drop("tiny-llama", "vllm", **TP)
+
 
 @needs_vllm
-def test_tensor_parallel_2_on_cpu_matches_hf(engines):
+def test_tensor_parallel_2_on_cpu_matches_hf(engines, tp):
     hf = engines.get("tiny-llama", "hf", dtype="float32")
-    with all_cores():  # a rank a core (under `make test` a worker has one of its own)
-        tp = engines.get("tiny-llama", "vllm", dtype="float32", tensor_parallel_size=2)
     clean = (21, 7, 143, 88, 301, 12, 9, 40)
     corrupt = (21, 7, 250, 61, 301, 12, 9, 40)
     cap = Request(tokens=clean, answers=(5, 77), capture=tuple(all_keys(hf.shape, pattern=False)))
