@@ -10,14 +10,14 @@ cores busy, each with the session fixtures of its own (its engine pool):
 - every other test file is a group of its own (its module fixtures built once), handed to whichever
   worker is free.
 
-Groups are handed out heaviest first (the Ray module, about as long as the shared engines' group, so that
-the two start at once on different workers; then the shared engines', then the process, flow, engine and
-unit tiers, `--no-loadscope-reorder` keeping that order), so that the run ends on small unit files, not on
-a worker still busy with a study while the other waits. Each worker, and every process it starts, runs on
-a core of its own with one thread (`one_core_each`): two processes of two threads each on two cores
-lose more to each other (OpenMP threads spinning while the other process has the core) than either
-gains from its second thread on these tiny models; what needs two cores (a tensor-parallel engine's
-ranks) starts inside `all_cores()`.
+Groups are handed out heaviest first (the Ray module, whose cluster's processes run beside the other
+worker's, and the shared engines' group, so that the two start at once on different workers; then the
+process, flow, engine and unit tiers, `--no-loadscope-reorder` keeping that order), so that the run ends
+on small unit files, not on a worker still busy with a study while the other waits. Each worker, and
+every process it starts, runs on a core of its own with one thread (`one_core_each`): two processes of
+two threads each on two cores lose more to each other (OpenMP threads spinning while the other process
+has the core) than either gains from its second thread on these tiny models; what needs two cores (a
+tensor-parallel engine's ranks) starts inside `all_cores()`.
 
 Without `-n` (a tier or a file run alone) the groups and the order change nothing. The engines a worker started
 reach the controller's summary through xdist's worker output (`engine starts`, tests/conftest.py).

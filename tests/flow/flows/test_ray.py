@@ -152,10 +152,13 @@ def _failing(*, engine):
     raise RuntimeError("this engine's work failed")
 
 
-# The bound on every wait of the test below, which its stuck call waits out: several times what an actor's
-# start or an hf engine's start (the longest of its other waits) takes on a 2-core machine (3 s; once over 20 s
-# with three test processes sharing the two cores).
+# The bound on every wait of the test below but its stuck call: several times what an actor's start or an hf
+# engine's start (the longest of its waits) takes on a 2-core machine (3 s; once over 20 s with three test
+# processes sharing the two cores).
 STUCK_TIMEOUT_S = 30
+# The stuck call's own bound, which it waits out: its actor has started and its engine answered already, so
+# nothing but the stuck work itself takes this long.
+STUCK_CALL_TIMEOUT_S = 5
 
 
 def test_a_stuck_call_times_out_and_a_failed_engine_is_replaced(cluster, tmp_path):
@@ -175,8 +178,10 @@ def test_a_stuck_call_times_out_and_a_failed_engine_is_replaced(cluster, tmp_pat
                             timeout_s=STUCK_TIMEOUT_S) as engines:
                 layers = engines.run(using_engine(_slow, 0))
                 assert layers > 0
-                with pytest.raises(TimeoutError, match=f"ray_timeout_s {STUCK_TIMEOUT_S} s"):
+                engines.timeout_s = STUCK_CALL_TIMEOUT_S
+                with pytest.raises(TimeoutError, match=f"ray_timeout_s {STUCK_CALL_TIMEOUT_S} s"):
                     engines.run(using_engine(_slow, 60))
+                engines.timeout_s = STUCK_TIMEOUT_S  # the replacement's start, and the calls after
                 assert engines.names()[0].endswith("-0.2"), "the stuck actor was not replaced"
                 with pytest.raises(RuntimeError, match="this engine's work failed"):
                     engines.run(using_engine(_failing))
