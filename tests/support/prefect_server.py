@@ -3,9 +3,10 @@
 A study run as a command with no server to talk to starts Prefect's temporary server and, in a fresh
 PREFECT_HOME, migrates its database first: about 12 s of each CLI study in the tests (measured: 22.5 s
 against 10.5 s for a one-pair study on the hf backend). The tests' studies report to this server
-instead, as a researcher's do to the server of a cluster or a schedule. The temporary server's own
-path stays tested where it is the point: tests/process/test_concurrency.py (two studies migrating
-one PREFECT_HOME at once), tests/engine/docs/test_notebook.py and the `serve` tests, which start their own.
+instead, as a researcher's do to the server of a cluster or a schedule (so does the example notebook's
+kernel, tests/engine/docs/test_notebook.py). The temporary server's own path stays tested where it is the
+point: tests/process/test_concurrency.py (two studies migrating one PREFECT_HOME at once), and the
+`serve` tests, which start their own.
 """
 from __future__ import annotations
 
