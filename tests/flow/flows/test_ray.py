@@ -385,10 +385,9 @@ def test_a_study_on_the_cluster_survives_a_killed_actor_and_a_dead_node(cluster,
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", refuse)
     with ActorAndNodeDie(cluster, tmp_path / "work") as faults:
         study(_ray_spec(cluster, tmp_path))
-    total = len(_provenance(tmp_path / "work"))
-    assert [kind for kind, _, _ in faults.done] == ["actor", "node"]
-    assert all(at < total for _, _, at in faults.done), f"a fault came after the last shard: {faults.done}"
-    _same_data(tmp_path / "ray.duckdb", local_run)
     served = _provenance(tmp_path / "work")
+    assert [kind for kind, _, _ in faults.done] == ["actor", "node"]
+    assert all(at < len(served) for _, _, at in faults.done), f"a fault came after the last shard: {faults.done}"
+    _same_data(tmp_path / "ray.duckdb", local_run)
     assert all(s["cuda_visible_devices"] is not None for s in served)
     assert _alive_actors(cluster) == [], "the run's actors outlived it"

@@ -287,7 +287,7 @@ def skip_a_run_due_while_a_long_one_runs(client, deployment, processes: Processe
     # already ended would be forced back to cancelling with no process left to stop
     ended = client.read_flow_run(long_run.id)
     assert not ended.state.is_final(), \
-        f"the long run ended ({ended.state.type.value}) before the next run was settled: it should wait on its pipe"
+        f"the long run ended ({ended.state.type.value}) before the next run was settled: it waits on a pipe"
     client.set_flow_run_state(long_run.id, Cancelling(), force=True)
 
     def stopped():
