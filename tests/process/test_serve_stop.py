@@ -2,7 +2,10 @@
 process group) and as a scheduler does (SIGTERM to the command's process alone), leaving no process: not
 its Prefect server, not its supervised child (patchgrid/cli/supervise.py). Both served at once, on a cron
 far in the future, each with its own Prefect server on a free port; the one stopped by SIGTERM has a run in
-flight, made by hand, which is stopped too and recorded as cancelled."""
+flight, made by hand, which is stopped too and recorded as cancelled. The one stopped by Ctrl-C is served
+with a limit and an overlap of its own, which its deployment is read back with before it stops (the
+default's, and the skip it makes, shown by tests/process/flows/test_schedule.py; prefect.yaml's:
+tests/flow/flows/test_schedule_overlap.py; a limit below one refused: tests/unit/cli/test_refusals.py)."""
 from __future__ import annotations
 
 import os
@@ -55,7 +58,8 @@ def served(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("serve")
     # the run in flight must outlast the Ctrl-C test that goes first (up to STOP_S) on a quick CPU too: 16 pairs
     # once ended before its SIGTERM came
-    both = {"ctrl_c": _serve(tmp_path, "ctrl_c", "--limit", "1", "--sweeps", "resid"),
+    both = {"ctrl_c": _serve(tmp_path, "ctrl_c", "--limit", "1", "--sweeps", "resid", "--concurrency-limit", "2",
+                             "--on-overlap", "wait"),
             "sigterm": _serve(tmp_path, "sigterm", "--limit", "64", "--sweeps", "resid,heads")}
     sessions = {}
     try:
@@ -65,7 +69,7 @@ def served(tmp_path_factory):
         _run_until_sweeping(port, proc, log)
         for how, (proc, *_) in both.items():
             sessions[how] = sessions_of(proc)
-        yield {how: (proc, log, sessions[how], wh) for how, (proc, log, _, wh) in both.items()}
+        yield {how: (proc, log, sessions[how], wh, port) for how, (proc, log, port, wh) in both.items()}
     finally:
         for proc, log, _, _ in both.values():
             if proc.poll() is None:
@@ -108,15 +112,27 @@ def _stops(proc, log, sessions, send) -> None:
     assert left == [], f"left running: {left}"
 
 
+def test_serve_registers_the_limit_and_overlap_asked_for(served):
+    from prefect.client.orchestration import SyncPrefectClient
+    from prefect.client.schemas.objects import ConcurrencyLimitStrategy
+
+    proc, log, _, _, port = served["ctrl_c"]
+    with SyncPrefectClient(f"http://127.0.0.1:{port}/api") as client:
+        deployment = client.read_deployment_by_name("study/patchgrid-study")
+    assert deployment.global_concurrency_limit.limit == 2
+    assert deployment.concurrency_options.collision_strategy == ConcurrencyLimitStrategy.ENQUEUE
+    assert "at most 2 runs at once; a run due while 2 are running waits" in _text(log)
+
+
 def test_serve_stops_on_the_first_ctrl_c_at_a_terminal(served):
-    proc, log, sessions, _ = served["ctrl_c"]
+    proc, log, sessions, _, _ = served["ctrl_c"]
     _stops(proc, log, sessions, lambda pid: os.killpg(pid, signal.SIGINT))  # the whole group, once
     assert proc.returncode == 128 + signal.SIGINT
     assert _text(log).strip().splitlines()[-1].startswith("patchgrid: stopped by SIGINT")
 
 
 def test_serve_stops_on_sigterm_to_its_process_and_its_run_in_flight_is_cancelled(served):
-    proc, log, sessions, wh = served["sigterm"]
+    proc, log, sessions, wh, _ = served["sigterm"]
     _stops(proc, log, sessions, lambda pid: os.kill(pid, signal.SIGTERM))  # as Kubernetes and Slurm send it
     assert proc.returncode == 128 + signal.SIGTERM
     assert _text(log).strip().splitlines()[-1].startswith("patchgrid: stopped by SIGTERM")

@@ -33,6 +33,9 @@ LIVE_OWN_PROCESS = 3
 # check is the data set and the method's shapes, not a dtype; the bf16 engine itself is checked against
 # hf in tests/engine/pipeline/test_patching.py and tests/engine/backends/test_float32_logits.py on every machine.
 PRETRAINED_SLOW_DTYPE = machine_dtype(None)[0]
+# The options those two cases start the model's vLLM engine with: none where that dtype is the model's own (an
+# engine's default dtype, "auto"), so that they share the engine the bf16 checks start.
+PRETRAINED_SLOW = {} if PRETRAINED_SLOW_DTYPE == "auto" else {"dtype": PRETRAINED_SLOW_DTYPE}
 
 
 @functools.cache

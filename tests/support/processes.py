@@ -62,6 +62,20 @@ def descendants(pid: int) -> list[int]:
         return []
 
 
+def engine_cores(pid: int) -> list[int]:
+    """The vLLM engine core processes `pid` started (those of its engines in processes of their own)."""
+    import psutil
+
+    found = []
+    for child in psutil.Process(pid).children():
+        try:
+            if "EngineCore" in " ".join(child.cmdline()):
+                found.append(child.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
 def _alive(pids: list[int]) -> list[int]:
     alive = []
     for pid in pids:

@@ -5,7 +5,7 @@
                              (a model's forward and backward in process, Chromium, a whole report rendered)
     flow     tests/flow/     runs Prefect flows in this process against the session's Prefect API
     process  tests/process/  runs patchgrid as processes of its own: the command line, `serve`, workers, a
-                             wheel installed into a fresh venv, processes killed, engines dying
+                             wheel installed into a fresh venv, processes killed
 
 Each is marked with its tier at collection (`pytest -m engine`), so that a tier runs alone; a test
 file never names its tier. `slow` (the pretrained smollm2-135m model) is independent of the tier.

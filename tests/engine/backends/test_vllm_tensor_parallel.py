@@ -1,13 +1,18 @@
-"""Tensor parallelism: reads of z gathered across ranks, writes landing on the rank that holds the head.
+"""Tensor parallelism: reads of z gathered across ranks, writes landing on the rank that holds the head;
+and, once those are checked, the engine's core killed: the call waiting on it fails instead of hanging.
 
 The engine runs in processes of its own (a core and a rank a core), like the three families that always do
 (tests/support/engines.py's OWN_PROCESS_MODELS): the session keeps three such engines alive, so this one,
-used here alone, is closed once the test is done, and its file runs after every other backends file that
-takes those three (its name sorts after test_vllm_scheduling.py's), so that it pushes out the one no later
-test takes."""
+used here alone, is closed once the file's tests are done, and its file runs after every other backends
+file that takes those three (its name sorts after test_vllm_scheduling.py's), so that it pushes out the one
+no later test takes."""
 from __future__ import annotations
 
 import dataclasses
+import os
+import signal
+import threading
+import time
 
 import pytest
 
@@ -15,21 +20,25 @@ from patchgrid.cache import stream_keys
 from patchgrid.plan import LOGPROBS, Request
 from tests.support.backends import all_keys, assert_results_close, effect_spread, every_site_requests, starting
 from tests.support.engines import needs_vllm, start_layers
+from tests.support.processes import engine_cores
 from tests.support.workers import all_cores
 
 TP = dict(dtype="float32", tensor_parallel_size=2)
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def tp(engines):
+    """The engine, and the engine core process it runs in (this process's one started with it)."""
+    before = set(engine_cores(os.getpid()))
     with all_cores():  # a rank a core (under `make test` a worker has one of its own)
         engine = engines.get("tiny-llama", "vllm", **TP)
-    yield engine
-    engines.drop("tiny-llama", "vllm", **TP)
+    yield engine, sorted(set(engine_cores(os.getpid())) - before)
+    engines.drop("tiny-llama", "vllm", **TP)  # closing it, dead: it must not wait on its processes
 
 
 @needs_vllm
 def test_tensor_parallel_2_on_cpu_matches_hf(engines, tp):
+    tp, _ = tp
     hf = engines.get("tiny-llama", "hf", dtype="float32")
     clean = (21, 7, 143, 88, 301, 12, 9, 40)
     corrupt = (21, 7, 250, 61, 301, 12, 9, 40)
@@ -63,3 +72,22 @@ def test_tensor_parallel_2_on_cpu_matches_hf(engines, tp):
     assert all(r.logsumexp is None and r.answer_ranks == [] for r in got)
     assert max((x.answer_logits - y.answer_logits).abs().max().item() for x, y in zip(want, got)) <= 1e-4
 
+
+
+@needs_vllm
+def test_a_killed_engine_core_fails_the_waiting_call_instead_of_hanging(tp):
+    """vLLM's sync client, when its engine core process is killed (the OOM killer, say; its ranks die with
+    it), shuts its output thread down silently and a waiting generate would wait for ever; patchgrid wakes
+    it, and refuses the engine's later calls. (Last in the file: the engine is dead after it.)"""
+    engine, cores = tp
+    assert cores, "no engine core process of this engine"
+    requests = [Request(tokens=tuple(range(3, 200)), answers=(6,)) for _ in range(3000)]
+    engine.run(requests[:1])
+    timer = threading.Timer(2.0, lambda: [os.kill(pid, signal.SIGKILL) for pid in cores])
+    timer.start()
+    started = time.monotonic()
+    with pytest.raises(Exception, match="EngineCore|engine core process died"):
+        engine.run(requests)
+    assert time.monotonic() - started < 60
+    with pytest.raises(RuntimeError, match="failed in an earlier call"):
+        engine.run(requests[:1])

@@ -6,7 +6,7 @@ import pytest
 
 from patchgrid.pairs import build_pairs, read_source
 from patchgrid.plan import Request
-from tests.support.engines import PRETRAINED_SLOW_DTYPE, needs_vllm
+from tests.support.engines import PRETRAINED_SLOW, needs_vllm
 from tests.support.pairs import write_jsonl
 from tests.unit.pairs.test_known import DATA
 
@@ -126,7 +126,7 @@ def test_full_answers_are_judged_by_their_whole_log_probability(tmp_path, engine
 @pytest.mark.slow
 @needs_vllm
 def test_shipped_pairs_known_to_smollm2(engines, tokenizers):
-    engine = CountingEngine(engines.get("smollm2-135m", "vllm", dtype=PRETRAINED_SLOW_DTYPE))
+    engine = CountingEngine(engines.get("smollm2-135m", "vllm", **PRETRAINED_SLOW))
     fmt, recs = read_source(str(DATA))
     rows = build_pairs(recs, tokenizers("smollm2-135m"), max_len=engine.shape.max_len, engine=engine,
                        require_known=True)

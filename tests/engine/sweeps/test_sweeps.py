@@ -11,7 +11,7 @@ from patchgrid.cache import CacheError, load_or_build
 from patchgrid.metrics import METRICS
 from patchgrid.rows.shapes import EFFECT_SHAPES, KNOCKOUT_DIRECTION, KNOCKOUT_SITE
 from patchgrid.sweeps import SWEEP_KINDS, SweepConfig, cache_spec, count_runs, run_sweeps, trace_window
-from tests.support.engines import PRETRAINED_SLOW_DTYPE, needs_vllm
+from tests.support.engines import PRETRAINED_SLOW, needs_vllm
 from tests.support.pairs import noise_std_for, shipped_pairs
 
 ALL = SweepConfig(sweeps=("resid", "attn_out", "mlp_out", "heads", "trace"), trace_samples=2, max_requests=700)
@@ -177,7 +177,7 @@ def _mean_by(rows, sweep, site):
 @pytest.mark.slow
 @needs_vllm
 def test_smollm2_shapes_averaged_over_pairs(tmp_path, engines, tokenizers):
-    engine = engines.get("smollm2-135m", "vllm", dtype=PRETRAINED_SLOW_DTYPE)
+    engine = engines.get("smollm2-135m", "vllm", **PRETRAINED_SLOW)
     pairs = shipped_pairs(tokenizers("smollm2-135m"), 10, engine=engine, max_len=engine.shape.max_len)
     assert len({p.relation for p in pairs}) >= 8
     cfg = SweepConfig(sweeps=("resid", "trace"), resid_directions=("denoise",), trace_samples=2,

@@ -1,6 +1,6 @@
 """Scheduled runs that would overlap, in prefect.yaml: each deployment runs one run at a time,
 and a run due while it runs is skipped (Prefect's CANCEL_NEW), as Prefect's own schema reads the
-file. `patchgrid serve`'s limit and overlap, registered as asked: tests/process/flows/test_schedule_overlap.py.
+file. `patchgrid serve`'s limit and overlap, registered as asked: tests/process/test_serve_stop.py.
 """
 from __future__ import annotations
 

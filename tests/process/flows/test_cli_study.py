@@ -19,7 +19,7 @@ def cli(*args, timeout=600, env=None, cwd=None):
 
 
 @needs_vllm
-def test_study_ends_with_a_summary_whose_commands_work_as_printed(tmp_path):
+def test_study_ends_with_a_summary_whose_commands_work_as_printed(tmp_path, prefect_server_api):
     wh = tmp_path / "w.duckdb"
     # the hf backend: what the study prints is the point here, not the engine (which starts in a second on hf)
     args = ("study", "--model", "tiny-llama", "--pairs", str(DATA), "--limit", "2", "--no-require-known",

@@ -1,15 +1,15 @@
 """Scheduled studies, as users rely on them: with no hand-made run, a cron schedule alone gets a
-study run created by Prefect's scheduler, run, and loaded into the warehouse. Real processes: a Prefect
-server, `patchgrid serve` or `prefect deploy` plus a process worker.
+study run created by Prefect's scheduler, run, and loaded into the warehouse. Real processes: `patchgrid
+serve` with the Prefect server it starts, or `prefect deploy` and a process worker on the session's server.
 
 A cron schedule fires at minute boundaries, so the served deployment's test (the one on a real cron
 schedule) waits up to a minute for its run; the prefect.yaml deployment runs on a schedule of seconds
 (`interval`), which Prefect's scheduler handles as it does a cron one. The study itself (tiny-llama,
 one pair, one sweep) takes under a minute. Once the first run has started, the deployment is paused,
 so that no second run is running when the processes are stopped.
-The served deployment's test also shows what a run due while another runs meets (as
-test_schedule_overlap.py's tests do for the options): on the same server, after the same wait for the
-first minute boundary, which is most of such a test's time.
+The served deployment's test also shows what a run due while another runs meets (other limits and
+overlaps, registered as asked: test_serve_stop.py): on the same server, after the same wait for the first
+minute boundary, which is most of such a test's time.
 """
 from __future__ import annotations
 
@@ -18,13 +18,13 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 import yaml
 
 from patchgrid.runtime.serving import overlap_line
+from patchgrid.warehouse.loader import query
 from tests.support.engines import needs_vllm
 from tests.support.pairs import DATA
 from tests.support.paths import REPO
@@ -165,19 +165,13 @@ def wait_for_scheduled_run(client, deployment, processes: Processes, cron: bool 
     return run
 
 
-def assert_warehouse_holds_one_completed_run(warehouse: Path, cwd: Path) -> None:
-    def query(sql):
-        res = subprocess.run([sys.executable, "-m", "patchgrid", "query", "--warehouse", str(warehouse), sql],
-                             capture_output=True, text=True, timeout=120, cwd=cwd)
-        assert res.returncode == 0, res.stderr[-3000:]
-        return res.stdout.strip().splitlines()
-
-    lines = query("SELECT run_id, status FROM runs")
-    assert lines[0].split() == ["run_id", "status"] and lines[-1] == "(1 rows)", lines
-    run_id, status = lines[1].split()
-    assert run_id.startswith("run-") and status == "completed", lines
-    lines = query(f"SELECT count(*) AS n FROM effects WHERE run_id = '{run_id}'")
-    assert lines[0].split() == ["n"] and int(lines[1]) > 0, lines
+def assert_warehouse_holds_one_completed_run(warehouse: Path) -> None:
+    (_, runs) = query(warehouse, "SELECT run_id, status FROM runs")
+    assert len(runs) == 1, runs
+    run_id, status = runs[0]
+    assert run_id.startswith("run-") and status == "completed", runs
+    (_, [(n,)]) = query(warehouse, "SELECT count(*) FROM effects WHERE run_id = ?", [run_id])
+    assert n > 0, n
 
 
 def start_serve(processes: Processes, tmp_path: Path, port: int, *args: str) -> str:
@@ -253,7 +247,7 @@ def test_serve_on_a_cron_schedule_runs_the_study_with_no_hand_made_run_and_skips
             sorted(str(i) for i in (scheduled.id, long_run.id))
         assert_never_two_at_once(client, runs)
     processes.stop_all()  # the warehouse is read with no Prefect process left that could write it
-    assert_warehouse_holds_one_completed_run(tmp_path / "w.duckdb", tmp_path)  # the long run wrote elsewhere
+    assert_warehouse_holds_one_completed_run(tmp_path / "w.duckdb")  # the long run wrote elsewhere
 
 
 def skip_a_run_due_while_a_long_one_runs(client, deployment, processes: Processes):
@@ -326,20 +320,13 @@ def home_repo(cwd: Path) -> Path:
 
 
 @needs_vllm
-def test_prefect_yaml_deployment_with_a_worker_runs_on_its_schedule(tmp_path, processes):
+def test_prefect_yaml_deployment_with_a_worker_runs_on_its_schedule(tmp_path, processes, prefect_server_api):
+    """On the session's Prefect server (a server of a team's own, as the shipped file expects), with a work
+    pool and a deployment of this test's, both deleted at its end."""
     from prefect.client.orchestration import SyncPrefectClient
 
-    port, warehouse, home = free_port(), tmp_path / "w.duckdb", home_repo(tmp_path)
-    api = f"http://127.0.0.1:{port}/api"
+    warehouse, home, api = tmp_path / "w.duckdb", home_repo(tmp_path), prefect_server_api
     env = prefect_env(tmp_path, PREFECT_API_URL=api, PATCHGRID_HOME_REPO=str(home))
-    processes.start("server", [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port",
-                               str(port)], env=prefect_env(tmp_path), cwd=tmp_path)
-
-    def healthy():
-        with urllib.request.urlopen(f"{api}/health", timeout=2) as r:
-            return r.status == 200
-
-    wait_for("the Prefect server", healthy, UP_TIMEOUT_S, processes)
     pool = yaml.safe_load((REPO / "prefect.yaml").read_text())["definitions"]["work_pools"]["local"]["name"]
 
     def prefect(*args, cwd=tmp_path):
@@ -347,17 +334,23 @@ def test_prefect_yaml_deployment_with_a_worker_runs_on_its_schedule(tmp_path, pr
                              capture_output=True, text=True, timeout=180)
         assert res.returncode == 0, f"prefect {' '.join(args)}:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
 
-    prefect("work-pool", "create", pool, "--type", "process")
-    # `prefect deploy` loads the entrypoint relative to its folder, the repository, as the shipped file's
-    # comment says; the deployment file is the generated one.
-    prefect("deploy", "--all", "--prefect-file", str(deployment_file(tmp_path, warehouse)), cwd=home)
-    processes.start("worker", [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool, "--limit", "1"],
-                    env=env, cwd=tmp_path)
     with SyncPrefectClient(api) as client:
-        deployment = client.read_deployment_by_name("study/nightly-study")
-        assert [s.schedule.interval.total_seconds() for s in deployment.schedules] == [EVERY_FEW_SECONDS]
-        assert deployment.work_pool_name == pool
-        run = wait_for_scheduled_run(client, deployment, processes, cron=False)
-        assert run.work_pool_name == pool
-    processes.stop_all()
-    assert_warehouse_holds_one_completed_run(warehouse, tmp_path)
+        prefect("work-pool", "create", pool, "--type", "process")
+        try:
+            # `prefect deploy` loads the entrypoint relative to its folder, the repository, as the shipped
+            # file's comment says; the deployment file is the generated one.
+            prefect("deploy", "--all", "--prefect-file", str(deployment_file(tmp_path, warehouse)), cwd=home)
+            deployment = client.read_deployment_by_name("study/nightly-study")
+            try:
+                processes.start("worker", [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool,
+                                           "--limit", "1"], env=env, cwd=tmp_path)
+                assert [s.schedule.interval.total_seconds() for s in deployment.schedules] == [EVERY_FEW_SECONDS]
+                assert deployment.work_pool_name == pool
+                run = wait_for_scheduled_run(client, deployment, processes, cron=False)
+                assert run.work_pool_name == pool
+                processes.stop_all()
+            finally:
+                client.delete_deployment(deployment.id)  # and its schedule, on a server other tests share
+        finally:
+            client.delete_work_pool(pool)
+    assert_warehouse_holds_one_completed_run(warehouse)
