@@ -3,7 +3,7 @@ Each result names the metric its numbers are on (its `metric` column)."""
 from __future__ import annotations
 
 from patchgrid.metrics import METRICS
-from patchgrid.rows.shapes import POSITION_ROLES
+from patchgrid.rows.shapes import BASE_RUNS, POSITION_ROLES
 
 from .loader import query
 
@@ -16,6 +16,28 @@ RESID_STREAM = ("s.site = 'resid' AND s.direction = 'denoise' AND NOT EXISTS "
 # of any length) and which equals logit_diff for one-token answers; else logit_diff, for loads
 # written before answers were scored.
 DEFAULT_METRICS = ("logprob_diff", "logit_diff")
+
+
+# The directions whose patch goes into the clean run (noising): there the patched run starts at the clean
+# run's value, recovery 1 means the patch changed nothing and a strong patch moves the metric away.
+_INTO_CLEAN = "direction IN (" + ", ".join(f"'{d}'" for d, run in BASE_RUNS.items() if run == "clean") + ")"
+
+
+def strength_sql(by_recovery: str, recovery: str = "mean_recovery", effect: str = "mean_effect",
+                 better: str = "better") -> str:
+    """SQL for how strongly a cell's patch moved its metric, larger the stronger in either direction:
+    where `by_recovery` holds, a denoising patch's mean recovery (1: the clean run's value restored) and a
+    noising patch's 1 - mean recovery (0: the patch changed nothing); else the mean effect (patched -
+    the run patched into) toward the clean run's value for denoising, away from it for noising, in the
+    metric's `better` direction. Over effect_summary's columns and the metric's `better`."""
+    return (f"CASE WHEN {by_recovery} THEN CASE WHEN {_INTO_CLEAN} THEN 1 - {recovery} ELSE {recovery} END "
+            f"ELSE CASE WHEN {_INTO_CLEAN} THEN -1 ELSE 1 END * {better} * {effect} END")
+
+
+def ranked_by_sql(by_recovery: str) -> str:
+    """SQL naming what strength_sql(by_recovery) ranks a cell by, in words a summary prints."""
+    return (f"CASE WHEN {by_recovery} THEN CASE WHEN {_INTO_CLEAN} THEN '1 - recovery' ELSE 'recovery' END "
+            f"ELSE CASE WHEN {_INTO_CLEAN} THEN 'effect away from clean' ELSE 'effect toward clean' END END")
 
 
 def _metric_sql(metric: str | None, run_id: str) -> tuple[str, list]:
@@ -31,18 +53,21 @@ def _metric_sql(metric: str | None, run_id: str) -> tuple[str, list]:
 
 
 def strongest_effects(path, run_id: str, top: int = 20, metric: str | None = None):
-    """The run's cells with the largest mean recovery on `metric` (for a metric without recovery,
-    rank: the largest mean effect towards the clean run's value), as (columns, rows). metric None:
-    logprob_diff where the run has it, else logit_diff."""
+    """The run's cells whose patch moved `metric` most (strength_sql: denoising by mean recovery, noising
+    by 1 - mean recovery; for a metric without recovery, rank, by the mean effect toward or away from the
+    clean run's value), as (columns, rows), `ranked_by` naming which. metric None: logprob_diff where the
+    run has it, else logit_diff."""
     chosen, params = _metric_sql(metric, run_id)
+    by_recovery = "m.min_span IS NOT NULL"
     return query(path, f"""
         SELECT s.sweep, s.site, s.direction, s.layer, s.position_role, s.head, s.sender, s.receiver, s.metric,
                s.n_pairs, s.n_recovery,
                round(s.mean_effect, 3) AS mean_effect, round(s.mean_recovery, 3) AS mean_recovery,
-               round(s.ci95_low, 3) AS ci95_low, round(s.ci95_high, 3) AS ci95_high
+               round(s.ci95_low, 3) AS ci95_low, round(s.ci95_high, 3) AS ci95_high,
+               {ranked_by_sql(by_recovery)} AS ranked_by
         FROM effect_summary s JOIN metrics m USING (metric)
         WHERE s.run_id = ? AND s.metric = {chosen}
-        ORDER BY CASE WHEN m.min_span IS NULL THEN m.better * s.mean_effect ELSE s.mean_recovery END DESC NULLS LAST
+        ORDER BY {strength_sql(by_recovery, "s.mean_recovery", "s.mean_effect", "m.better")} DESC NULLS LAST
         LIMIT ?""", [run_id, *params, int(top)])
 
 

@@ -171,8 +171,10 @@ def format_summary(s: dict) -> str:
              "\nsweeps (effect rows: one per patched run, or per estimate for atp and edges):",
              format_rows(["sweep", "pairs", "effect_rows", "patched_runs"],
                          [(w["sweep"], w["pairs"], w["effect_rows"], w["patched_runs"]) for w in s["sweeps"]]),
-             "\nstrongest averaged cells per sweep (effect_summary, on the sweep's metric; mean recovery, or the "
-             "mean effect where a cell has none; 95% t interval):",
+             "\nstrongest averaged cells per sweep and direction (effect_summary, on the sweep's metric; 95% t "
+             "interval): denoising ranked by mean recovery (1: the patch restores the clean run), noising by 1 - "
+             "mean recovery (0: the patch changes nothing); a cell without a recovery by its mean effect toward "
+             "the clean run's value (denoising) or away from it (noising)",
              format_rows(["sweep", "cell", "metric", "n_pairs", "mean_of", "mean", "ci95_low", "ci95_high"],
                          [(c["sweep"], c["cell"], c["metric"], c["n_pairs"], c["mean_of"], c["mean"], c["ci95_low"],
                            c["ci95_high"]) for c in s["strongest"]]),

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ..runtime.console import shell_command
 from ..warehouse.loader import query
+from ..warehouse.queries import ranked_by_sql, strength_sql
 
 STRONGEST_PER_SWEEP = 3  # cells shown for each sweep
 
@@ -40,16 +41,22 @@ def sweeps(warehouse, run_id: str) -> list[dict]:
 
 
 # Each sweep's cells on its headline metric (the `metric` its rows name), in each direction (clean
-# into corrupt, and corrupt into clean where the sweep ran it), strongest first: by mean recovery
-# where the cell has one, else (a metric without recovery, or spans too small) by the mean effect
-# towards the clean run's value (`mean_of` says which); a cell with an interval (two pairs or more)
-# before one without, so that one pair's cell does not head the list.
-_STRONGEST = """
+# into corrupt, and corrupt into clean where the sweep ran it), strongest first by what matters for the
+# direction (warehouse.queries.strength_sql): denoising by mean recovery (1: the clean run restored),
+# noising by 1 - mean recovery (0: the patch changed nothing), where the cell has a recovery; else (a
+# metric without recovery, or spans too small) by the mean effect toward the clean run's value
+# (denoising) or away from it (noising). `mean_of` says which mean is shown, `ranked_by` what ranks it;
+# a cell with an interval (two pairs or more) before one without, so that one pair's cell does not head
+# the list.
+_BY_RECOVERY = "m.min_span IS NOT NULL AND s.n_recovery > 0"
+_STRONGEST = f"""
 WITH headline AS (
     SELECT sweep, arg_max(metric, n) AS metric
     FROM (SELECT sweep, metric, count(*) AS n FROM effects WHERE run_id = ? GROUP BY ALL) GROUP BY sweep
 ), judged AS (
-    SELECT s.*, m.better, m.min_span IS NOT NULL AND s.n_recovery > 0 AS by_recovery
+    SELECT s.*, m.better, {_BY_RECOVERY} AS by_recovery,
+           {strength_sql(_BY_RECOVERY, "s.mean_recovery", "s.mean_effect", "m.better")} AS strength,
+           {ranked_by_sql(_BY_RECOVERY)} AS ranked_by
     FROM effect_summary s JOIN headline h USING (sweep, metric) JOIN metrics m USING (metric)
     WHERE s.run_id = ?
 ), valued AS (
@@ -60,18 +67,18 @@ WITH headline AS (
     FROM judged
 ), ranked AS (
     SELECT *, row_number() OVER (PARTITION BY sweep, direction ORDER BY by_recovery DESC, low IS NOT NULL DESC,
-        CASE WHEN by_recovery THEN mean ELSE better * mean END DESC NULLS LAST,
-        layer, position_role, head, neuron, sender, receiver) AS k
+        strength DESC NULLS LAST, layer, position_role, head, neuron, sender, receiver) AS k
     FROM valued
 )
 SELECT sweep, site, direction, layer, position_role, head, neuron, sender, receiver, metric, n_pairs, mean_of, mean,
-       low AS ci95_low, high AS ci95_high
+       low AS ci95_low, high AS ci95_high, ranked_by
 FROM ranked WHERE k <= ? ORDER BY sweep, direction, k"""
 
 
 def strongest(warehouse, run_id: str, per_sweep: int = STRONGEST_PER_SWEEP) -> list[dict]:
     """The strongest averaged cells of each sweep and direction (effect_summary), each with its
-    metric, the mean (`mean_of`: recovery or effect), its 95% t interval and n_pairs."""
+    metric, the mean (`mean_of`: recovery or effect), its 95% t interval, n_pairs and what ranked it
+    (`ranked_by`: recovery, 1 - recovery, or the effect toward or away from the clean run's value)."""
     return _rows(warehouse, _STRONGEST, [run_id, run_id, int(per_sweep)])
 
 
@@ -123,9 +130,9 @@ def run_state(warehouse, run_id: str) -> dict:
 
 
 def commands(warehouse, run_id: str, report_dir: str = "report") -> dict:
-    """The commands that read the run: its strongest cells in SQL, and its HTML report."""
-    sql = (f"SELECT * FROM effect_summary WHERE run_id = '{run_id}' ORDER BY mean_recovery DESC NULLS LAST "
-           f"LIMIT 20")
+    """The commands that read the run: its strongest denoising cells in SQL, and its HTML report."""
+    sql = (f"SELECT * FROM effect_summary WHERE run_id = '{run_id}' AND direction = 'denoise' "
+           f"ORDER BY mean_recovery DESC NULLS LAST LIMIT 20")
     return {"query": shell_command("patchgrid", "query", "--warehouse", str(warehouse), sql),
             "report": shell_command("patchgrid", "report", "--warehouse", str(warehouse), "--run", run_id,
                                     "--out", report_dir)}

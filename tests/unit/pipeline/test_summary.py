@@ -36,7 +36,9 @@ def warehouse(tmp_path):
             effects.append(row(p, r, layer=layer, position=1))
         if i == 0:  # a cell of one pair, no interval: after the cells of three, however strong
             effects.append(row(p, 1.0, layer=3, position=1))
-        effects.append(row(p, 0.3, direction="noise", layer=0, position=1))  # corrupt into clean: its own ranking
+        # corrupt into clean: its own ranking, by 1 - recovery (recovery 1: the patch changed nothing)
+        for layer, r in ((0, 0.3), (1, 0.95), (2, 0.1)):
+            effects.append(row(p, r, direction="noise", layer=layer, position=1))
         effects.append(row(p, 0.2, sweep="mlp_out", site="mlp_out", layer=0, position=0))
         # attribution patching: one site estimated and verified, one estimated only
         effects.append(atp_row(p, 0.5, layer=0, verify="top", r=0.7))
@@ -54,7 +56,7 @@ def test_the_summary_counts_records_sweeps_and_time(warehouse):
     assert list(s["records"]["rejected_by_reason"]) == ["length_mismatch", "not_known_clean"]  # most first
     assert s["sweeps"] == [{"sweep": "atp", "pairs": 3, "effect_rows": 6, "patched_runs": 3},
                            {"sweep": "mlp_out", "pairs": 3, "effect_rows": 3, "patched_runs": 3},
-                           {"sweep": "resid", "pairs": 3, "effect_rows": 13, "patched_runs": 13}]
+                           {"sweep": "resid", "pairs": 3, "effect_rows": 19, "patched_runs": 19}]
     assert (s["status"], s["model"], s["seconds"]) == ("completed", "m", 41.5)
     json.dumps(s)  # --json prints it as it is
 
@@ -75,8 +77,11 @@ def test_the_strongest_cells_of_each_sweep_with_their_interval(warehouse):
     assert [(c["layer"], c["n_pairs"]) for c in every if c["sweep"] == "resid" and c["direction"] == "denoise"] == [
         (2, 3), (1, 3), (0, 3), (3, 1)]
     # attribution patching's rows are in atp's own views, not effect_summary's
-    assert [(c["sweep"], c["direction"], c["layer"], round(c["mean"], 4)) for c in strongest
-            if c not in resid] == [("mlp_out", "denoise", 0, 0.2), ("resid", "noise", 0, 0.3)]
+    others = [(c["sweep"], c["direction"], c["layer"], round(c["mean"], 4), c["ranked_by"]) for c in strongest
+              if c not in resid]
+    assert others == [("mlp_out", "denoise", 0, 0.2, "recovery"), ("resid", "noise", 2, 0.1, "1 - recovery"),
+                      ("resid", "noise", 0, 0.3, "1 - recovery")]
+    assert {c["ranked_by"] for c in resid} == {"recovery"}
 
 
 def test_cell_names():
@@ -93,7 +98,7 @@ def test_the_commands_quote_what_the_shell_would_split(tmp_path):
     c = commands(wh, "run-abc")
     assert c["report"] == f'patchgrid report --warehouse "{wh}" --run run-abc --out report'
     assert c["query"].startswith(f'patchgrid query --warehouse "{wh}" "SELECT * FROM effect_summary WHERE run_id = '
-                                 f"'run-abc'")
+                                 f"'run-abc' AND direction = 'denoise' ORDER BY mean_recovery DESC")
 
 
 def test_an_unknown_run_is_named(warehouse):
@@ -118,3 +123,19 @@ def test_a_study_with_nothing_to_run_says_why_in_one_line():
                             "f.jsonl", "w.duckdb", "run-1")
     assert traced.startswith("no fact in f.jsonl that the model knows alone (its top prediction the answer): nothing "
                              "to trace (1 of 2 records accepted: length_mismatch 1); leave trace out of --sweeps")
+
+
+def test_a_metric_without_recovery_ranks_by_its_effect_toward_or_away_from_the_clean_run(warehouse):
+    """rank (lower is better, no recovery): a denoising cell is strong as it brings the clean answer's rank
+    down, a noising one as it pushes it up."""
+    from patchgrid.warehouse.queries import strongest_effects
+
+    cols, rows = strongest_effects(warehouse, "r", top=50, metric="rank")
+    cells = [dict(zip(cols, r)) for r in rows if r[cols.index("sweep")] == "resid"]
+    for direction, ranked_by, order in (("denoise", "effect toward clean", 1), ("noise", "effect away from clean", -1)):
+        mine = [c for c in cells if c["direction"] == direction]
+        assert mine and {c["ranked_by"] for c in mine} == {ranked_by}
+        effects = [order * c["mean_effect"] for c in mine]
+        assert effects == sorted(effects), (direction, effects)
+    noise = [c for c in cells if c["direction"] == "noise"]
+    assert noise[0]["layer"] == 2 and noise[0]["mean_effect"] > 0  # recovery 0.1: the rank pushed up most
