@@ -37,7 +37,7 @@ def _leaf(sub, name: str, func, help: str, verbose: str = VERBOSE) -> argparse.A
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="patchgrid", description="Activation-patching studies on vLLM.",
-                                     formatter_class=HelpFormatter)
+                                     formatter_class=HelpFormatter, allow_abbrev=False)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=study.CommandParser)
 
     def command(name, func, help, verbose=VERBOSE):

@@ -21,7 +21,12 @@ TAKES_A_STUDY_FILE = "takes_a_study_file"  # the parser default that marks a com
 class CommandParser(argparse.ArgumentParser):
     """A command's parser. One that takes a study file (add_config_option: study, serve) reads it
     first: the file's settings become the command's defaults, the flags given override them, and
-    the file's text is the `config` setting (recorded with the run)."""
+    the file's text is the `config` setting (recorded with the run). A flag is taken only written whole:
+    argparse's abbreviations would read `--sweep` as `--sweeps` without a word."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def parse_known_args(self, args=None, namespace=None):
         if self.get_default(TAKES_A_STUDY_FILE):
@@ -31,7 +36,7 @@ class CommandParser(argparse.ArgumentParser):
     def _read_study_file(self, args: list[str]) -> None:
         from ..pipeline.studyfile import StudyFileError, read_study_file
 
-        first = argparse.ArgumentParser(add_help=False, exit_on_error=False)
+        first = argparse.ArgumentParser(add_help=False, exit_on_error=False, allow_abbrev=False)
         first.add_argument("--config", dest="config_file")
         try:
             path = first.parse_known_args(args)[0].config_file

@@ -104,3 +104,20 @@ def test_the_python_api_and_the_flow_refuse_it_too(tmp_path):
     assert StudySpec.of(runner="ray", ray_workers=9, gpus_per_engine=1.0).ray_workers == 9
     assert StudySpec.of(sweeps="resid,atp,paths", verify_top=5, path_senders="head.1.1").sweep.verify_top == 5
 
+
+
+@pytest.mark.parametrize("args, flag", [
+    (["study", "--sweep", "resid"], "--sweep"),  # not --sweeps
+    (["serve", "--cron", "0 3 * * *", "--sweep", "resid"], "--sweep"),
+    (["sweep", "--pairs-table", "p.parquet", "--sweep", "resid"], "--sweep"),
+    (["pairs", "check", "--pairs", "p.jsonl", "--out", "o.jsonl", "--no-require"], "--no-require"),
+    (["study", "--conf", "study.toml"], "--conf"),  # not --config
+])
+def test_a_flag_is_taken_only_written_whole(tmp_path, monkeypatch, capsys, args, flag):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exited:
+        main([*args, "--model", "tiny-llama"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "unrecognized arguments" in err and flag in err, err
+    assert list(tmp_path.iterdir()) == []
