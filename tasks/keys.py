@@ -32,5 +32,5 @@ def keyed_by(inputs: Callable[..., dict]):
 
 
 def engine_inputs(spec) -> dict:
-    """Which engine a task's results come from (a study's model and backend)."""
-    return dict(model=spec.model, backend=spec.backend)
+    """Which engine a task's results come from (a study's model, backend and dtype)."""
+    return spec.engine_identity()

@@ -81,7 +81,8 @@ def cmd_sweep(args) -> int:
         noise = steps.trace_noise(args.model, steps.table_subjects(args.pairs_table), config.trace_noise_scale)
     started = steps.now()
     rows, baselines = [], []
-    with LocalEngines(args.model, args.backend) as engines, ProgressBars() as bars, reporting_to(bars):
+    options = {"dtype": args.dtype} if args.dtype != "auto" else {}
+    with LocalEngines(args.model, args.backend, options) as engines, ProgressBars() as bars, reporting_to(bars):
         for group in groups:  # the cache and the patched runs of each population, progress on stderr
             std = group.noise_std(noise.std if noise else 0.0)
             need = steps.cache_need(args.model, group.sweep, std)
@@ -126,7 +127,7 @@ def load_sweep(args, config: SweepConfig, baselines: list[dict], started, measur
 
     model_sha = steps.model_sha256(args.model)
     own = {"command": "sweep", "model": args.model, "pairs_table": str(Path(args.pairs_table).resolve()),
-           "limit": args.limit, "backend": args.backend}
+           "limit": args.limit, "backend": args.backend, **({"dtype": args.dtype} if args.dtype != "auto" else {})}
     run_id = args.run_id or default_run_id("sweep", model_sha, own, config)
     steps.start_run_record(args.warehouse, run_id, args.model, model_sha, {**run_params(own, config), **measured},
                            started)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-from ..backends.engine import DTYPES
 from ..metrics import METRICS
 from ..model.models import BUILTIN
 from ..model.sites import PATCHABLE
@@ -18,7 +17,7 @@ from .options import HelpFormatter, add_settings
 
 DEFAULT_STUDY = StudySpec()
 # The settings that describe one pair's engine, shared by the one-pair commands
-ENGINE_SETTINGS = ("model", "backend")
+ENGINE_SETTINGS = ("model", "backend", "dtype")
 PAIR = ("--clean", "--corrupt", "--clean-answer", "--corrupt-answer")
 PAIR_HELP = {"--clean": "the clean prompt", "--corrupt": "the corrupt prompt, as many tokens as the clean one",
              "--clean-answer": "the clean prompt's answer, tokenised as a data set's is: after a space when the "
@@ -119,7 +118,6 @@ def _one_pair(p) -> None:
     for name in PAIR:
         p.add_argument(name, required=True, help=PAIR_HELP[name])
     add_settings(p, StudySpec, only=ENGINE_SETTINGS)
-    p.add_argument("--dtype", default="auto", choices=DTYPES, help="the engine's dtype (auto: the model's own)")
 
 
 def _patch(p) -> None:
@@ -135,7 +133,6 @@ def _attention(p) -> None:
     p.add_argument("--text", required=True, help="the text whose attention is read (tokenised as the model's "
                                                  "tokenizer does, its special tokens added)")
     add_settings(p, StudySpec, only=ENGINE_SETTINGS)
-    p.add_argument("--dtype", default="auto", choices=DTYPES, help="the engine's dtype (auto: the model's own)")
     p.add_argument("--layers", default=None, help="layers, e.g. 0,2,5 or 0-3,7 (default: every layer)")
     p.add_argument("--heads", default=None, help="heads, e.g. 0,2 or 0-3 (default: every head)")
     p.add_argument("--top", type=int, default=3, help="the table shows the positions the last token reads most")
@@ -165,7 +162,7 @@ def _pairs(sub) -> None:
 
 
 def _sweep(p) -> None:
-    add_settings(p, StudySpec, only=("model", "limit", "backend", "warehouse", "run_id"))
+    add_settings(p, StudySpec, only=("model", "limit", "backend", "dtype", "warehouse", "run_id"))
     p.add_argument("--pairs-table", required=True, metavar="FILE",
                    help="a pairs table written by `patchgrid pairs check` (its --out)")
     add_settings(p, SweepConfig)

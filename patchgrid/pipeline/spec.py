@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ..backends.engine import BACKENDS, DEFAULT_BACKEND
+from ..backends.engine import BACKENDS, DEFAULT_BACKEND, DTYPES
 from ..model.models import DEFAULT_MODEL
 from ..pairs.pair import Pair
 from ..pairs.shipped import SHIPPED_PAIRS
@@ -122,6 +122,9 @@ class StudySpec:
                                         "subject embeddings)", check=above_zero)
     shard_size: int = setting(8, "pairs per sweep task", check=at_least(1), record="never")
     backend: str = setting(DEFAULT_BACKEND, "the engine", choices=BACKENDS)
+    dtype: str = setting("auto", "the engine's dtype (auto: the model's own; float32 where the numbers are compared "
+                         "with a float32 implementation, or across CPUs and GPUs, whose bf16 kernels round "
+                         "differently); recorded, and in the run id when not auto", choices=DTYPES, record="if_changed")
     run_id: str | None = setting(None, "the run's id (default: derived from the model and the recorded settings)",
                                  check=_run_id, record="never")
     runner: str = setting("local", "local: shards one after another in this process; ray: shards as Ray tasks",
@@ -207,14 +210,20 @@ class StudySpec:
         which leave the numbers as they are."""
         return default_run_id("run", model_sha256, recorded(self, set(), noted=False), self.sweep)
 
+    def engine_identity(self) -> dict:
+        """Which engine the study's numbers come from: its model, its backend and its dtype (only when not
+        auto, so that what a study computed before dtype was a setting keeps its cache keys)."""
+        return dict(model=self.model, backend=self.backend, **({"dtype": self.dtype} if self.dtype != "auto" else {}))
+
     def engine_options(self) -> dict:
-        """What every engine of the study starts with (load_engine's options for its backend): its
-        ranks, and the vLLM engine's sizes, each only when set (unset: the device's defaults,
-        patchgrid.backends.vllm); the hf engine has no such sizes and ignores them."""
+        """What every engine of the study starts with (load_engine's options for its backend): its dtype
+        when not auto, its ranks, and the vLLM engine's sizes, each only when set (unset: the device's
+        defaults, patchgrid.backends.vllm); the hf engine has no such sizes and ignores them."""
+        dtype = {"dtype": self.dtype} if self.dtype != "auto" else {}
         tp = {"tensor_parallel_size": self.tensor_parallel_size} if self.tensor_parallel_size > 1 else {}
         if self.backend != "vllm":
-            return tp
-        return {**tp, **{name: getattr(self, name) for name in VLLM_SIZES if getattr(self, name) is not None}}
+            return {**dtype, **tp}
+        return {**dtype, **tp, **{name: getattr(self, name) for name in VLLM_SIZES if getattr(self, name) is not None}}
 
     def attribution_options(self) -> dict:
         """The gradient model's device and dtype (patchgrid.methods.attribution.attributor_for's options)."""

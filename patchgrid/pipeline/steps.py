@@ -146,7 +146,7 @@ def pairing_inputs(spec: StudySpec) -> dict:
     until = tuple(p.name for p in POPULATIONS if p in populations) if ask and spec.limit is not None else ()
     # a population chosen by a rule (causal tracing's trace_facts) is judged until N members under it
     rules = {p.rule: getattr(spec.sweep, p.rule) for p in POPULATIONS if p.name in until and p.rule}
-    return dict(model=spec.model, backend=spec.backend, source=spec.pairs, fmt=spec.pairs_format,
+    return dict(**spec.engine_identity(), source=spec.pairs, fmt=spec.pairs_format,
                 seed=spec.sweep.seed, require_known=spec.require_known, answer_policy=spec.answer_policy,
                 ask_model=ask, limit=spec.limit if until else None, until=until, rules=rules)
 
@@ -236,7 +236,7 @@ def cache_need(model: str, sweep: SweepConfig, noise_std: float = 0.0) -> CacheS
 def cache_inputs(spec: StudySpec, sweeps: tuple[str, ...], noise_std: float = 0.0) -> dict:
     """What a study's activation cache holds: the engine that captures it and the cache specification
     the sweeps `sweeps` need (every site and run they read, the noise of the noised runs)."""
-    return dict(model=spec.model, backend=spec.backend,
+    return dict(**spec.engine_identity(),
                 cache=cache_need(spec.model, replace(spec.sweep, sweeps=tuple(sweeps)), noise_std))
 
 

@@ -40,6 +40,7 @@ CHANGES = {
     "trace_noise": (0.5, {"align_pairs", "cache_activations", "sweep_shard"}, {"measure_trace_noise"}),
     "shard_size": (2, {"sweep_shard"}, {"align_pairs", "measure_trace_noise", "cache_activations"}),
     "backend": ("vllm", {"align_pairs", "cache_activations", "sweep_shard"}, {"measure_trace_noise"}),
+    "dtype": ("float32", {"align_pairs", "cache_activations", "sweep_shard"}, {"measure_trace_noise"}),
     "run_id": ("run-by-hand", {"align_pairs", "sweep_shard"}, {"measure_trace_noise", "cache_activations"}),
     "gpu_memory_utilization": (0.5, set(), set(STEPS)),
     "max_num_seqs": (64, set(), set(STEPS)),

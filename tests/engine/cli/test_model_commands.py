@@ -140,6 +140,15 @@ def test_sweep_loads_its_rows_into_a_warehouse_that_query_and_report_read(tmp_pa
     twice = run("query", "--warehouse", "results/w.duckdb", "--format", "csv",
                 "SELECT (SELECT count(*) FROM runs), (SELECT count(DISTINCT pair_id) FROM effects)")
     assert twice.stdout.splitlines()[1] == "1,2"
+    # another dtype is another run, its dtype recorded (auto, the default, is left out of the id)
+    half = run(*sweep, "--dtype", "bfloat16")
+    assert half.returncode == 0, half.stderr[-3000:]
+    half_id = half.stdout.strip().splitlines()[-1].split()[1]
+    assert half_id == default_run_id("sweep", model_sha256("tiny-llama"), {**own, "dtype": "bfloat16"},
+                                     SweepConfig(sweeps=("resid",))) != run_id
+    got = run("query", "--warehouse", "results/w.duckdb", "--format", "csv",
+              f"SELECT params ->> 'dtype' FROM runs WHERE run_id = '{half_id}'")
+    assert got.stdout.splitlines()[1] == "bfloat16", got.stdout
 
 
 def test_sweep_runs_causal_tracing_on_the_facts_the_model_knows_alone(tmp_path, monkeypatch):

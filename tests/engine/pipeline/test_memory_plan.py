@@ -23,3 +23,18 @@ def test_an_engine_started_with_the_study_options_takes_the_devices_sizes(engine
     config = engines.get(spec.model, "vllm", dtype="float32", **sized).llm.llm_engine.vllm_config
     assert sized == {"max_num_seqs": 16} and config.scheduler_config.max_num_seqs == 16
 
+
+
+def test_a_studys_dtype_reaches_its_engines(engines):
+    """--dtype bfloat16 on tiny-llama (float32 weights): the study's engines run in bfloat16 (the hf
+    backend here: the option is load_engine's on either)."""
+    import torch
+
+    from patchgrid.backends.engine import LocalEngines
+
+    spec = StudySpec.of(model="tiny-llama", backend="hf", dtype="bfloat16")
+    on = LocalEngines(spec.model, spec.backend, study_engine_options(spec, None), pool=engines)
+    assert on.run(lambda engine: engine.dtype) == torch.bfloat16
+    plain = LocalEngines(spec.model, spec.backend, study_engine_options(spec.replace(dtype="auto"), None),
+                         pool=engines)
+    assert plain.run(lambda engine: engine.dtype) == torch.float32

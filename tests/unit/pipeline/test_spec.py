@@ -138,7 +138,7 @@ def test_the_command_options_are_generated_from_the_settings(command):
     sub = parser._subparsers._group_actions[0].choices[command]
     actions = {a.dest: a for a in sub._actions}
     takes = [(cls, f) for cls, f in _every_setting() if f.metadata["cli"] and
-             (cls is SweepConfig or command != "sweep" or f.name in ("model", "limit", "backend"))]
+             (cls is SweepConfig or command != "sweep" or f.name in ("model", "limit", "backend", "dtype"))]
     for _cls, f in takes:
         assert f.name in actions, f"{command} lacks {flag_of(f)}"
         assert flag_of(f) in actions[f.name].option_strings
@@ -207,6 +207,30 @@ def test_the_gradient_dtype_keys_the_run_when_changed():
     assert half.attribution_options() == {"device": None, "dtype": "bfloat16"}
     assert StudySpec.of(sweeps="resid,atp", atp_device="cuda:1").attribution_options() == {"device": "cuda:1",
                                                                                           "dtype": "float32"}
+
+
+@pytest.mark.parametrize("command", ["study", "serve", "sweep"])
+def test_the_engines_dtype_is_a_setting_that_keys_the_run_when_changed(command):
+    """--dtype on every command that starts engines for a run: recorded, in the run id when not auto (auto, the
+    default, leaves every earlier run id as it was), and handed to every engine of the run, on either backend."""
+    from patchgrid.cli import build_parser
+    from patchgrid.cli.options import settings_from
+
+    extra = {"serve": ["--cron", "0 3 * * *"], "sweep": ["--pairs-table", "p.parquet"]}.get(command, [])
+    args = build_parser().parse_args([command, *extra, "--dtype", "float32"])
+    assert args.dtype == "float32"
+    if command == "sweep":
+        return  # its own run id: tests/engine/cli/test_model_commands.py
+    spec = StudySpec.of(**settings_from(args, StudySpec))
+    plain = spec.replace(dtype="auto")
+    assert "dtype" not in identity_params(plain) and identity_params(spec)["dtype"] == "float32"
+    assert fingerprint(identity_params(spec)) != fingerprint(identity_params(plain))
+    assert spec.recorded_params()["dtype"] == "float32"
+    assert spec.engine_options() == {"dtype": "float32"} and plain.engine_options() == {}
+    assert spec.replace(backend="hf").engine_options() == {"dtype": "float32"}
+    assert spec.engine_identity() == {"model": spec.model, "backend": spec.backend, "dtype": "float32"}
+    with pytest.raises(SpecError, match="dtype 'int8' is not one of"):
+        StudySpec.of(dtype="int8")
 
 
 def test_engine_options_are_the_sizes_set_for_the_backend_that_takes_them():
