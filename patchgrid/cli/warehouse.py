@@ -33,10 +33,11 @@ def removed_on_failure(folder: str | Path):
 
 
 def cmd_report(args) -> int:
-    from ..report import write_report
+    from ..report.page import drawn_run, write_report
 
     with removed_on_failure(args.out):
-        print(write_report(args.warehouse, args.out, args.run, circuit_size=args.circuit_size))
+        page = write_report(args.warehouse, args.out, args.run, circuit_size=args.circuit_size)
+    print(f"report of run {drawn_run(args.out)}: {page}")
     return 0
 
 

@@ -52,11 +52,13 @@ class FigureWriter:
 
     def __init__(self, out: Path, metrics, formats=FORMATS):
         self.out, self.index, self.n, self.formats = out, {m: k for k, m in enumerate(metrics)}, 0, formats
+        self.files: list[Path] = []  # every file written, in order
 
     def __call__(self, h: Heatmap | Scatter | Curve | CircuitDiagram | LayerCurve) -> str:
         self.n += 1
         plain = not isinstance(h, Heatmap)  # no cell counts in its caption
         files = write_figure(h, self.out, self.formats)
+        self.files += files
         links = " ".join(f"<a href='{html.escape(p.name, quote=True)}'>{p.suffix[1:].upper()}</a>" for p in files)
         switched = (f" class='by-metric m-{self.index[h.metric]}' data-metric='{h.metric}'"
                     if h.metric in self.index else "")
@@ -360,11 +362,18 @@ def read_run(warehouse: str | Path, run_id: str | None, circuit_size: float | No
         con.close()
 
 
+# In a report's folder: the run it drew and the files it wrote, so that the next report written there
+# replaces them (a figure the new run has no use for does not stay beside its page).
+WRITTEN = ".patchgrid-report.json"
+
+
 def write_report(warehouse: str | Path, out: str | Path, run_id: str | None = None, formats=FORMATS,
                  circuit_size: float | None = None) -> Path:
     """The run's page (report.html) and its figures' files (PNG, SVG and PDF; `formats`) in `out`;
     returns the page's path. run_id None: the latest completed run; a run that did not complete is
-    reported with its status, the reason it ended and what it loaded."""
+    reported with its status, the reason it ended and what it loaded. The files an earlier report wrote
+    into `out` that this one does not write again are removed (`WRITTEN` names them); nothing else there is
+    touched."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     run_id, data = read_run(warehouse, run_id, circuit_size)
@@ -373,4 +382,22 @@ def write_report(warehouse: str | Path, out: str | Path, run_id: str | None = No
     parts += _tables(data["info"], data["metrics"], data["rejections"])
     page = out / "report.html"
     page.write_text("".join(parts), encoding="utf-8")
+    written = sorted({page.name, *(f.name for f in figure.files)})
+    for name in set(_written(out)["files"]) - set(written):
+        (out / name).unlink(missing_ok=True)
+    (out / WRITTEN).write_text(json.dumps({"run_id": run_id, "files": written}, indent=1), encoding="utf-8")
     return page
+
+
+def drawn_run(out: str | Path) -> str | None:
+    """The run whose report is in folder `out` (None: no report written there)."""
+    return _written(Path(out))["run_id"]
+
+
+def _written(out: Path) -> dict:
+    try:
+        found = json.loads((out / WRITTEN).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {"run_id": None, "files": []}
+    names = [n for n in found.get("files", []) if isinstance(n, str) and Path(n).name == n]  # only its own folder's
+    return {"run_id": found.get("run_id"), "files": names}

@@ -2,7 +2,8 @@
 of tiny-llama (hf backend, two pairs, by `pairs check` and `sweep`) and on a run that failed after loading
 its records: by default the latest completed run; a failed run's page says why it ended and what it
 loaded; every figure as PNG, SVG and PDF, linked from the page; a cell's pair count in its hover text,
-"1 pair" where one. The command as a process of its own: tests/process/flows/test_cli_study.py."""
+"1 pair" where one; a report written over another replaces its files and says which run it drew. The command
+as a process of its own: tests/process/flows/test_cli_study.py."""
 from __future__ import annotations
 
 import re
@@ -12,6 +13,7 @@ from datetime import datetime, timedelta
 import pytest
 
 from patchgrid.pairs import read_pairs
+from patchgrid.report.page import WRITTEN
 from patchgrid.warehouse.loader import finish_run, load_run, query, start_run
 from tests.support.pairs import DATA
 from tests.support.processes import cli_here as cli
@@ -72,7 +74,7 @@ def test_every_figure_as_png_svg_and_pdf_linked_from_the_page(study):
         assert ET.parse(out / f"{stem}.svg").getroot().tag == "{http://www.w3.org/2000/svg}svg", stem
         assert all(f"<a href='{stem}.{fmt}'>" in text for fmt in ("png", "svg", "pdf")), stem
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        ["report.html"] + [f"{stem}.{fmt}" for stem in stems for fmt in ("png", "svg", "pdf")])
+        ["report.html", WRITTEN] + [f"{stem}.{fmt}" for stem in stems for fmt in ("png", "svg", "pdf")])
     # two pairs, one per relation: each cell's count in its hover text, "1 pair" in the multiples
     assert "2 pairs</title>" in text
     multiples = text[text.index("<h2>By relation"):]
@@ -80,6 +82,22 @@ def test_every_figure_as_png_svg_and_pdf_linked_from_the_page(study):
     assert len(titles) == multiples.count("<figure") >= 2 and "1 pairs" not in text
     assert "1 pair</title>" in multiples and multiples.count('class="few"') > 0
     assert "Cells averaged over fewer than 5 pairs are faded and marked with a dot" in multiples
+
+
+def test_a_report_written_over_another_replaces_its_files_and_names_its_run(study):
+    tmp, completed = study
+    out = tmp / "again"
+    out.mkdir()
+    (out / "notes.txt").write_text("the researcher's own")
+    first = cli("report", "--warehouse", "w.duckdb", "--out", "again", cwd=tmp)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert first.stdout.strip() == f"report of run {completed}: again/report.html"
+    assert any(p.suffix == ".png" for p in out.iterdir())
+    second = cli("report", "--warehouse", "w.duckdb", "--run", "run-failed", "--out", "again", cwd=tmp)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert second.stdout.strip() == "report of run run-failed: again/report.html"
+    # the failed run has no figure: none of the first run's is left beside its page; the folder's own file stays
+    assert sorted(p.name for p in out.iterdir()) == sorted(["report.html", WRITTEN, "notes.txt"])
 
 
 def test_a_failed_run_says_why_and_what_it_loaded(study):
