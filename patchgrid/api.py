@@ -169,7 +169,7 @@ class Run:
 
     def summary(self, per_sweep: int = 3) -> dict:
         """What the run did, as a dict (what `patchgrid study --json` prints; patchgrid.pipeline.summary): model,
-        status, seconds, records read, accepted and rejected (by reason), each sweep with its pairs and
+        status, seconds, records read, accepted, rejected (by reason) and not judged, each sweep with its pairs and
         patched runs, the `per_sweep` strongest averaged cells of each sweep and direction (effect_summary:
         metric, mean recovery or effect, 95% interval, n_pairs, `ranked_by`: denoising by recovery, noising
         by 1 - recovery), and the commands that query and report it."""

@@ -172,7 +172,8 @@ def format_summary(s: dict) -> str:
     named = f" ({s['name']})" if s.get("name") else ""
     lines = [f"run {s['run_id']}{named} {s['status']}{took}: model {s['model']}, warehouse {s['warehouse']}",
              f"records: {rec['read']} read, {rec['accepted']} accepted, {rec['rejected']} rejected"
-             + (f" ({reasons})" if reasons else ""),
+             + (f" ({reasons})" if reasons else "")
+             + (f", {rec['not_judged']} not judged (the limit was reached before them)" if rec["not_judged"] else ""),
              "\nsweeps (effect rows: one per patched run, or per estimate for atp and edges):",
              format_rows(["sweep", "pairs", "effect_rows", "patched_runs"],
                          [(w["sweep"], w["pairs"], w["effect_rows"], w["patched_runs"]) for w in s["sweeps"]]),

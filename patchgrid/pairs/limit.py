@@ -11,6 +11,7 @@ from .pair import accepted_pairs
 from .table import to_table
 
 FIRST_BATCH = 8  # records judged at least in the first batch; each next batch is twice the one before
+NOT_JUDGED = "limit_reached"  # the reason of a record the judging never reached: not judged, so not refused either
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,7 @@ class Limit:
 
     def reason(self) -> tuple[str, str]:
         found = " and ".join(f"{self.n} {what}" for what in self.counted)
-        return ("limit_reached", f"not judged: the study's limit was reached before this record ({found} found "
+        return (NOT_JUDGED, f"not judged: the study's limit was reached before this record ({found} found "
                                  "in the records before it, in the data set's order)")
 
 

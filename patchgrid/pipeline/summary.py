@@ -22,14 +22,18 @@ def _rows(warehouse, sql: str, params) -> list[dict]:
 
 
 def records(warehouse, run_id: str) -> dict:
-    """The run's input records: how many were read, accepted and rejected, and the rejections by
+    """The run's input records: how many were read, accepted, rejected and not judged (a study's limit
+    reached before them: patchgrid.pairs.limit), which add up to those read, and the rejections by
     reason (most frequent first)."""
+    from ..pairs.limit import NOT_JUDGED
+
     counts = _rows(warehouse, "SELECT status, reason, count(*) AS n FROM pairs WHERE run_id = ? GROUP BY ALL "
                               "ORDER BY n DESC, reason", [run_id])
     accepted = sum(c["n"] for c in counts if c["status"] == "accepted")
-    by_reason = {c["reason"]: c["n"] for c in counts if c["status"] == "rejected"}
-    return {"read": accepted + sum(by_reason.values()), "accepted": accepted, "rejected": sum(by_reason.values()),
-            "rejected_by_reason": by_reason}
+    not_judged = sum(c["n"] for c in counts if c["status"] == "rejected" and c["reason"] == NOT_JUDGED)
+    by_reason = {c["reason"]: c["n"] for c in counts if c["status"] == "rejected" and c["reason"] != NOT_JUDGED}
+    return {"read": accepted + sum(by_reason.values()) + not_judged, "accepted": accepted,
+            "rejected": sum(by_reason.values()), "not_judged": not_judged, "rejected_by_reason": by_reason}
 
 
 def sweeps(warehouse, run_id: str) -> list[dict]:

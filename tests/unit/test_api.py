@@ -128,7 +128,8 @@ def test_polars_on_request(wh):
 def test_run_summary_of_a_loaded_run(wh):
     summary = Run("new", wh).summary(per_sweep=1)
     assert summary["status"] == "completed"
-    assert summary["records"] == {"read": 5, "accepted": 4, "rejected": 1, "rejected_by_reason": {"no_partner": 1}}
+    assert summary["records"] == {"read": 5, "accepted": 4, "rejected": 1, "not_judged": 0,
+                                  "rejected_by_reason": {"no_partner": 1}}
     [sweep] = summary["sweeps"]
     assert sweep["sweep"] == "resid" and sweep["pairs"] == 4 and sweep["effect_rows"] == 8
     [cell] = summary["strongest"]

@@ -29,7 +29,8 @@ def warehouse(tmp_path):
     wh = tmp_path / "w.duckdb"
     pairs = [pair(f"p{i}") for i in range(3)] + [pair("q0", "rejected", "length_mismatch"),
                                                   pair("q1", "rejected", "length_mismatch"),
-                                                  pair("q2", "rejected", "not_known_clean")]
+                                                  pair("q2", "rejected", "not_known_clean"),
+                                                  pair("q3", "rejected", "limit_reached")]  # never judged
     effects = []
     for i, p in enumerate(make_pair(f"p{i}", ROLES) for i in range(3)):
         for layer, r in ((0, 0.1), (1, 0.5 + 0.1 * i), (2, 0.9)):
@@ -51,7 +52,8 @@ def warehouse(tmp_path):
 
 def test_the_summary_counts_records_sweeps_and_time(warehouse):
     s = study_summary(warehouse, "r")
-    assert s["records"] == {"read": 6, "accepted": 3, "rejected": 3,
+    # a record the judging never reached (the limit) is neither accepted nor rejected: counted apart
+    assert s["records"] == {"read": 7, "accepted": 3, "rejected": 3, "not_judged": 1,
                             "rejected_by_reason": {"length_mismatch": 2, "not_known_clean": 1}}
     assert list(s["records"]["rejected_by_reason"]) == ["length_mismatch", "not_known_clean"]  # most first
     assert s["sweeps"] == [{"sweep": "atp", "pairs": 3, "effect_rows": 6, "patched_runs": 3},
