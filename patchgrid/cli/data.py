@@ -10,6 +10,8 @@ from ..sweeps import SweepConfig
 from .common import UsageError
 from .options import settings_from
 
+SHOWN_REJECTIONS = 10  # the rejected pairs `pairs check` lists, by id, reason and detail
+
 
 def cmd_models_prepare(args) -> int:
     from ..model.models import prepare
@@ -39,6 +41,13 @@ def cmd_pairs_check(args) -> int:
     print(f"{args.pairs}: {len(records)} records, format {fmt}")
     for (status, reason), n in summary(rows).items():
         print(f"  {status:<9} {reason or '':<24} {n:>6}")
+    rejected = [r for r in rows if r["status"] == "rejected"]
+    if rejected:
+        shown = rejected[:SHOWN_REJECTIONS]
+        print(f"rejected pairs ({'all' if len(shown) == len(rejected) else f'the first {len(shown)} of'} "
+              f"{len(rejected)}; each with its detail in {out}):")
+        for r in shown:
+            print(f"  {r['pair_id']}  {r['reason']}: {r.get('detail') or ''}".rstrip(": "))
     print(f"wrote {out}")
     return 0
 

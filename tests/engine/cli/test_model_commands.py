@@ -62,6 +62,13 @@ def test_pairs_check_prints_counts_and_writes_table(tmp_path):
     assert table.num_rows == 4
     statuses = table.column("status").to_pylist()
     assert statuses[3] == "rejected" and statuses.count("accepted") >= 2
+    # each rejected pair by its id, with its reason and detail, as the table holds them
+    rows = table.to_pylist()
+    rejected = [r for r in rows if r["status"] == "rejected"]
+    lines = res.stdout.splitlines()
+    at = lines.index(f"rejected pairs (all {len(rejected)}; each with its detail in {out}):")
+    assert lines[at + 1:at + 1 + len(rejected)] == [f"  {r['pair_id']}  {r['reason']}: {r['detail']}" for r in rejected]
+    assert lines[at + 1 + len(rejected)] == f"wrote {out}"
 
 
 def test_pairs_check_answer_policy(tmp_path):

@@ -141,3 +141,20 @@ def test_a_misspelt_view_keeps_duckdbs_hint(tmp_path, warehouse):
     """DuckDB's cause and hint survive to the command's one line (warehouse.loader._with_hints)."""
     res = cli("query", "--warehouse", str(warehouse), "SELECT * FROM effect_sumary", cwd=tmp_path)
     one_line_error(res, 'Table with name effect_sumary does not exist!; Did you mean "effect_summary"?')
+
+
+def test_pairs_check_lists_the_first_rejected_pairs_and_where_the_rest_are(tmp_path):
+    """Twelve facts of twelve relations: none has a partner to swap subjects with. The tokenizer alone
+    judges them (--no-require-known): the first ten are listed by id, reason and detail."""
+    from patchgrid.cli.data import SHOWN_REJECTIONS
+    from tests.support.pairs import cf, write_jsonl
+
+    write_jsonl(tmp_path / "facts.jsonl", [cf(i, f"Country{i}", "Paris", relation=f"P{i}") for i in range(12)])
+    res = cli("pairs", "check", "--model", "tiny-llama", "--pairs", "facts.jsonl", "--no-require-known",
+              "--out", "pairs.parquet", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    at = lines.index(f"rejected pairs (the first {SHOWN_REJECTIONS} of 12; each with its detail in pairs.parquet):")
+    listed = lines[at + 1:at + 1 + SHOWN_REJECTIONS]
+    assert all(" no_partner: " in line for line in listed), listed
+    assert lines[at + 1 + SHOWN_REJECTIONS] == "wrote pairs.parquet"

@@ -121,3 +121,4 @@ def test_a_flag_is_taken_only_written_whole(tmp_path, monkeypatch, capsys, args,
     err = capsys.readouterr().err
     assert "unrecognized arguments" in err and flag in err, err
     assert list(tmp_path.iterdir()) == []
+
