@@ -29,11 +29,12 @@ def load_warehouse(spec: StudySpec, pairs_table: str, baseline_files: list[str],
 
 @task
 def summarize(spec: StudySpec, top: int = 20) -> list[dict]:
-    """The run's strongest averaged effects, as a table artifact."""
+    """The run's strongest averaged cells (patchgrid.warehouse.queries.strongest_effects), as a table artifact."""
     from patchgrid.warehouse.queries import strongest_effects
 
     cols, rows = strongest_effects(spec.warehouse, spec.run_id, top)
     table = [dict(zip(cols, r)) for r in rows]
     create_table_artifact(key="study-summary", table=table,
-                          description=f"Top {top} averaged recoveries of run {spec.run_id}")
+                          description=f"The {top} strongest averaged cells of run {spec.run_id} (denoising by mean "
+                                      f"recovery, noising by 1 - mean recovery: ranked_by)")
     return table
