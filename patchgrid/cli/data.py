@@ -4,7 +4,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ..pipeline.spec import StudySpec, check_sweep_settings_apply
+from ..pipeline.spec import StudySpec, check_sweep_settings_apply, dtype_option
 from ..settings import SpecError
 from ..sweeps import SweepConfig
 from .common import UsageError
@@ -90,8 +90,8 @@ def cmd_sweep(args) -> int:
         noise = steps.trace_noise(args.model, steps.table_subjects(args.pairs_table), config.trace_noise_scale)
     started = steps.now()
     rows, baselines = [], []
-    options = {"dtype": args.dtype} if args.dtype != "auto" else {}
-    with LocalEngines(args.model, args.backend, options) as engines, ProgressBars() as bars, reporting_to(bars):
+    engines = LocalEngines(args.model, args.backend, dtype_option(args.dtype))
+    with engines, ProgressBars() as bars, reporting_to(bars):
         for group in groups:  # the cache and the patched runs of each population, progress on stderr
             std = group.noise_std(noise.std if noise else 0.0)
             need = steps.cache_need(args.model, group.sweep, std)
@@ -136,7 +136,7 @@ def load_sweep(args, config: SweepConfig, baselines: list[dict], started, measur
 
     model_sha = steps.model_sha256(args.model)
     own = {"command": "sweep", "model": args.model, "pairs_table": str(Path(args.pairs_table).resolve()),
-           "limit": args.limit, "backend": args.backend, **({"dtype": args.dtype} if args.dtype != "auto" else {})}
+           "limit": args.limit, "backend": args.backend, **dtype_option(args.dtype)}
     run_id = args.run_id or default_run_id("sweep", model_sha, own, config)
     steps.start_run_record(args.warehouse, run_id, args.model, model_sha, {**run_params(own, config), **measured},
                            started)

@@ -82,6 +82,12 @@ def _label(value) -> str | None:
     return f"{{name}} {shown}: a label is one line of 1 to {LABEL_LENGTH} printable characters"
 
 
+def dtype_option(dtype: str) -> dict:
+    """An engine's dtype as an option, left out at auto (the model's own, load_engine's default): what
+    was computed before dtype was a setting keeps its run ids and cache keys."""
+    return {} if dtype == "auto" else {"dtype": dtype}
+
+
 def run_params(own: dict, sweep: SweepConfig, *, noted: bool = True) -> dict:
     """A run's parameters: `own` (the command's settings, already as recorded) and the settings of
     `sweep` that its kinds read, each by its declaration (patchgrid.settings.recorded); `noted`
@@ -211,15 +217,14 @@ class StudySpec:
         return default_run_id("run", model_sha256, recorded(self, set(), noted=False), self.sweep)
 
     def engine_identity(self) -> dict:
-        """Which engine the study's numbers come from: its model, its backend and its dtype (only when not
-        auto, so that what a study computed before dtype was a setting keeps its cache keys)."""
-        return dict(model=self.model, backend=self.backend, **({"dtype": self.dtype} if self.dtype != "auto" else {}))
+        """Which engine the study's numbers come from: its model, its backend and its dtype (dtype_option)."""
+        return dict(model=self.model, backend=self.backend, **dtype_option(self.dtype))
 
     def engine_options(self) -> dict:
         """What every engine of the study starts with (load_engine's options for its backend): its dtype
         when not auto, its ranks, and the vLLM engine's sizes, each only when set (unset: the device's
         defaults, patchgrid.backends.vllm); the hf engine has no such sizes and ignores them."""
-        dtype = {"dtype": self.dtype} if self.dtype != "auto" else {}
+        dtype = dtype_option(self.dtype)
         tp = {"tensor_parallel_size": self.tensor_parallel_size} if self.tensor_parallel_size > 1 else {}
         if self.backend != "vllm":
             return {**dtype, **tp}
